@@ -1,0 +1,30 @@
+"""optuna-memprune: predict, budget and guard the memory and threads of Optuna trials.
+
+The top level imports no torch, pynvml or plotly; those load where they are used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from ._units import Budget, format_bytes, parse_bytes
+from .estimate.footprint import Component, Footprint, Kind
+from .exceptions import CalibrationError, EstimateError, MemPruneError
+
+logging.getLogger("optuna_memprune").addHandler(logging.NullHandler())
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Budget", "Component", "Footprint", "Kind", "format_bytes", "parse_bytes",
+    "MemPruneError", "EstimateError", "CalibrationError",
+    "estimate",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "estimate":
+        return importlib.import_module(".estimate", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
