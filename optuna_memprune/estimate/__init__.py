@@ -25,7 +25,7 @@ _LAZY = {
     "rollout_buffer": "buffers",
     "deque_buffer": "buffers",
     "array": "buffers",
-    "process": "process",
+    "process": "processes",
 }
 
 

@@ -1,0 +1,378 @@
+"""Measures this host's baselines once, in fresh subprocesses, and caches them in a JSON keyed by versions.
+
+Owns the probes (interpreter + imports + first training step, threads per torch thread, env instances and
+env worker processes) and the cache file; knows nothing of Optuna, psutil or how figures are combined.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ..exceptions import CalibrationError
+
+_logger = logging.getLogger("optuna_memprune.estimate.calibration")
+
+#: Libraries whose versions key the cache: a new version of any of them re-measures.
+_VERSIONED = ("torch", "numpy", "stable-baselines3", "sb3-contrib", "gymnasium", "ale-py", "opencv-python-headless")
+#: Torch thread counts at which the thread probe measures the process (a line is fitted through them).
+_THREAD_POINTS = (1, 2, 4)
+_PROBE_TIMEOUT_S = 120
+SCHEMA = 1
+
+_STATUS_READER = r'''
+import json, os, sys
+def _status(pid="self"):
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                if key in ("VmHWM", "VmRSS"):
+                    out[key] = int(val.split()[0]) * 1024
+                elif key == "Threads":
+                    out[key] = int(val.split()[0])
+    except OSError:
+        return None
+    return out
+def _children(root):
+    kids = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out.append(c); todo.append(c)
+    return out
+'''
+
+# Imports a stack, sets the torch thread count, runs a matmul and (if asked) a tiny training step (the
+# first optimizer imports about 800 modules of torch's compiler stack: tens of MB, once), and measures.
+# One process per thread count: torch sizes its pools at first use.
+_STACK_PROBE = _STATUS_READER + r'''
+import importlib
+spec = json.loads(sys.argv[1])
+for mod in spec["imports"]:
+    importlib.import_module(mod)
+result = {"imports": _status()}
+if "torch" in spec["imports"]:
+    import torch
+    result["default_torch_threads"] = torch.get_num_threads()
+    net = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 14 * 14, 32), torch.nn.Linear(32, 4))
+    opt = torch.optim.Adam(net.parameters()) if spec["train"] else None
+    def step():
+        if opt is None:
+            with torch.no_grad():
+                net(torch.zeros(8, 4, 16, 16))
+            return
+        for _ in range(3):
+            net(torch.zeros(8, 4, 16, 16)).square().mean().backward(); opt.step(); opt.zero_grad()
+    torch.set_num_threads(spec["threads"])
+    a = torch.ones(512, 512)
+    for _ in range(4):
+        (a @ a).sum()
+    step()
+    result["warm"] = _status()
+else:
+    result["warm"] = _status()
+print("PROBE" + json.dumps(result))
+'''
+
+# Builds the env the way SB3 would (Atari wrappers and frame stack where asked), in one process and in
+# SubprocVecEnv workers, and measures what one env instance and one worker process cost.
+_ENV_PROBE = _STATUS_READER + r'''
+import importlib, gc
+spec = json.loads(sys.argv[1])
+for mod in spec["imports"]:
+    importlib.import_module(mod)
+import numpy as np
+import gymnasium as gym
+from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
+try:
+    import ale_py
+    gym.register_envs(ale_py)
+except ImportError:  # not an Atari stack
+    pass
+def main():
+    def make(n, cls):
+        kw = {"n_envs": n, "seed": 0, "vec_env_cls": cls}
+        env = make_atari_env(spec["env_id"], **kw) if spec["atari"] else make_vec_env(spec["env_id"], **kw)
+        if spec["frame_stack"]:
+            env = VecFrameStack(env, spec["frame_stack"])
+        return env
+    def run(env, steps):
+        env.reset()
+        for _ in range(steps):
+            env.step(np.array([env.action_space.sample() for _ in range(env.num_envs)]))
+    before = _status()
+    e1 = make(1, DummyVecEnv); run(e1, spec["steps"]); one = _status()
+    e3 = make(3, DummyVecEnv); run(e3, spec["steps"]); four = _status()
+    space_o, space_a = e1.observation_space, e1.action_space
+    def describe(s):
+        d = {"type": type(s).__name__, "shape": list(s.shape or ()), "dtype": str(s.dtype) if s.dtype is not None else None}
+        if hasattr(s, "n") and not hasattr(s, "nvec"):
+            d["n"] = int(s.n)
+        if hasattr(s, "nvec"):
+            d["nvec"] = [int(x) for x in np.ravel(s.nvec)]
+        if isinstance(s, gym.spaces.Dict):
+            d["spaces"] = {k: describe(v) for k, v in s.spaces.items()}
+        return d
+    result = {"before": before, "one": one, "four": four,
+              "observation_space": describe(space_o), "action_space": describe(space_a)}
+    e1.close(); e3.close(); del e1, e3; gc.collect()
+    if spec["subproc"]:
+        me = os.getpid()
+        main_before = _status()
+        sv = make(2, SubprocVecEnv); run(sv, spec["steps"])
+        during = {pid: _status(pid) for pid in _children(me)}
+        main_during = _status()
+        sv.close()
+        import time
+        time.sleep(0.3)
+        remaining = set(_children(me))
+        workers = [s for pid, s in during.items() if pid not in remaining and s]
+        helpers = [s for pid, s in during.items() if pid in remaining and s]
+        result["subproc"] = {"workers": workers, "helpers": helpers,
+                             "main_delta": main_during["VmRSS"] - main_before["VmRSS"]}
+    print("PROBE" + json.dumps(result))
+if __name__ == "__main__":  # SubprocVecEnv workers re-import this file
+    main()
+'''
+
+
+def versions() -> dict[str, str]:
+    """The interpreter, platform and library versions that key the calibration cache."""
+    out = {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()}
+    for dist in _VERSIONED:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def cache_dir() -> Path:
+    """Where calibrations live: ``$MEMPRUNE_CACHE_DIR`` or ``~/.cache/optuna-memprune``."""
+    env = os.environ.get("MEMPRUNE_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "optuna-memprune"
+
+
+def _key(obj: Any) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _run_probe(code: str, spec: dict, *, timeout: float = _PROBE_TIMEOUT_S) -> dict:
+    env = dict(os.environ)  # the same allocator and threading settings the trials will see
+    # A real script file, not ``-c``: multiprocessing's forkserver preloads ``__main__`` into env workers,
+    # which is how their Atari envs get registered (gymnasium needs ``import ale_py`` in each process).
+    with tempfile.TemporaryDirectory(prefix="memprune-probe-") as tmp:
+        script = Path(tmp) / "probe.py"
+        script.write_text(code)
+        try:
+            proc = subprocess.run([sys.executable, str(script), json.dumps(spec)], capture_output=True,
+                                  text=True, timeout=timeout, env=env, cwd=tmp)
+        except subprocess.TimeoutExpired as exc:
+            raise CalibrationError(f"calibration probe {spec} timed out after {timeout:.0f} s") from exc
+    for line in proc.stdout.splitlines():
+        if line.startswith("PROBE"):
+            return json.loads(line[5:])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    raise CalibrationError(f"calibration probe {spec} failed (exit {proc.returncode}): " + " | ".join(tail))
+
+
+@dataclass(frozen=True)
+class StackBaseline:
+    """What a process that imported ``imports`` (and ran one tiny training step if ``train``) costs.
+
+    All numbers are bytes except thread counts. ``threads_at(n)`` and ``thread_ram`` come from a line fitted
+    through measurements at several torch thread counts.
+    """
+
+    imports: tuple[str, ...]
+    train: bool
+    ram: int                      # VmHWM after imports (+ warm-up step), torch at 1 thread
+    threads_base: float           # fitted thread count at 0 torch threads (intercept)
+    threads_per_torch_thread: float
+    ram_per_torch_thread: int
+    default_torch_threads: int
+
+    def threads_at(self, torch_threads: int) -> int:
+        return int(round(self.threads_base + self.threads_per_torch_thread * torch_threads))
+
+
+@dataclass(frozen=True)
+class EnvProfile:
+    """An environment as SB3 builds it: its spaces, the RSS of one instance, one SubprocVecEnv worker."""
+
+    env_id: str
+    atari: bool
+    frame_stack: int | None
+    observation_space: dict
+    action_space: dict
+    first_env_ram: int            # the first instance in a process (lazy module state, ROM load)
+    env_ram: int                  # each further instance in the same process
+    worker_ram: int = 0           # VmHWM of one SubprocVecEnv worker process
+    worker_threads: int = 0
+    helper_ram: int = 0           # forkserver and resource tracker, once per process tree
+    helper_threads: int = 0
+    helper_processes: int = 0
+
+
+def _fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+@dataclass
+class Calibration:
+    """This host's measured baselines, loaded from (and saved to) the cache file for these versions."""
+
+    path: Path
+    data: dict[str, Any] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)  # atomic: concurrent readers never see half a file
+
+    def stack(self, imports: Iterable[str], *, train: bool = True) -> StackBaseline:
+        """The baseline of a process importing ``imports``; measured now (and cached) if never measured."""
+        imports = tuple(sorted(set(imports)))
+        if "torch" not in imports:
+            train = False
+        key = f"stack:{','.join(imports)}:{int(train)}"
+        with self._lock:
+            raw = self.data.setdefault("stacks", {}).get(key)
+            if raw is None:
+                _logger.info("Calibrating the baseline of a process importing %s (one-off, a few seconds).",
+                             ", ".join(imports) or "nothing")
+                points = _THREAD_POINTS if "torch" in imports else (1,)
+                with ThreadPoolExecutor(max_workers=2) as pool:
+                    probes = list(pool.map(lambda n: _run_probe(_STACK_PROBE, {
+                        "imports": list(imports), "train": train, "threads": n}), points))
+                raw = {"points": [[n, p] for n, p in zip(points, probes)]}
+                self.data["stacks"][key] = raw
+                self.save()
+        points = raw["points"]
+        first = points[0][1]
+        t0, t1 = _fit([(n, p["warm"]["Threads"]) for n, p in points])
+        _, r1 = _fit([(n, p["warm"]["VmHWM"]) for n, p in points])
+        return StackBaseline(
+            imports=imports, train=train, ram=first["warm"]["VmHWM"],
+            threads_base=t0, threads_per_torch_thread=t1, ram_per_torch_thread=max(0, int(r1)),
+            default_torch_threads=int(first.get("default_torch_threads", 1)),
+        )
+
+    def env(self, env_id: str, *, atari: bool, frame_stack: int | None, imports: Iterable[str],
+            subproc: bool = True) -> EnvProfile:
+        """The profile of ``env_id`` as SB3 builds it; measured now (and cached) if never measured."""
+        imports = tuple(sorted(set(imports)))
+        spec = {"env_id": env_id, "atari": bool(atari), "frame_stack": frame_stack or 0,
+                "imports": list(imports), "steps": 200, "subproc": bool(subproc)}
+        key = "env:" + _key(spec)
+        with self._lock:
+            raw = self.data.setdefault("envs", {}).get(key)
+            if raw is None:
+                _logger.info("Calibrating environment %s (one-off, about 10 s).", env_id)
+                raw = _run_probe(_ENV_PROBE, spec)
+                self.data["envs"][key] = raw
+                self.save()
+        one = raw["one"]["VmHWM"] - raw["before"]["VmHWM"]
+        each = max(0, (raw["four"]["VmHWM"] - raw["one"]["VmHWM"]) // 3)
+        sub = raw.get("subproc") or {"workers": [], "helpers": []}
+        workers = sub["workers"] or [{"VmHWM": 0, "Threads": 0}]
+        return EnvProfile(
+            env_id=env_id, atari=atari, frame_stack=frame_stack,
+            observation_space=raw["observation_space"], action_space=raw["action_space"],
+            first_env_ram=max(one, each), env_ram=each,
+            worker_ram=max(w["VmHWM"] for w in workers), worker_threads=max(w["Threads"] for w in workers),
+            helper_ram=sum(h["VmHWM"] for h in sub["helpers"]),
+            helper_threads=sum(h["Threads"] for h in sub["helpers"]),
+            helper_processes=len(sub["helpers"]),
+        )
+
+
+_CURRENT: Calibration | None = None
+_CURRENT_LOCK = threading.Lock()
+
+
+def load(path: Path | str | None = None) -> Calibration:
+    """The calibration for this environment (versions), read from the cache; probes run on first use."""
+    global _CURRENT
+    if path is None:
+        with _CURRENT_LOCK:
+            want = cache_dir() / f"calibration-{_key(versions())}.json"
+            if _CURRENT is None or _CURRENT.path != want:
+                _CURRENT = _read(want)
+            return _CURRENT
+    return _read(Path(path))
+
+
+def _read(path: Path) -> Calibration:
+    try:
+        data = json.loads(path.read_text())
+        if data.get("schema") != SCHEMA:
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault("schema", SCHEMA)
+    data.setdefault("versions", versions())
+    return Calibration(path, data)
+
+
+def calibrate(*, env_ids: Sequence[str] = (), force: bool = False) -> tuple[Calibration, float]:
+    """Measure the default stacks (and the given Atari/gym envs) now; returns the calibration and seconds."""
+    start = time.perf_counter()
+    cal = load()
+    if force:
+        with cal._lock:
+            cal.data = {"schema": SCHEMA, "versions": versions()}
+    from .processes import DEFAULT_STACKS  # the stacks the estimators ask for
+
+    for imports in DEFAULT_STACKS:
+        if all(_importable(m) for m in imports):
+            cal.stack(imports)
+    for env_id in env_ids:
+        atari = env_id.startswith("ALE/")
+        cal.env(env_id, atari=atari, frame_stack=4 if atari else None,
+                imports=_sb3_imports(atari))
+    return cal, time.perf_counter() - start
+
+
+def _sb3_imports(atari: bool) -> tuple[str, ...]:
+    return ("torch", "stable_baselines3", "gymnasium") + (("ale_py", "cv2") if atari else ())
+
+
+def _importable(module: str) -> bool:
+    from importlib.util import find_spec
+
+    return find_spec(module) is not None

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets up everything on a fresh machine with only Python 3.10+ present: a virtualenv in .venv with the
+# CPU build of torch (pinned: a looser requirement pulls a multi-GB CUDA build), the package, the RL
+# extras and the test tools. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.memprune-setup
+want="$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[rl,test]"
+echo "$want" > "$stamp"
