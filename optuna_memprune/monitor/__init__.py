@@ -1,0 +1,16 @@
+"""Live readings of a process tree: RSS, peak RSS (VmHWM), PSS, threads, and GPU memory per process via NVML.
+
+Knows nothing of Optuna, estimates or budgets; imports pynvml only when a GPU reading is first asked for.
+"""
+
+from __future__ import annotations
+
+from ._monitor import Monitor, downsample
+from ._nvml import GpuReader, gpu_reader
+from ._proc import read_tree
+from ._types import MonitorError, ProcessGone, Reading
+
+__all__ = [
+    "Reading", "read_tree", "Monitor", "gpu_reader", "GpuReader",
+    "MonitorError", "ProcessGone", "downsample",
+]

@@ -237,6 +237,17 @@ def _train_step(algo, nets, obs_shape, obs_dtype, act_shape, batch, device, net_
             lp, lv = self.p.mlp_extractor(self.p.extract_features(x))
             return self.p.action_net(lp), self.p.value_net(lv)
 
+    class _Actor(nn.Module):
+        """SAC's actor up to the distribution's parameters (its Normal would validate values: .item())."""
+
+        def __init__(self, actor):
+            super().__init__()
+            self.actor = actor
+
+        def forward(self, x):
+            mean, log_std, _ = self.actor.get_action_dist_params(x)
+            return mean, log_std
+
     class _Critic(nn.Module):
         def __init__(self, critic):
             super().__init__()
@@ -247,11 +258,13 @@ def _train_step(algo, nets, obs_shape, obs_dtype, act_shape, batch, device, net_
 
     act_dim = max(1, int(__import__("math").prod(act_shape))) if act_shape else 1
     if algo in ("dqn", "qrdqn"):
-        models, frozen, shapes = {"q_net": lambda: policy.q_net}, {"q_net": 1}, [obs_shape]
+        q_net = policy.quantile_net if algo == "qrdqn" else policy.q_net
+        models, frozen, shapes = {"q_net": lambda: q_net}, {"q_net": 1}, [obs_shape]
     elif algo in ("ppo", "a2c"):
         models, frozen, shapes = {"policy": lambda: _Eval(policy)}, 0, [obs_shape]
     else:
-        models = {"actor": lambda: policy.actor, "critic": lambda: _Critic(policy.critic)}
+        actor = (lambda: _Actor(policy.actor)) if algo == "sac" else (lambda: policy.actor)
+        models = {"actor": actor, "critic": lambda: _Critic(policy.critic)}
         frozen = {"critic": 1, "actor": 1 if algo == "td3" else 0}
         shapes = {"actor": [obs_shape], "critic": [obs_shape, (act_dim,)]}
     return torch_training(
