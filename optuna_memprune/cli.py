@@ -41,10 +41,10 @@ def _print_footprint(fp, budget_line: str | None = None) -> None:
     for head, foot, justify in (("component", total[0], "left"), ("kind", total[1], "left"),
                                 ("RAM", total[2], "right"), ("VRAM", total[3], "right"),
                                 ("threads", total[4], "right"), ("note", total[5], "left")):
-        table.add_column(head, footer=foot, justify=justify)
+        table.add_column(head, footer=foot, justify=justify, no_wrap=head != "note")
     for row in rows:
         table.add_row(*row)
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=200)  # pipes and files: no wrapping
     console.print(table)
     if budget_line:
         console.print(budget_line)
@@ -107,7 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # name=value params may stand between options (argparse would take them as the empty positional first).
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if args.command != "predict" or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        try:
+            args.params = list(args.params) + [_param(e) for e in extra]
+        except argparse.ArgumentTypeError as exc:
+            parser.error(str(exc))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     logging.getLogger("optuna_memprune").setLevel(logging.INFO)  # one-off calibration lines always show
     try:

@@ -65,6 +65,8 @@ def run_sb3(cfg: dict) -> None:
         env = VecFrameStack(env, cfg["frame_stack"])
     params = dict(cfg["params"])
     policy = params.pop("policy")
+    if "net_arch" in params:
+        params["policy_kwargs"] = {"net_arch": params.pop("net_arch")}
     if params.get("optimize_memory_usage"):
         params["replay_buffer_kwargs"] = {"handle_timeout_termination": False}
     model = cls(policy, env, device="cpu", seed=0, verbose=0, **params)

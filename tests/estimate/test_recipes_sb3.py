@@ -1,0 +1,106 @@
+"""The SB3 recipe: exact layouts where SB3 is exact, clear errors, and real runs against the prediction."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optuna_memprune import Kind
+from optuna_memprune.estimate import recipes
+from optuna_memprune.estimate.buffers import layout_nbytes, sb3_replay_layout
+from optuna_memprune.exceptions import EstimateError
+
+ROOT = Path(__file__).resolve().parents[2]
+PONG = "ALE/Pong-v5"
+
+
+def _kind(fp, kind):
+    return sum(c.ram for c in fp.components if c.kind == kind)
+
+
+def test_dqn_default_atari_buffer_is_the_56_gb_one():
+    fp = recipes.sb3("dqn", PONG, {"buffer_size": 1_000_000, "batch_size": 32}, frame_stack=4)
+    full = layout_nbytes(sb3_replay_layout((4, 84, 84), "uint8", (), "int64", buffer_size=1_000_000))
+    buffer = next(c for c in fp.components if c.name == "replay buffer")
+    assert abs(buffer.ram - full) < 1e6 and 56.3e9 < full < 56.6e9
+    assert fp.ram > 56.4e9
+    omu = recipes.sb3("dqn", PONG, {"buffer_size": 1_000_000, "optimize_memory_usage": True}, frame_stack=4)
+    assert 28.1e9 < next(c for c in omu.components if c.name == "replay buffer").ram < 28.4e9
+
+
+def test_buffer_fill_follows_total_timesteps():
+    part = recipes.sb3("dqn", PONG, {"buffer_size": 100_000, "total_timesteps": 25_000}, frame_stack=4)
+    full = recipes.sb3("dqn", PONG, {"buffer_size": 100_000}, frame_stack=4)
+    ratio = _kind(part, Kind.BUFFER) / _kind(full, Kind.BUFFER)
+    assert 0.24 < ratio < 0.26
+
+
+def test_every_algorithm_builds_its_networks():
+    names = {
+        "dqn": ["q_net weights", "q_net frozen weights"], "qrdqn": ["q_net weights", "q_net frozen weights"],
+        "ppo": ["policy weights"], "a2c": ["policy weights"],
+        "sac": ["actor weights", "critic weights", "critic frozen weights"],
+        "td3": ["actor weights", "actor frozen weights", "critic frozen weights"],
+    }
+    for algo, wanted in names.items():
+        env = "Pendulum-v1" if algo in ("sac", "td3") else "CartPole-v1"
+        fp = recipes.sb3(algo, env, {"net_arch": [64, 64]})
+        got = " | ".join(c.name for c in fp.components)
+        for w in wanted:
+            assert w in got, (algo, got)
+        assert fp.threads >= 2 and _kind(fp, Kind.BASELINE) > 100e6
+
+
+def test_wider_nets_and_quantiles_cost_more():
+    small = recipes.sb3("qrdqn", "CartPole-v1", {"net_arch": "small", "n_quantiles": 25})
+    big = recipes.sb3("qrdqn", "CartPole-v1", {"net_arch": "verybig", "n_quantiles": 200})
+    assert _kind(big, Kind.WEIGHTS) > 10 * _kind(small, Kind.WEIGHTS)
+
+
+def test_subproc_envs_are_worker_processes():
+    dummy = recipes.sb3("ppo", PONG, {"n_steps": 128}, n_envs=4, frame_stack=4)
+    sub = recipes.sb3("ppo", PONG, {"n_steps": 128}, n_envs=4, frame_stack=4, vec_env="subproc")
+    assert sub.processes >= 4 and dummy.processes == 0
+    assert sub.ram > dummy.ram + 4 * 100e6  # each worker imports torch and SB3 again
+    assert sub.threads > dummy.threads
+
+
+@pytest.mark.parametrize("call,word", [
+    (lambda: recipes.sb3("dqnn", PONG, {}), "algo"),
+    (lambda: recipes.sb3("dqn", PONG, {"buffer_size": -5}), "buffer_size"),
+    (lambda: recipes.sb3("dqn", PONG, {"batch_sz": 32}), "batch_sz"),
+    (lambda: recipes.sb3("dqn", PONG, {"net_arch": "enormous"}), "net_arch"),
+    (lambda: recipes.sb3("sac", "CartPole-v1", {}), "Box action space"),
+    (lambda: recipes.sb3("ppo", PONG, {}, vec_env="threads"), "vec_env"),
+    (lambda: recipes.sb3("ppo", PONG, {}, n_envs=0), "n_envs"),
+])
+def test_bad_input_names_what_was_wrong(call, word):
+    with pytest.raises(EstimateError, match=word):
+        call()
+
+
+def test_memprune_predict_prints_the_breakdown():
+    out = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "predict", "sb3", "--algo", "dqn", "--env",
+                          PONG, "--frame-stack", "4", "buffer_size=1e6", "batch_size=32"],
+                         capture_output=True, text=True, check=True)
+    assert "replay buffer" in out.stdout and "TOTAL" in out.stdout
+    assert re.search(r"5\d\.\d\d GiB", out.stdout), out.stdout  # 52.6 GiB buffer + the rest
+    bad = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "predict", "sb3", "--algo", "dqn", "--env",
+                          PONG, "buffer_sz=1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "buffer_sz" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_accuracy_smoke_on_real_training_runs():
+    """A few real configurations (DQN Pong filled buffer, PPO subproc, torch MLP, deque) in fresh processes."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_accuracy.py"), "--smoke"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    last = out.stdout.strip().splitlines()[-1]
+    fields = dict(kv.split("=") for kv in last.split()[1:])
+    assert float(fields["ram_max_err"].rstrip("%")) <= 15, out.stdout
+    assert int(fields["ram_under5"]) <= 1, out.stdout
+    within, n = map(int, fields["threads_within1"].split("/"))
+    assert within >= 0.8 * n, out.stdout
