@@ -29,7 +29,7 @@ _logger = logging.getLogger("optuna_memprune.estimate.calibration")
 #: Libraries whose versions key the cache: a new version of any of them re-measures.
 _VERSIONED = ("torch", "numpy", "stable-baselines3", "sb3-contrib", "gymnasium", "ale-py", "opencv-python-headless")
 #: Torch thread counts at which the thread probe measures the process (a line is fitted through them).
-_THREAD_POINTS = (1, 2, 4)
+_THREAD_POINTS = (1, 4)
 _PROBE_TIMEOUT_S = 120
 SCHEMA = 1
 
