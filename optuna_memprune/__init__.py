@@ -20,11 +20,17 @@ __version__ = "0.1.0"
 __all__ = [
     "Budget", "Component", "Footprint", "Kind", "format_bytes", "parse_bytes",
     "MemPruneError", "EstimateError", "CalibrationError",
+    "MemoryGuard", "GuardedSampler", "GuardedPruner", "MemoryBudgetExceeded", "read_record",
     "estimate",
 ]
+
+# Loaded on first use: the guard imports Optuna, which a user of the estimators alone need not pay for.
+_GUARD = ("MemoryGuard", "GuardedSampler", "GuardedPruner", "MemoryBudgetExceeded", "read_record")
 
 
 def __getattr__(name: str) -> Any:
     if name == "estimate":
         return importlib.import_module(".estimate", __name__)
+    if name in _GUARD:
+        return getattr(importlib.import_module(".guard", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

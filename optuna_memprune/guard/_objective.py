@@ -1,0 +1,388 @@
+"""GuardedObjective: runs the user's objective under the monitor, rejects, stops and writes the record.
+
+Owns the in-process hard stop (an exception raised in the trial's thread); knows nothing of how the
+assignment was checked or clamped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from .._units import format_bytes
+from ..monitor import Monitor, Reading, downsample
+from . import _records
+from ._guard import MemoryGuard, _TrialState
+from ._records import Decision
+
+_logger = logging.getLogger("optuna_memprune.guard")
+
+_TIMELINE_POINTS = 200   # points of the record's timeline
+_KEEP_POINTS = 512       # points a running trial keeps before halving them (as Monitor does)
+_IDLE_READINGS = 10      # the shared monitor stops after this many readings with no trial running
+
+
+class MemoryBudgetExceeded(optuna.TrialPruned):
+    """The trial's process crossed its budget while the trial ran; the trial ends PRUNED.
+
+    ``reading`` is the monitor's reading that crossed (a ``optuna_memprune.monitor.Reading``).
+    An objective that catches ``Exception`` around its training loop swallows it; let
+    ``optuna.TrialPruned`` through.
+    """
+
+    def __init__(self, message: str = "", reading: "Reading | None" = None) -> None:
+        super().__init__(message)
+        self.reading = reading
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.reading))
+
+
+class _Interrupt(MemoryBudgetExceeded):
+    """Raised asynchronously in the trial's thread (by class, without arguments); re-raised as its base."""
+
+
+class GuardedObjective:
+    """The user's objective run under the guard; what ``MemoryGuard.wrap_objective`` returns.
+
+    For each trial it first has the guarded sampler check the trial's assignment (``trial.relative_params``
+    runs the lookahead before any of the objective's code). A rejected trial gets every param of the known
+    space suggested from the checked assignment, its record, and ends PRUNED without calling the objective.
+    Otherwise the guard's :class:`~optuna_memprune.monitor.Monitor` of this process (one per guard, shared
+    by its running trials, started with the first and stopped once idle) reads it every
+    ``monitor_interval`` seconds while the objective runs. A reading over the soft line makes the guarded
+    pruner answer True; a reading over the budget raises :class:`MemoryBudgetExceeded` in the trial's
+    thread at its next Python bytecode, which ends the trial PRUNED with the reading. The record is written
+    before Optuna stores the trial's final state, and heap memory the trial freed is given back to the OS
+    (glibc ``malloc_trim``) so the next trial's readings start from what is really in use.
+
+    Notes:
+        - The interrupt cannot land after the objective returned: it is cleared under a lock before the
+          wrapper leaves its guarded region, and one that lands earlier is turned into the PRUNED end.
+        - A thread blocked in one long C call (a single huge allocation, ``time.sleep``) takes the
+          exception when the call returns; process-per-trial mode can kill such a trial, in-process can't.
+        - ``study.optimize(n_jobs>1)`` runs trials as threads of one process: the guard warns once, the
+          budget applies to the process as a whole, and a breach stops every guarded trial running in it.
+        - An objective that catches ``Exception`` around its loop swallows the interrupt (it is an
+          ``optuna.TrialPruned``); the record then says so, and ``trial.should_prune()`` still answers True.
+
+    Example:
+        >>> import optuna, optuna_memprune as omp
+        >>> guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram="1GiB"), omp.Budget(ram="64GiB"))
+        >>> study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
+        >>> study.optimize(guard.wrap_objective(lambda t: t.suggest_float("x", 0, 1)), n_trials=2)
+    """
+
+    def __init__(self, objective: Callable[[optuna.Trial], Any], guard: MemoryGuard) -> None:
+        if not callable(objective):
+            raise TypeError(f"objective must be callable, but got {type(objective).__name__}.")
+        if not isinstance(guard, MemoryGuard):
+            raise TypeError(f"guard must be a MemoryGuard, but got {type(guard).__name__}.")
+        self._objective = objective
+        self._guard = guard
+        functools.update_wrapper(self, objective)
+
+    def __call__(self, trial: optuna.Trial) -> Any:
+        guard = self._guard
+        state = guard._open(trial._trial_id, trial.number)
+        state.enforced = True
+        try:
+            trial.relative_params  # the guarded sampler's lookahead, before any of the objective's code
+        except Exception:
+            guard._close(trial._trial_id)
+            raise  # a configuration error (unknown clamp name) or the base sampler's own failure
+        if not state.sampled:
+            guard._warn_once("unguarded-sampler",
+                             "study.sampler is not guard.wrap_sampler(...): trials run unchecked, under the "
+                             "monitor only.")
+            state.uncheck("the study's sampler is not wrapped by this guard")
+        if state.decision is Decision.REJECTED:
+            self._reject(trial, state)
+        return self._run(trial, state)
+
+    def _reject(self, trial: optuna.Trial, state: _TrialState) -> None:
+        try:
+            for name, dist in state.space.items():  # a PRUNED trial with a partial set shrinks TPE's space
+                _suggest(trial, name, dist)
+        except Exception as exc:  # noqa: BLE001 - the trial still ends PRUNED, with what was stored
+            _logger.warning("Trial %d: storing the rejected params failed: %s", trial.number, exc)
+        try:
+            _records.write(trial, self._guard._record(state, trial.params))
+        finally:
+            self._guard._close(trial._trial_id)
+        raise optuna.TrialPruned(f"memprune rejected the trial before launch: {state.reason}")
+
+    def _run(self, trial: optuna.Trial, state: _TrialState) -> Any:
+        guard = self._guard
+        if guard._enter_run(state) > 1:
+            guard._warn_once(
+                "n_jobs",
+                "Trials run as threads of one process (study.optimize(n_jobs>1)): the guard budgets the "
+                "process as a whole, and a breach stops every guarded trial running in it. Use "
+                "optuna_memprune.optimize(..., n_workers=k) for one process per trial.",
+            )
+        live = _Live(guard, state, threading.get_ident())
+        watch = _watch_of(guard)
+        decision: Decision | None = None
+        reason: str | None = None
+        try:
+            try:
+                watch.subscribe(live, trial.number)
+                return self._objective(trial)
+            finally:
+                live.disarm()
+        except _Interrupt as interrupt:
+            live.disarm()  # the only interrupt of this trial was delivered: this call completes
+            reading = state.hard_reading
+            decision, reason = Decision.STOPPED, f"stopped in process: {_breach(guard, reading, 1.0)}"
+            # Drop the objective's frames now: Optuna keeps the exception in a reference cycle until the
+            # next garbage collection, and with it every array the objective held.
+            interrupt.__traceback__ = None
+            raise MemoryBudgetExceeded(f"memprune {reason}", reading) from None
+        except optuna.TrialPruned as pruned:
+            if state.soft_answered:
+                decision = Decision.SOFT_PRUNED
+                reason = f"pruned at the soft line: {_breach(guard, state.soft_reading, guard._soft)}"
+            raise pruned.with_traceback(None)  # as above; Optuna logs a pruned trial's message only
+        finally:
+            try:
+                watch.unsubscribe(live)
+                if decision is None and state.hard_reading is not None:
+                    reason = (f"{state.reason}; crossed the budget ({_breach(guard, state.hard_reading, 1.0)}) "
+                              "but the objective ended first or caught the interrupt")
+                breach = (state.soft_reading if decision is Decision.SOFT_PRUNED
+                          else state.hard_reading or state.soft_reading)
+                record = guard._record(state, trial.params, decision=decision, reason=reason, peaks=live.peaks(),
+                                       timeline=live.timeline(), breach=breach)
+                _records.write(trial, record)
+            except Exception:  # noqa: BLE001 - bookkeeping must not change how the trial ends
+                _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
+            finally:
+                guard._exit_run(state)
+                guard._close(trial._trial_id)
+                if live.grew():
+                    _trim_heap()
+
+
+class _Live:
+    """The monitor's side of one trial: its readings, soft and hard crossings, the one interrupt."""
+
+    def __init__(self, guard: MemoryGuard, state: _TrialState, thread_id: int) -> None:
+        self._guard = guard
+        self._state = state
+        self._thread_id = thread_id
+        self._lock = threading.Lock()
+        self._armed = True
+        self._fired = False
+        self._start = time.monotonic()
+        self._hwm0 = _self_hwm()  # this process's peak RSS so far: a rise above it happened in the trial
+        self._peak: Reading | None = None
+        self._points: list[tuple[float, int, int, int | None]] = []
+
+    def on_reading(self, reading: Reading) -> None:
+        """Called from the monitor's thread for every reading while the trial runs."""
+        with self._lock:
+            self._peak = reading if self._peak is None else _max_reading(self._peak, reading)
+            self._points.append((reading.t, reading.rss, reading.threads, reading.vram))
+            if len(self._points) >= _KEEP_POINTS:
+                self._points = downsample(self._points, _KEEP_POINTS // 2)
+        state, guard = self._state, self._guard
+        if state.soft_reading is None and _over(guard, reading, guard._soft):
+            state.soft_reading = reading
+        if state.hard_reading is None and _over(guard, reading, 1.0):
+            state.hard_reading = reading
+            self._fire()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._armed and not self._fired:
+                _set_async_exc(self._thread_id, _Interrupt)
+                self._fired = True
+
+    def disarm(self) -> None:
+        """No interrupt can reach the trial's thread once this returns (an undelivered one is cleared)."""
+        with self._lock:
+            self._armed = False
+            if self._fired:
+                _set_async_exc(self._thread_id, None)
+
+    def grew(self) -> bool:
+        """Whether the trial ran for at least one reading or raised the process's peak RSS: only then may
+        it have left freed heap behind worth trimming."""
+        with self._lock:
+            return self._peak is not None or _self_hwm() > self._hwm0
+
+    def peaks(self) -> dict[str, int | None]:
+        """The trial's highest ``ram``, ``vram`` and ``threads`` (``None``: no reading in the trial).
+
+        ``ram`` is also raised to this process's peak RSS (VmHWM, from ``getrusage``) when that rose during
+        the trial: it catches a spike between two readings, even in a trial shorter than one interval.
+        """
+        with self._lock:
+            peak = self._peak
+        hwm = _self_hwm()
+        ram = None if peak is None else peak.rss
+        if hwm > self._hwm0:
+            ram = hwm if ram is None else max(ram, hwm)
+        return {"ram": ram, "vram": None if peak is None else peak.vram,
+                "threads": None if peak is None else peak.threads}
+
+    def timeline(self) -> list[tuple[float, int, int, int | None]]:
+        """``(t_s, rss, threads, vram)`` since the trial started, downsampled keeping each column's maxima."""
+        with self._lock:
+            points = downsample(self._points, _TIMELINE_POINTS)
+        return [(round(max(t - self._start, 0.0), 3), rss, threads, vram) for t, rss, threads, vram in points]
+
+
+class _Watch:
+    """One Monitor of this process per guard, shared by the guard's running trials.
+
+    Started by the first trial, kept across trials (a trial pays no thread start), stopped by its own thread
+    after ``_IDLE_READINGS`` readings without a trial. With ``n_jobs>1`` every running trial gets every
+    reading of the one process.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._monitor: Monitor | None = None
+        self._lives: dict[int, _Live] = {}
+        self._idle = 0
+
+    def subscribe(self, live: _Live, number: int) -> None:
+        """Watch ``live``'s trial from the monitor's next reading on (started here if none runs)."""
+        try:
+            with self._lock:
+                if self._monitor is None:
+                    self._monitor = Monitor(interval=self._interval, on_reading=self._on_reading).start()
+                self._lives[id(live)] = live
+                self._idle = 0
+        except _Interrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a trial without readings still runs
+            _logger.warning("Trial %d: the monitor could not start (%s); it runs unwatched.", number, exc)
+
+    def unsubscribe(self, live: _Live) -> None:
+        with self._lock:
+            self._lives.pop(id(live), None)
+
+    def _on_reading(self, reading: Reading) -> None:
+        with self._lock:
+            lives = list(self._lives.values())
+            if not lives:
+                self._idle += 1
+                if self._idle >= _IDLE_READINGS and self._monitor is not None:
+                    monitor, self._monitor = self._monitor, None
+                    monitor.stop()  # from the monitor's own thread: returns at once, the thread ends
+                return
+        for live in lives:
+            try:
+                live.on_reading(reading)
+            except Exception:  # noqa: BLE001 - one trial's bookkeeping must not starve the others
+                _logger.exception("memprune: handling a reading failed")
+
+
+_WATCHES_LOCK = threading.Lock()
+
+
+def _watch_of(guard: MemoryGuard) -> _Watch:
+    with _WATCHES_LOCK:
+        if guard._watch is None:
+            guard._watch = _Watch(guard._interval)
+        return guard._watch
+
+
+def _max_reading(a: Reading, b: Reading) -> Reading:
+    def top(x: int | None, y: int | None) -> int | None:
+        return y if x is None else x if y is None else max(x, y)
+
+    return Reading(t=b.t if b.rss > a.rss else a.t, rss=max(a.rss, b.rss), hwm=max(a.hwm, b.hwm),
+                   threads=max(a.threads, b.threads), processes=max(a.processes, b.processes),
+                   pss=top(a.pss, b.pss), vram=top(a.vram, b.vram))
+
+
+def _self_hwm() -> int:
+    """This process's peak RSS in bytes (``ru_maxrss`` is KiB on Linux, bytes on macOS); 0 elsewhere."""
+    if resource is None:
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+
+
+def _trim_heap() -> None:
+    """Give heap memory the finished trial freed back to the OS.
+
+    glibc keeps freed heap blocks mapped (RSS) for reuse; without this, the next trial in the process
+    starts above its real baseline and may be stopped for memory it does not use. A no-op off glibc.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc: present in the process's own symbols
+    except (AttributeError, OSError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    # CPython C API; None is passed as NULL, which clears a pending exception of that thread.
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), None if exc is None else ctypes.py_object(exc)
+    )
+
+
+def _over(guard: MemoryGuard, reading: "Reading", fraction: float) -> bool:
+    budget = guard._budget
+    return (
+        (budget.ram is not None and reading.rss > fraction * budget.ram)
+        or (budget.threads is not None and reading.threads > fraction * budget.threads)
+        or (budget.vram is not None and reading.vram is not None and reading.vram > fraction * budget.vram)
+    )
+
+
+def _breach(guard: MemoryGuard, reading: "Reading | None", fraction: float) -> str:
+    """Which resource of ``reading`` crossed ``fraction`` of the budget, in words."""
+    if reading is None:
+        return "no reading"
+    budget, parts = guard._budget, []
+    line = "the budget" if fraction >= 1.0 else f"{fraction:.0%} of the budget"
+    if budget.ram is not None and reading.rss > fraction * budget.ram:
+        parts.append(f"RSS {format_bytes(reading.rss)} over {line} {format_bytes(budget.ram)}")
+    if budget.vram is not None and reading.vram is not None and reading.vram > fraction * budget.vram:
+        parts.append(f"VRAM {format_bytes(reading.vram)} over {line} {format_bytes(budget.vram)}")
+    if budget.threads is not None and reading.threads > fraction * budget.threads:
+        parts.append(f"{reading.threads} threads over {line} {budget.threads}")
+    return ", ".join(parts) or "no resource over the line"
+
+
+def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
+    """``trial.suggest_*`` for a stored distribution, through the public API."""
+    if isinstance(dist, FloatDistribution):
+        return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    if isinstance(dist, CategoricalDistribution):
+        return trial.suggest_categorical(name, dist.choices)
+    raise TypeError(f"unsupported distribution {type(dist).__name__} for param {name!r}")

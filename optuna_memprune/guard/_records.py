@@ -1,0 +1,166 @@
+"""The trial record: the user attrs and constraints the guard writes on a trial, and reading them back.
+
+The only module that knows the attr names, the constraint keys and their encoding; it knows nothing of
+footprints, monitors or how a decision was reached.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from .._units import GiB
+
+if TYPE_CHECKING:
+    import optuna
+
+PREFIX = "memprune:"
+RESOURCES = ("ram", "vram", "threads")
+_CONSTRAINT_PREFIX = "memprune_"
+# Optuna 5.0 stores ``trial.set_constraint(key, v)`` as the system attr "constraints:<key>"
+# (optuna/trial/_trial.py, Trial.set_constraint); used only where no Trial object exists (after_trial).
+_OPTUNA_CONSTRAINT_ATTR = "constraints:"
+_JSON = {"separators": (",", ":"), "sort_keys": False}
+
+
+class Decision(str, Enum):
+    """What the guard did with a trial; the values are what ``memprune:decision`` holds."""
+
+    ADMITTED = "admitted"        # checked before launch, fits the budget, ran as sampled
+    CLAMPED = "clamped"          # checked, did not fit, ran with lowered params (see clamped_from)
+    REJECTED = "rejected"        # checked, did not fit, ended PRUNED before the objective's code ran
+    SOFT_PRUNED = "soft_pruned"  # crossed the soft line while running; the pruner answered True
+    STOPPED = "stopped"          # crossed the budget while running; interrupted and ended PRUNED
+    UNCHECKED = "unchecked"      # could not be checked before launch; ran under the monitor only
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """Everything the guard writes on one trial. Bytes are ints; ``None`` means unknown or unlimited.
+
+    ``pred_*`` is the footprint of the params that ran (for unchecked trials it is computed after the run),
+    ``peak_*`` the highest reading of the whole process while the trial ran, ``budget_*`` the limits
+    (``None``: not budgeted). ``clamped_from`` maps each lowered param to its sampled value, ``timeline``
+    is a downsampled list of ``(t_s, rss, threads, vram)``, ``breakdown`` the footprint's ``to_dict()``,
+    ``breach`` the reading that crossed the soft line or the budget.
+    """
+
+    decision: Decision
+    reason: str = ""
+    pred_ram: int | None = None
+    pred_vram: int | None = None
+    pred_threads: int | None = None
+    peak_ram: int | None = None
+    peak_vram: int | None = None
+    peak_threads: int | None = None
+    budget_ram: int | None = None
+    budget_vram: int | None = None
+    budget_threads: int | None = None
+    clamped_from: dict[str, Any] = field(default_factory=dict)
+    timeline: list[tuple[float, int, int, int | None]] = field(default_factory=list)
+    breakdown: dict[str, Any] = field(default_factory=dict)
+    breach: dict[str, Any] = field(default_factory=dict)
+    soft: float = 1.0  # the soft line as a fraction of the budget: what the constraints measure against
+    concurrent: bool = False  # other trials shared the process: peaks are the process's (not written)
+
+    def constraints(self) -> dict[str, float]:
+        """``{"memprune_ram": GiB over the soft line, ...}`` per budgeted resource; <= 0 is feasible.
+
+        The figure is the larger of the prediction and, when the trial ran alone in its process, the
+        observed peak; the line is ``soft`` x budget; RAM and VRAM are in GiB, threads in threads. Never
+        NaN: a resource with neither figure known counts as 0.0 (feasible).
+        """
+        out = {}
+        for r in RESOURCES:
+            budget = getattr(self, f"budget_{r}")
+            if budget is None:
+                continue
+            figures = [getattr(self, f"pred_{r}")]
+            if not self.concurrent:
+                figures.append(getattr(self, f"peak_{r}"))
+            known = [f for f in figures if f is not None]
+            limit = int(self.soft * budget)
+            over = float(max(known) - limit) if known else 0.0
+            value = over / GiB if r != "threads" else over
+            out[_CONSTRAINT_PREFIX + r] = value if math.isfinite(value) else 0.0
+        return out
+
+    def attrs(self) -> dict[str, Any]:
+        """The flat user attrs, names and encodings as written on the trial."""
+        out: dict[str, Any] = {"decision": self.decision.value, "reason": self.reason}
+        for kind in ("pred", "peak", "budget"):
+            for r in RESOURCES:
+                value = getattr(self, f"{kind}_{r}")
+                out[f"{kind}_{r}"] = None if value is None else int(value)
+        out["clamped_from"] = json.dumps(self.clamped_from, **_JSON)
+        out["timeline"] = json.dumps([_row(p) for p in self.timeline], **_JSON)
+        out["breakdown"] = json.dumps(self.breakdown, **_JSON)
+        out["breach"] = json.dumps(self.breach, **_JSON)
+        out["soft"] = float(self.soft)
+        return {PREFIX + k: v for k, v in out.items()}
+
+
+def _row(point: Iterable[Any]) -> list[Any]:
+    t, rss, threads, vram = point
+    return [round(float(t), 3), int(rss), int(threads), None if vram is None else int(vram)]
+
+
+def constraint_keys(resources: Iterable[str]) -> list[str]:
+    """The constraint keys written for these budgeted resources (the same on every trial)."""
+    return [_CONSTRAINT_PREFIX + r for r in resources]
+
+
+def write(trial: "optuna.Trial", record: TrialRecord) -> None:
+    """Write the record and its constraints on a running trial through the public Trial API."""
+    for key, value in record.attrs().items():
+        trial.set_user_attr(key, value)
+    for key, value in record.constraints().items():  # written once: nothing else sets memprune_* keys
+        trial.set_constraint(key, value)
+
+
+def write_frozen(study: "optuna.Study", trial_id: int, record: TrialRecord) -> None:
+    """Write the record on a trial known only as a FrozenTrial (from ``sampler.after_trial``).
+
+    The trial is still RUNNING there, so the storage accepts the writes; this is the one place in the
+    package that writes through ``study._storage``.
+    """
+    storage = study._storage
+    for key, value in record.attrs().items():
+        storage.set_trial_user_attr(trial_id, key, value)
+    done = storage.get_trial_system_attrs(trial_id)
+    for key, value in record.constraints().items():
+        if _OPTUNA_CONSTRAINT_ATTR + key not in done:
+            storage.set_trial_system_attr(trial_id, _OPTUNA_CONSTRAINT_ATTR + key, value)
+
+
+def is_written(user_attrs: Mapping[str, Any]) -> bool:
+    """Whether a record was already written on a trial with these user attrs."""
+    return PREFIX + "decision" in user_attrs
+
+
+def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
+    """The record written on a trial, from its ``user_attrs``; ``None`` when the guard wrote none."""
+    if not is_written(user_attrs):
+        return None
+
+    def get(name: str, default: Any = None) -> Any:
+        return user_attrs.get(PREFIX + name, default)
+
+    def loads(name: str, default: Any) -> Any:
+        text = get(name)
+        return json.loads(text) if isinstance(text, str) and text else default
+
+    figures = {f"{kind}_{r}": get(f"{kind}_{r}") for kind in ("pred", "peak", "budget") for r in RESOURCES}
+    return TrialRecord(
+        decision=Decision(get("decision")),
+        reason=get("reason", ""),
+        **figures,
+        clamped_from=loads("clamped_from", {}),
+        timeline=[tuple(p) for p in loads("timeline", [])],
+        breakdown=loads("breakdown", {}),
+        breach=loads("breach", {}),
+        soft=float(get("soft", 1.0)),
+    )

@@ -1,0 +1,54 @@
+"""The trial record: attr names and encoding, reading back, constraints that are never NaN."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from optuna_memprune._units import GiB
+from optuna_memprune.guard import Decision, TrialRecord, read_record
+from optuna_memprune.guard._records import constraint_keys
+
+
+def _record(**kwargs) -> TrialRecord:  # type: ignore[no-untyped-def]
+    base = dict(decision=Decision.CLAMPED, reason="lowered batch", pred_ram=3 * GiB, pred_vram=0,
+                pred_threads=4, peak_ram=2 * GiB, peak_vram=None, peak_threads=5, budget_ram=4 * GiB,
+                budget_threads=8, clamped_from={"batch": 512}, timeline=[(0.0, 1, 2, None), (0.1234, 3, 4, 5)],
+                breakdown={"ram": 3 * GiB}, breach={"rss": 1})
+    return TrialRecord(**{**base, **kwargs})
+
+
+def test_attrs_are_flat_with_int_bytes_and_compact_json() -> None:
+    attrs = _record().attrs()
+    assert attrs["memprune:decision"] == "clamped" and attrs["memprune:pred_ram"] == 3 * GiB
+    assert attrs["memprune:budget_vram"] is None and attrs["memprune:peak_vram"] is None
+    assert attrs["memprune:timeline"] == "[[0.0,1,2,null],[0.123,3,4,5]]"
+    assert json.loads(attrs["memprune:clamped_from"]) == {"batch": 512}
+    assert all(k.startswith("memprune:") for k in attrs)
+
+
+def test_read_gives_back_what_was_written() -> None:
+    record = _record()
+    again = read_record(record.attrs())
+    assert again.decision is Decision.CLAMPED and again.clamped_from == {"batch": 512}
+    assert again.timeline == [(0.0, 1, 2, None), (0.123, 3, 4, 5)]
+    assert (again.pred_ram, again.peak_threads, again.budget_ram) == (3 * GiB, 5, 4 * GiB)
+    assert read_record({"other": 1}) is None
+
+
+def test_constraints_use_the_larger_figure_in_gib_or_threads_and_are_never_nan() -> None:
+    assert _record().constraints() == {"memprune_ram": -1.0, "memprune_threads": -3.0}
+    over = _record(peak_ram=5 * GiB, peak_threads=9).constraints()
+    assert over == {"memprune_ram": 1.0, "memprune_threads": 1.0}
+    shared = _record(peak_ram=5 * GiB, concurrent=True).constraints()  # other trials' memory: not ours
+    assert shared["memprune_ram"] == -1.0
+    unknown = _record(pred_ram=None, peak_ram=None, pred_threads=None, peak_threads=None).constraints()
+    assert unknown == {"memprune_ram": 0.0, "memprune_threads": 0.0}
+    assert all(math.isfinite(v) for v in unknown.values())
+    assert list(constraint_keys(["ram", "vram"])) == ["memprune_ram", "memprune_vram"]
+
+
+def test_constraints_measure_against_the_soft_line() -> None:
+    record = _record(soft=0.5, pred_ram=3 * GiB, peak_ram=None, pred_threads=4, peak_threads=None)
+    assert record.constraints() == {"memprune_ram": 1.0, "memprune_threads": 0.0}
+    assert read_record(record.attrs()).soft == 0.5
