@@ -1,0 +1,25 @@
+"""The README's main job: the guarded demo study runs end to end and leaves a record on every trial."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+
+from optuna_memprune import read_record
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_study_runs_and_records_every_trial(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'demo.db'}"
+    out = subprocess.run([sys.executable, str(ROOT / "studies" / "demo.py"), "--trials", "6", "--storage", storage],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "at launch:" in out.stdout and "wall time" in out.stdout
+    trials = optuna.load_study(study_name="demo", storage=storage).trials
+    assert len(trials) == 6
+    for t in trials:
+        assert t.state.is_finished(), t
+        record = read_record(t.user_attrs)
+        assert record is not None and record.decision is not None and record.budget_ram == 768 * 2**20
