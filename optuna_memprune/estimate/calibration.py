@@ -1,7 +1,8 @@
 """Measures this host's baselines once, in fresh subprocesses, and caches them in a JSON keyed by versions.
 
 Owns the probes (interpreter + imports + first training step, threads per torch thread, env instances and
-env worker processes) and the cache file; knows nothing of Optuna, psutil or how figures are combined.
+env worker processes, CPU kernel workspaces) and the cache file; knows nothing of Optuna, psutil or how
+figures are combined.
 """
 
 from __future__ import annotations
@@ -160,6 +161,96 @@ if __name__ == "__main__":  # SubprocVecEnv workers re-import this file
     main()
 '''
 
+# Measures the buffers oneDNN convolutions allocate inside the op (outside torch's dispatcher), on reference
+# convolutions chosen unlike any benchmark model: per op, VmHWM - VmRSS before (the peak reset through
+# /proc/self/clear_refs) - the bytes of its outputs. glibc's mmap threshold is pinned low so every large
+# buffer is a fresh mapping returned at free: the figure is the op's own peak, not what the heap had cached.
+# The features (bytes per rule) come from torchnet's own table, so probe and estimator cannot drift apart.
+_KERNEL_PROBE = _STATUS_READER + r"""
+import ctypes, itertools
+spec = json.loads(sys.argv[1])
+sys.path.insert(0, spec["root"])  # this package, wherever it is imported from
+def peak_of(call):
+    peaks = []
+    for _ in range(3):  # the median of three: a few small allocations of the interpreter come and go
+        out = None
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _status()["VmRSS"]
+        out = call()
+        peaks.append(_status()["VmHWM"] - before)
+    return out, sorted(peaks)[1]
+def mapped(t):
+    return -(-t.untyped_storage().nbytes() // 4096) * 4096
+def measure(torch, torchnet):
+    aten = torch.ops.aten
+    block = torchnet._channel_block()
+    rows = []
+    for ci, co, k, stride, size, batch, grad_in in spec["convs"]:
+        x, w, b = torch.rand(batch, ci, size, size), torch.rand(co, ci, k, k), torch.rand(co)
+        geo = ([stride, stride], [k // 2, k // 2], [1, 1], False, [0, 0], 1)
+        fwd_args = (x, w, b, *geo)
+        fwd = lambda: aten.convolution.default(*fwd_args)
+        gy = torch.rand_like(fwd())
+        bwd_args = (gy, x, w, [co], *geo, [grad_in, True, True])
+        bwd = lambda: aten.convolution_backward.default(*bwd_args)
+        for _ in range(2):  # primitive creation and its caches are one-off
+            fwd(); bwd()
+        y, peak = peak_of(fwd)
+        rows.append({"op": "fwd", "measured": max(0, peak - mapped(y)),
+                     "features": torchnet._workspace_features(aten.convolution.default, fwd_args, {}, y, block)})
+        grads, peak = peak_of(bwd)
+        rows.append({"op": "bwd", "measured": max(0, peak - sum(mapped(g) for g in grads if g is not None)),
+                     "features": torchnet._workspace_features(aten.convolution_backward.default, bwd_args, {},
+                                                              grads, block)})
+    return rows, block
+def fit(torch, rules_all, rows):
+    # Per op kind, bytes = sum(coefficient x feature): least squares on the relative error, coefficients >= 0
+    # (every subset of the op's rules is solved; the best non-negative solution wins).
+    coef = [0.0] * len(rules_all)
+    for op in ("fwd", "bwd"):
+        mine = [r for r in rows if r["op"] == op and r["measured"] > 0]
+        rules = sorted({k for r in mine for k, _ in r["features"]})
+        best = None
+        for n in range(1, len(rules) + 1):
+            for subset in itertools.combinations(rules, n):
+                a = torch.tensor([[dict(r["features"]).get(k, 0) / r["measured"] for k in subset] for r in mine],
+                                 dtype=torch.float64)
+                sol = torch.linalg.lstsq(a, torch.ones(len(mine), 1, dtype=torch.float64)).solution.flatten()
+                if bool((sol >= 0).all()):
+                    err = float(((a @ sol) - 1).square().sum())
+                    if best is None or err < best[0]:
+                        best = (err, subset, sol.tolist())
+        if best is not None:
+            for k, c in zip(best[1], best[2]):
+                coef[k] = round(c, 4)
+    return coef
+try:
+    ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD, fixed: no dynamic raise
+    with open("/proc/self/clear_refs", "w") as f:     # resets VmHWM (Linux >= 4.0)
+        f.write("5")
+    import torch
+    from optuna_memprune.estimate import torchnet
+    torch.set_num_threads(1)
+    rows, block = measure(torch, torchnet)
+    result = {"rows": rows, "block": block, "rules": list(torchnet.WORKSPACE_RULES),
+              "coef": fit(torch, torchnet.WORKSPACE_RULES, rows)}
+except (OSError, AttributeError, RuntimeError) as e:  # no glibc, no clear_refs, no oneDNN
+    result = {"error": f"{type(e).__name__}: {e}"}
+print("PROBE" + json.dumps(result))
+"""
+# Where the kernel probe cannot measure: its fit on the development host (AVX-512 EPYC, glibc 2.36, torch
+# 2.13 with oneDNN 3.12), per torchnet.WORKSPACE_RULES.
+_DEFAULT_KERNEL_COEF = {"conv_fwd_in": 0.44, "conv_fwd_out": 0.80, "conv_bwd_in": 1.0, "conv_bwd_out": 0.80,
+                        "conv_bwd_grad_in": 0.15}
+# Reference convolutions of the kernel probe: (in channels, out channels, kernel, stride, height = width,
+# batch, input gradient). Odd sizes on purpose, none of them a layer of the benchmark's or SB3's networks.
+_KERNEL_CONVS = (
+    (5, 24, 5, 2, 50, 64, False), (12, 20, 3, 1, 30, 64, True), (24, 40, 3, 1, 24, 64, True),
+    (40, 80, 3, 2, 26, 64, True), (48, 48, 3, 1, 20, 64, True), (80, 96, 1, 1, 14, 64, True),
+    (96, 48, 3, 1, 10, 96, True), (16, 56, 5, 1, 18, 64, True), (56, 24, 3, 1, 22, 48, False),
+)
+
 
 def versions() -> dict[str, str]:
     """The interpreter, platform and library versions that key the calibration cache."""
@@ -241,6 +332,24 @@ class EnvProfile:
     helper_processes: int = 0
 
 
+@dataclass(frozen=True)
+class CpuKernels:
+    """What CPU kernels allocate outside torch's dispatcher on this host, as measured by the kernel probe.
+
+    ``coefficients[i]`` multiplies the feature bytes of rule ``rules[i]`` (torchnet's ``WORKSPACE_RULES``:
+    an operand's bytes with its channels padded to ``block``). ``measured`` is False where the probe could
+    not measure (not glibc, no ``/proc/self/clear_refs``): the coefficients are then ``_DEFAULT_KERNEL_COEF``.
+    """
+
+    rules: tuple[str, ...]
+    coefficients: tuple[float, ...]
+    block: int
+    measured: bool = True
+
+    def coefficient(self, rule: str) -> float:
+        return self.coefficients[self.rules.index(rule)] if rule in self.rules else 0.0
+
+
 def _fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     n = len(points)
     mx = sum(p[0] for p in points) / n
@@ -291,6 +400,28 @@ class Calibration:
             threads_base=t0, threads_per_torch_thread=t1, ram_per_torch_thread=max(0, int(r1)),
             default_torch_threads=int(first.get("default_torch_threads", 1)),
         )
+
+    def cpu_kernels(self) -> CpuKernels:
+        """The CPU kernel workspace coefficients of this host; measured now (and cached) if never measured.
+
+        One probe process (about 4 s): reference convolutions, forward and backward, each op's peak RSS above
+        its inputs and outputs (see ``_KERNEL_PROBE``), fitted per op kind on torchnet's workspace features.
+        """
+        with self._lock:
+            raw = self.data.get("cpu_kernels")
+            if raw is None:
+                _logger.info("Calibrating CPU kernel workspaces (one-off, a few seconds).")
+                raw = _run_probe(_KERNEL_PROBE, {"convs": [list(c) for c in _KERNEL_CONVS],
+                                                 "root": str(Path(__file__).resolve().parents[2])})
+                self.data["cpu_kernels"] = raw
+                self.save()
+        if "error" in raw:
+            _logger.warning("CPU kernel workspaces not measured here (%s): using the default coefficients.",
+                            raw["error"])
+            return CpuKernels(rules=tuple(_DEFAULT_KERNEL_COEF), coefficients=tuple(_DEFAULT_KERNEL_COEF.values()),
+                              block=0, measured=False)
+        return CpuKernels(rules=tuple(raw["rules"]), coefficients=tuple(float(c) for c in raw["coef"]),
+                          block=int(raw["block"]))
 
     def env(self, env_id: str, *, atari: bool, frame_stack: int | None, imports: Iterable[str],
             subproc: bool = True) -> EnvProfile:
@@ -361,6 +492,8 @@ def calibrate(*, env_ids: Sequence[str] = (), force: bool = False) -> tuple[Cali
     for imports in DEFAULT_STACKS:
         if all(_importable(m) for m in imports):
             cal.stack(imports)
+    if _importable("torch"):
+        cal.cpu_kernels()
     for env_id in env_ids:
         atari = env_id.startswith("ALE/")
         cal.env(env_id, atari=atari, frame_stack=4 if atari else None,

@@ -1,12 +1,14 @@
 """Training and inference steps of torch networks traced on the meta device, counted as tensor-level peaks.
 
-Owns the storage counter, the step driver and the trace cache; must not know Optuna, psutil or recipes.
+Owns the storage counter, the step driver, the trace cache, and for CPU targets the kernel-workspace rules and
+the glibc heap model; must not know Optuna, psutil or recipes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -26,10 +28,12 @@ from .footprint import Component, Footprint, Kind
 __all__ = ["torch_training", "torch_inference"]
 
 # --- Categories of storages. Indices into per-category arrays; names double as component suffixes. ---
-_W, _FW, _G, _O, _A, _T = range(6)
-_N_CATS = 6
-_CAT_NAMES = ("weights", "frozen weights", "gradients", "optimizer state", "activations", "temporaries")
-_CAT_KINDS = (Kind.WEIGHTS, Kind.WEIGHTS, Kind.GRADIENTS, Kind.OPTIMIZER, Kind.ACTIVATIONS, Kind.TEMPORARIES)
+_W, _FW, _G, _O, _A, _T, _K = range(7)
+_N_CATS = 7
+_CAT_NAMES = ("weights", "frozen weights", "gradients", "optimizer state", "activations", "temporaries",
+              "kernel workspaces")
+_CAT_KINDS = (Kind.WEIGHTS, Kind.WEIGHTS, Kind.GRADIENTS, Kind.OPTIMIZER, Kind.ACTIVATIONS, Kind.TEMPORARIES,
+              Kind.TEMPORARIES)
 
 # --- Phases of the traced step: where a storage was allocated decides its category. ---
 _OTHER, _TARGET, _FWD, _BWD, _OPT = range(5)
@@ -58,6 +62,65 @@ _EXACT_PER_ENTRY = 32
 # would cross. Every such block here holds this lock.
 _DEVICE_LOCK = threading.RLock()
 
+# --- Kernel workspaces of CPU targets: memory a kernel allocates without dispatching -----------------------
+# Found by logging malloc/free around each dispatched op of real CPU training steps (torch 2.13, oneDNN 3.12):
+# only oneDNN convolutions (torch's default CPU backend for floating-point conv) allocate large buffers
+# inside an op. oneDNN computes on blocked layouts (nChw16c on AVX-512, nChw8c on AVX2: oneDNN's
+# "Understanding Memory Formats"), so it reorders plain operands into buffers with the channels padded to the
+# block, and back: forward the output (and often the input), backward the output gradient and the input (for
+# the weight gradient) and the input gradient. All are freed before the op returns. Linear layers (MKL
+# GEMM), pooling, activations and the optimizers allocated nothing large outside the dispatcher.
+# A rule is one feature of an op: the bytes of one operand with its channels padded. The bytes a kernel
+# allocates are the sum of coefficient x feature over the op's rules; the coefficients are measured on this
+# host by ``calibration.Calibration.cpu_kernels`` on reference convolutions.
+WORKSPACE_RULES = ("conv_fwd_in", "conv_fwd_out", "conv_bwd_in", "conv_bwd_out", "conv_bwd_grad_in")
+_WS_FWD_IN, _WS_FWD_OUT, _WS_BWD_IN, _WS_BWD_OUT, _WS_BWD_GRAD_IN = range(len(WORKSPACE_RULES))
+_KERNEL_NOTE = "oneDNN buffers outside the dispatcher, calibrated on this host"
+# Operands with at most this many channels are padded to it rather than to the block (measured: a 4-channel
+# input's weight-gradient reorder is twice the input on AVX-512, not four times).
+_SMALL_CHANNELS = 8
+_CONV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _channel_block() -> int:
+    """Channels per block of oneDNN's blocked layouts on this CPU: 16 with AVX-512 (or AMX), else 8."""
+    cap = str(torch.backends.cpu.get_cpu_capability()).upper()
+    return 16 if ("AVX512" in cap or "AMX" in cap) else 8
+
+
+def _padded_bytes(t: Any, block: int) -> int:
+    """Bytes of ``t`` (N, C, *spatial) in a blocked layout: C rounded up to the block."""
+    c = t.shape[1]
+    unit = _SMALL_CHANNELS if c <= _SMALL_CHANNELS else block
+    padded = -(-c // unit) * unit
+    return t.numel() // max(c, 1) * padded * t.element_size()
+
+
+def _workspace_features(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any,
+                        block: int) -> list[tuple[int, int]]:
+    """``(rule, feature bytes)`` of the kernel workspaces a CPU op allocates outside the dispatcher.
+
+    Only convolutions (1-3 spatial dims, floating point) have rules; everything else returns ``[]``.
+    """
+    if func is torch.ops.aten.convolution.default:
+        x = args[0]
+        if x.dim() < 3 or x.dtype not in _CONV_DTYPES or not isinstance(out, torch.Tensor):
+            return []
+        features = [(_WS_FWD_OUT, _padded_bytes(out, block))]
+        if x.shape[1] >= block:  # oneDNN's first-layer kernels read a plain input with few channels
+            features.append((_WS_FWD_IN, _padded_bytes(x, block)))
+        return features
+    if func is torch.ops.aten.convolution_backward.default:
+        grad_out, x = args[0], args[1]
+        if x.dim() < 3 or x.dtype not in _CONV_DTYPES:
+            return []
+        features = [(_WS_BWD_IN, _padded_bytes(x, block)), (_WS_BWD_OUT, _padded_bytes(grad_out, block))]
+        mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True,))
+        if mask[0]:  # the input gradient is computed
+            features.append((_WS_BWD_GRAD_IN, _padded_bytes(x, block)))
+        return features
+    return []
+
 
 # ----------------------------------------------------------------------------------------------------------
 # Public functions
@@ -76,6 +139,7 @@ def torch_training(
     device: str = "cpu",
     cache_key: Any = None,
     name: str = "network",
+    calibration: Any = None,
 ) -> Footprint:
     """Peak memory of one training step of a torch network, traced on the meta device.
 
@@ -112,13 +176,20 @@ def torch_training(
         cache_key: any hashable that identifies the architecture; with it a cached trace is used without
             building the module at all. By default the key is derived from the built module (repr, shapes).
         name: prefix of the component names (``"network weights"``).
+        calibration: the host calibration whose CPU kernel coefficients size the kernel workspaces
+            (``device="cpu"`` only); by default this environment's (``calibration.load()``, measured on first
+            use, a few seconds).
 
     Returns:
         A Footprint with components ``<name> weights``, ``frozen weights`` (if any), ``gradients``,
         ``optimizer state`` (if any), ``activations`` and ``temporaries``: weights, gradients and state
         are their full sizes; activations (storages allocated in the forward and still alive when backward
         starts, i.e. saved for backward, plus the batch) and temporaries share the rest of the peak. They
-        add up to the step's peak of live tensor bytes.
+        add up to the step's peak of live tensor bytes. For ``device="cpu"`` two host components follow:
+        ``kernel workspaces`` (buffers oneDNN convolutions allocate inside the op, outside the dispatcher,
+        alive at the peak; sized by coefficients calibrated on this host) and ``allocator overhead`` (what
+        glibc's heap keeps resident above the live bytes; a model, see ``_HEAP_RETENTION``). Tensors,
+        workspaces and overhead together predict the step's peak RSS above the process baseline.
 
     Notes:
         - Traces are cached per (architecture, shapes, dtypes, optimizer, autocast, accumulation, frozen,
@@ -136,9 +207,15 @@ def torch_training(
           GPU targets are traced on meta, so CUDA-only kernels are not reproduced: attention runs the math
           path (a (B, heads, L, L) matrix, more than flash attention keeps) and LSTMs the cell-by-cell path
           (not cuDNN's).
-        - Memory a kernel allocates without dispatching is invisible, on meta and real tensors alike:
-          cuDNN/cuBLAS workspaces, and oneDNN's LSTM workspace on CPU (its meta kernel says 0 bytes, so an
-          LSTM training step on CPU with oneDNN, torch's default, keeps more than predicted).
+        - Memory a kernel allocates without dispatching is invisible to the trace. For CPU targets the
+          convolutions' oneDNN buffers are added by rule (see ``WORKSPACE_RULES``; torch's default oneDNN
+          backend assumed, ``torch.backends.mkldnn.enabled``); still missing: cuDNN/cuBLAS workspaces on
+          GPUs, oneDNN's LSTM workspace on CPU (its meta kernel says 0 bytes), and the one-off oneDNN
+          primitives of each new conv shape (0.1-2 MiB each).
+        - The allocator overhead of CPU targets assumes glibc's malloc with its default dynamic mmap
+          threshold (or ``MALLOC_MMAP_THRESHOLD_`` as set in this process's environment); a preloaded jemalloc
+          or tcmalloc behaves otherwise. Under the default, peak RSS of identical runs differs by up to
+          +-30% and creeps up over the first hundreds of steps.
         - The loss is the mean of the outputs, not the user's loss; tensors a module keeps outside its
           parameters and buffers are copied, not re-created on meta.
         - The first trace in a process pays torch's one-off warm-up (its Python meta kernels import
@@ -156,7 +233,7 @@ def torch_training(
         optimizer=optimizer, dtype=dtype, autocast=autocast, accumulation_steps=accumulation_steps,
         frozen=frozen, device=device,
     )
-    return _footprint(model, spec, batch_size, cache_key=cache_key, name=name)
+    return _footprint(model, spec, batch_size, cache_key=cache_key, name=name, calibration=calibration)
 
 
 def torch_inference(
@@ -170,12 +247,14 @@ def torch_inference(
     device: str = "cpu",
     cache_key: Any = None,
     name: str = "network",
+    calibration: Any = None,
 ) -> Footprint:
     """Peak memory of one forward pass under ``no_grad`` (acting, evaluation), traced on the meta device.
 
     Arguments as for :func:`torch_training`. The components are ``<name> weights`` and ``<name>
     activations`` (everything above the weights at the peak: under ``no_grad`` nothing is kept for backward,
-    so it is all transient).
+    so it is all transient), and for ``device="cpu"`` the host's ``kernel workspaces`` and ``allocator
+    overhead`` where they are not zero.
 
     Example:
         >>> import torch.nn as nn
@@ -186,7 +265,7 @@ def torch_inference(
         model, input_shape, training=False, batch_size=batch_size, input_dtype=input_dtype, optimizer=None,
         dtype=dtype, autocast=autocast, accumulation_steps=1, frozen=0, device=device,
     )
-    return _footprint(model, spec, batch_size, cache_key=cache_key, name=name)
+    return _footprint(model, spec, batch_size, cache_key=cache_key, name=name, calibration=calibration)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -332,10 +411,12 @@ class _StorageCounter(TorchDispatchMode):
     bytes, category, allocation phase and device; and the event order (``r`` = alloc, ``~r`` = free).
     """
 
-    def __init__(self, device_type: str) -> None:
+    def __init__(self, device_type: str, *, workspaces: bool = False) -> None:
         super().__init__()
         self.device_type = device_type
+        self.block = _channel_block() if workspaces else 0   # 0: no kernel workspace records
         self.sizes: list[int] = []
+        self.rules: list[int] = []              # per record: workspace rule (WORKSPACE_RULES), -1 for storages
         self.cats: list[int] = []
         self.phases: list[int] = []
         self.host: list[bool] = []
@@ -357,17 +438,29 @@ class _StorageCounter(TorchDispatchMode):
             self.events.append(~rec)
 
     def _new(self, st: Any, key: int, nbytes: int, cat: int, device: Any) -> int:
-        rec = len(self.sizes)
-        self.sizes.append(nbytes)
-        self.cats.append(cat)
-        self.phases.append(self.phase)
-        self.host.append(device.type != self.device_type)
-        self.owners.append(-1)
+        rec = self._record(nbytes, cat, -1, device.type != self.device_type)
         self._live[key] = rec
         if key not in self._refs:
             self._refs[key] = weakref.ref(st, lambda r, key=key: self._freed(key, r))
         self.events.append(rec)
         return rec
+
+    def _record(self, nbytes: int, cat: int, rule: int, host: bool) -> int:
+        rec = len(self.sizes)
+        self.sizes.append(nbytes)
+        self.rules.append(rule)
+        self.cats.append(cat)
+        self.phases.append(self.phase)
+        self.host.append(host)
+        self.owners.append(-1)
+        return rec
+
+    def workspaces(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> None:
+        """Records of the op's kernel workspaces: allocated after its outputs, freed as it returns."""
+        recs = [self._record(nbytes, _K, rule, False)
+                for rule, nbytes in _workspace_features(func, args, kwargs, out, self.block)]
+        self.events.extend(recs)
+        self.events.extend(~r for r in recs)
 
     def see(self, t: Any, cat: int = _T) -> int | None:
         """Record the storage of ``t`` if new (or resized); return its record."""
@@ -423,6 +516,8 @@ class _StorageCounter(TorchDispatchMode):
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self.see(t)
+        if self.block and self.recording:
+            self.workspaces(func, args, kwargs or {}, out)
         return out
 
 
@@ -502,6 +597,7 @@ class _Structure:
     """The shape of a trace, independent of the batch size: which storages, in which order, of what kind."""
 
     cats: np.ndarray            # per record
+    rules: np.ndarray           # per record: kernel workspace rule (WORKSPACE_RULES) or -1 for a storage
     host: np.ndarray            # per record: on another device than the traced one (CPU scalars of a meta trace)
     owners: np.ndarray          # per record: index of the network a persistent storage belongs to, else -1
     n_nets: int
@@ -517,7 +613,7 @@ class _Structure:
         return (self.registered == other.registered and self.n_nets == other.n_nets
                 and self.prev_grad == other.prev_grad and self.new_grad == other.new_grad
                 and all(np.array_equal(getattr(self, a), getattr(other, a))
-                        for a in ("cats", "host", "owners", "events")))
+                        for a in ("cats", "rules", "host", "owners", "events")))
 
 
 @dataclass(frozen=True)
@@ -531,8 +627,8 @@ class _Trace:
 
     @property
     def peak(self) -> int:
-        """Peak of live tensor bytes during the step (all devices the trace saw)."""
-        return _analyse(self.structure, self.sizes).peak
+        """Peak of live tensor bytes during the step (all devices the trace saw); kernel workspaces excluded."""
+        return _analyse(self.structure, np.where(self.structure.rules >= 0, 0, self.sizes)).peak
 
 
 @dataclass
@@ -744,7 +840,7 @@ class _Session:
                 del batch, out
 
     def trace(self, batch_size: int) -> _Trace:
-        counter = _StorageCounter(self.tensor_device)
+        counter = _StorageCounter(self.tensor_device, workspaces=not self.spec.cuda)
         # Persistent storages first, in the order a training script allocates them.
         for net in self.nets:
             for t in list(net.module.parameters()) + list(net.module.buffers()):
@@ -775,6 +871,7 @@ class _Session:
         n = len(counter.sizes)
         structure = _Structure(
             cats=np.asarray(counter.cats, dtype=np.int64),
+            rules=np.asarray(counter.rules, dtype=np.int64),
             host=np.asarray(counter.host, dtype=bool),
             owners=np.asarray(counter.owners, dtype=np.int64),
             n_nets=len(self.nets),
@@ -965,15 +1062,107 @@ def _guarded_key(model: Any, spec: _Spec) -> tuple:
 
 
 def clear_cache() -> None:
-    """Forget every cached trace (tests and benchmarks use it)."""
+    """Forget every cached trace and workspace coefficient (tests and benchmarks use it)."""
     with _CACHE_LOCK:
         _CACHE.clear()
+        _COEF_CACHE.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Host heap: what glibc's malloc keeps resident beyond the live bytes (CPU targets)
+# ----------------------------------------------------------------------------------------------------------
+# torch's CPU allocator is glibc malloc (c10 alloc_cpu: posix_memalign). Rules of glibc's malloc.c / mallopt(3):
+# a request of at least the mmap threshold gets its own mapping, returned to the OS at free; a smaller one is
+# carved from the heap, whose freed chunks stay resident. The threshold starts at 128 KiB and is dynamic:
+# freeing a mapped chunk larger than it (up to 32 MiB on 64-bit) raises it to that chunk's size. So after
+# the first step, every transient storage smaller than the largest freed one lives on the heap.
+_MMAP_THRESHOLD = 128 * 1024            # DEFAULT_MMAP_THRESHOLD_MIN
+_MMAP_THRESHOLD_MAX = 32 * 1024 ** 2    # DEFAULT_MMAP_THRESHOLD_MAX (64-bit)
+_CHUNK_OVERHEAD = 16                    # chunk header (SIZE_SZ) and 16-byte alignment
+_PAGE = 4096
+# Steps replayed: the first raises the threshold, the next ones run on the heap as a long training does.
+_HEAP_STEPS = 3
+# What the heap keeps resident above the step's live bytes, as a multiple of the high-water of live heap
+# storages (those below the threshold). Measured on this kind of host (glibc 2.36, torch 2.13, 1-2 threads):
+# VmHWM of real CPU training (MLPs, CNNs, NatureCNN, batch 32-4096, 20-300 steps) minus the traced tensor and
+# kernel-workspace peak is 0.3x to 2.5x that high-water, median about 1x, and varies by +-30% between
+# identical runs (small allocations split freed chunks, so a same-size request cannot reuse them). The
+# median is the estimate; the spread is left to the learned margin. With a fixed threshold
+# (``MALLOC_MMAP_THRESHOLD_`` set) nothing large is retained and the traced peak is what the process keeps.
+_HEAP_RETENTION = 1.0
+
+
+def _mmap_threshold() -> tuple[int, bool]:
+    """(initial threshold, dynamic) as the trial's glibc will have them, read from this process's environment.
+
+    ``MALLOC_MMAP_THRESHOLD_`` or the tunable ``glibc.malloc.mmap_threshold`` fix the threshold (mallopt(3)).
+    """
+    fixed = os.environ.get("MALLOC_MMAP_THRESHOLD_", "")
+    for tunable in os.environ.get("GLIBC_TUNABLES", "").split(":"):
+        name, _, value = tunable.partition("=")
+        if name == "glibc.malloc.mmap_threshold":
+            fixed = value
+    if fixed.isdigit():
+        return int(fixed), False
+    return _MMAP_THRESHOLD, True
+
+
+def _heap_high_water(structure: _Structure, sizes: np.ndarray) -> int:
+    """High-water of live heap bytes (storages below glibc's mmap threshold) over ``_HEAP_STEPS`` steps."""
+    threshold, dynamic = _mmap_threshold()
+    heap = high = 0
+    live: dict[int, tuple[int, bool]] = {}
+    for handle, nbytes in _allocator_events(structure, sizes, _HEAP_STEPS):
+        if nbytes > 0:
+            chunk = nbytes + _CHUNK_OVERHEAD
+            mapped = chunk >= threshold
+            live[handle] = (chunk, mapped)
+            if not mapped:
+                heap += chunk
+                high = max(high, heap)
+        elif nbytes < 0 and handle in live:
+            chunk, mapped = live.pop(handle)
+            if not mapped:
+                heap -= chunk
+            elif dynamic:
+                pages = -(-chunk // _PAGE) * _PAGE
+                if threshold < pages <= _MMAP_THRESHOLD_MAX:
+                    threshold = pages
+    return high
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Footprint assembly
 # ----------------------------------------------------------------------------------------------------------
-def _footprint(model: Any, spec: _Spec, batch_size: int, *, cache_key: Any, name: str) -> Footprint:
+_COEF_CACHE: dict[str, np.ndarray] = {}
+
+
+def _workspace_coefficients(calibration: Any) -> np.ndarray:
+    """This host's coefficient per rule of ``WORKSPACE_RULES`` (kept per cache directory once read)."""
+    if calibration is None:
+        from . import calibration as _cal
+
+        key = str(_cal.cache_dir())
+        coef = _COEF_CACHE.get(key)
+        if coef is None:
+            coef = _COEF_CACHE[key] = _workspace_coefficients(_cal.load())
+        return coef
+    kernels = calibration.cpu_kernels()
+    return np.array([kernels.coefficient(rule) for rule in WORKSPACE_RULES], dtype=np.float64)
+
+
+def _scale_workspaces(structure: _Structure, sizes: np.ndarray, calibration: Any = None) -> np.ndarray:
+    """Sizes with each kernel workspace record's feature bytes turned into bytes by this host's coefficients."""
+    ws = structure.rules >= 0
+    if not ws.any():
+        return sizes
+    coef = _workspace_coefficients(calibration)
+    scaled = np.rint(sizes * coef[np.where(ws, structure.rules, 0)]).astype(np.int64)
+    return np.where(ws, scaled, sizes)
+
+
+def _footprint(model: Any, spec: _Spec, batch_size: int, *, cache_key: Any, name: str,
+               calibration: Any = None) -> Footprint:
     if not isinstance(name, str):
         raise EstimateError(f"name must be a str, but got {name!r}.")
     entry = _entry(model, spec, cache_key)
@@ -983,6 +1172,7 @@ def _footprint(model: Any, spec: _Spec, batch_size: int, *, cache_key: Any, name
         result = _analyse(structure, np.where(sizes > 0, np.maximum(rounded, _alloc.MIN_BLOCK_SIZE), 0),
                           device_only=True)
     else:
+        sizes = _scale_workspaces(structure, sizes, calibration)
         result = _analyse(structure, sizes)
     where = "vram" if spec.cuda else "ram"
     note = f"batch {batch_size}"
@@ -992,7 +1182,12 @@ def _footprint(model: Any, spec: _Spec, batch_size: int, *, cache_key: Any, name
     for label, cat, nbytes in _split(result, spec, name):
         if nbytes or cat in (_W, _A):
             comps.append(Component(f"{label} {_CAT_NAMES[cat]}", _CAT_KINDS[cat], **{where: nbytes},
-                                   note=note if cat in (_A, _T) else ""))
+                                   note=note if cat in (_A, _T) else _KERNEL_NOTE if cat == _K else ""))
+    if not spec.cuda:
+        retained = int(_HEAP_RETENTION * _heap_high_water(structure, sizes))
+        if retained:
+            comps.append(Component(f"{name} allocator overhead", Kind.ALLOCATOR, ram=retained,
+                                   note="glibc heap retention (model; varies run to run)"))
     if spec.cuda:
         workspace = _alloc.CUBLAS_WORKSPACE_BYTES
         peaks = _alloc.replay([(-1, workspace)] + _allocator_events(structure, sizes, _ALLOCATOR_STEPS))
@@ -1022,7 +1217,10 @@ def _split(result: _Peak, spec: _Spec, name: str) -> list[tuple[str, int, int]]:
         if result.final[-1][cat]:  # persistent storages of no network (rare: state a step created)
             parts.append((name, cat, result.final[-1][cat]))
     above = max(0, result.peak - sum(result.persistent(cat) for cat in persistent))
+    kernel = min(result.at_peak[_K], above)
+    tail = [(name, _K, kernel)] if kernel else []
+    above -= kernel
     if not spec.training:
-        return parts + [(name, _A, above)]
+        return parts + [(name, _A, above)] + tail
     act = min(result.at_peak[_A], above)
-    return parts + [(name, _A, act), (name, _T, above - act)]
+    return parts + [(name, _A, act), (name, _T, above - act)] + tail
