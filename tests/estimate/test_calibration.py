@@ -33,7 +33,9 @@ REAL_TRAINING = """
 def test_process_baseline_matches_a_real_small_training_process(threads):
     fp = process("torch", torch_threads=threads)
     real = _run(REAL_TRAINING.format(threads=threads))
-    assert abs(fp.ram - real["hwm"]) / real["hwm"] < 0.05, (fp.table(), real)
+    # The baseline is mostly file-backed library pages, whose RSS follows the page cache's state: two
+    # identical fresh venvs measured 225 MB and 260 MB for `import torch`. Hence 7.5%, not 5%.
+    assert abs(fp.ram - real["hwm"]) / real["hwm"] < 0.075, (fp.table(), real)
     assert abs(fp.threads - real["threads"]) <= 1, (fp.table(), real)
 
 
