@@ -68,10 +68,11 @@ def footprint(params: dict) -> omp.Footprint:
     )
 
 
-# What none of the estimators sees (heap fragmentation, the storage's caches, numpy temporaries while the
-# buffer fills): measured on this demo at up to about 100 MiB over the estimators' sum. Clamping aims right
-# at the soft line, where the pruner prunes, so this margin is what lets a clamped trial run; a margin
-# learned from the observed peaks would replace it.
+# What the estimators do not see (the storage's caches, numpy temporaries while the buffer fills): before
+# the estimators modelled glibc's heap retention, peaks here ran up to about 100 MiB over their sum; since,
+# they stay 30-90 MiB under it with this margin, which is now generous. Clamping aims right at the soft
+# line, where the pruner prunes, so a margin keeps clamped trials running; a margin learned from the
+# observed peaks is to replace it.
 UNMODELLED = omp.Footprint.of(ram="112MiB", name="unmodelled", kind=omp.Kind.OTHER)
 
 
