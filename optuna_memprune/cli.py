@@ -76,7 +76,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     for env_id in args.env:
         atari = env_id.startswith("ALE/")
         p = cal.env(env_id, atari=atari, frame_stack=4 if atari else None,
-                    imports=calibration._sb3_imports(atari))
+                    imports=calibration.sb3_imports(atari))
         print(f"{env_id:55s} env {format_bytes(p.env_ram):>10s} each, worker {format_bytes(p.worker_ram)}")
     print(f"calibrated in {seconds:.1f} s -> {cal.path}")
     return 0

@@ -497,11 +497,12 @@ def calibrate(*, env_ids: Sequence[str] = (), force: bool = False) -> tuple[Cali
     for env_id in env_ids:
         atari = env_id.startswith("ALE/")
         cal.env(env_id, atari=atari, frame_stack=4 if atari else None,
-                imports=_sb3_imports(atari))
+                imports=sb3_imports(atari))
     return cal, time.perf_counter() - start
 
 
-def _sb3_imports(atari: bool) -> tuple[str, ...]:
+def sb3_imports(atari: bool) -> tuple[str, ...]:
+    """What a process training SB3 imports (Atari adds ALE and OpenCV): the stack its baseline is."""
     return ("torch", "stable_baselines3", "gymnasium") + (("ale_py", "cv2") if atari else ())
 
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .calibration import Calibration, EnvProfile, load
+from .calibration import Calibration, EnvProfile, load, sb3_imports
 from .footprint import Component, Footprint, Kind
 
 #: Import sets measured by ``memprune calibrate`` (others are measured on first use).
 DEFAULT_STACKS: tuple[tuple[str, ...], ...] = (
     ("torch",),
-    ("torch", "stable_baselines3", "gymnasium"),
-    ("torch", "stable_baselines3", "gymnasium", "ale_py", "cv2"),
+    sb3_imports(atari=False),
+    sb3_imports(atari=True),
 )
 #: Named stacks a user may pass instead of a tuple of module names.
 STACKS = {

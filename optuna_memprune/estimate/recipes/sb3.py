@@ -7,16 +7,17 @@ adds buffers, env instances or worker processes and the process baseline; knows 
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from typing import Any, Mapping
 
 from ..buffers import replay_buffer, rollout_buffer
-from ..calibration import Calibration, EnvProfile, load
+from ..calibration import Calibration, EnvProfile, load, sb3_imports
 from ..footprint import Component, Footprint, Kind
 from ..processes import env_instances, env_workers, process
 from ...exceptions import EstimateError
 
-#: algo -> (family, module of the algorithm class, default params SB3 uses when the param is absent)
+#: algo -> (family, the defaults SB3 uses for the memory params when a trial leaves them out)
 ALGOS: dict[str, tuple[str, dict[str, Any]]] = {
     "dqn": ("offpolicy", {"buffer_size": 1_000_000, "batch_size": 32, "optimize_memory_usage": False}),
     "qrdqn": ("offpolicy", {"buffer_size": 1_000_000, "batch_size": 32, "optimize_memory_usage": False}),
@@ -42,8 +43,7 @@ _build_lock = threading.Lock()
 
 def _env_profile(env_id: str, frame_stack: int | None, cal: Calibration) -> EnvProfile:
     atari = env_id.startswith("ALE/") or "NoFrameskip" in env_id
-    imports = ("torch", "stable_baselines3", "gymnasium") + (("ale_py", "cv2") if atari else ())
-    return cal.env(env_id, atari=atari, frame_stack=frame_stack, imports=imports)
+    return cal.env(env_id, atari=atari, frame_stack=frame_stack, imports=sb3_imports(atari))
 
 
 def _positive_int(params: Mapping[str, Any], name: str, default: Any) -> int:
@@ -126,7 +126,7 @@ def sb3(
     act_dtype = act["dtype"] or "int64"
 
     torch_threads = params.get("torch_threads")
-    stack = ("torch", "stable_baselines3", "gymnasium") + (("ale_py", "cv2") if profile.atari else ())
+    stack = sb3_imports(profile.atari)
     if algo == "qrdqn":
         stack += ("sb3_contrib",)
     parts = [process(stack, torch_threads=torch_threads, calibration=cal)]
@@ -150,7 +150,7 @@ def sb3(
         batch = _positive_int(params, "batch_size", rollout if algo == "a2c" else defaults["batch_size"])
         parts.append(rollout_buffer(obs_shape, obs["dtype"], act_shape, act_dtype, n_steps=n_steps,
                                     n_envs=n_envs, batch_size=None if algo == "a2c" else batch, device=device))
-    parts.append(_train_step(algo, nets, obs_shape, obs["dtype"], act_shape, batch, device, net_arch))
+    parts.append(_train_step(algo, nets, obs_shape, obs["dtype"], act_shape, batch, device))
     return sum(parts, Footprint())
 
 
@@ -218,7 +218,7 @@ def _networks(algo, obs, act, obs_shape, net_arch, params) -> dict:
                                       json.dumps(net_arch, sort_keys=True), json.dumps(extra, sort_keys=True))}
 
 
-def _train_step(algo, nets, obs_shape, obs_dtype, act_shape, batch, device, net_arch) -> Footprint:
+def _train_step(algo, nets, obs_shape, obs_dtype, act_shape, batch, device) -> Footprint:
     """The networks' weights, gradients, optimizer state and one training step's activations (traced)."""
     import torch.nn as nn
 
@@ -256,7 +256,7 @@ def _train_step(algo, nets, obs_shape, obs_dtype, act_shape, batch, device, net_
         def forward(self, x, a):
             return self.critic(x, a)
 
-    act_dim = max(1, int(__import__("math").prod(act_shape))) if act_shape else 1
+    act_dim = max(1, math.prod(act_shape)) if act_shape else 1
     if algo in ("dqn", "qrdqn"):
         q_net = policy.quantile_net if algo == "qrdqn" else policy.q_net
         models, frozen, shapes = {"q_net": lambda: q_net}, {"q_net": 1}, [obs_shape]
