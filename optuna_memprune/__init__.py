@@ -21,11 +21,13 @@ __all__ = [
     "Budget", "Component", "Footprint", "Kind", "format_bytes", "parse_bytes",
     "MemPruneError", "EstimateError", "CalibrationError",
     "MemoryGuard", "GuardedSampler", "GuardedPruner", "MemoryBudgetExceeded", "read_record",
+    "optimize", "HostBudget", "Ledger",
     "estimate",
 ]
 
 # Loaded on first use: the guard imports Optuna, which a user of the estimators alone need not pay for.
-_GUARD = ("MemoryGuard", "GuardedSampler", "GuardedPruner", "MemoryBudgetExceeded", "read_record")
+_GUARD = ("MemoryGuard", "GuardedSampler", "GuardedPruner", "MemoryBudgetExceeded", "read_record", "optimize")
+_LEDGER = ("HostBudget", "Ledger")
 
 
 def __getattr__(name: str) -> Any:
@@ -33,4 +35,6 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(".estimate", __name__)
     if name in _GUARD:
         return getattr(importlib.import_module(".guard", __name__), name)
+    if name in _LEDGER:
+        return getattr(importlib.import_module(".ledger", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -82,6 +82,100 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load(spec: str, what: str) -> Any:
+    """``module:attr`` (a module on sys.path or the current directory) -> the object."""
+    import importlib
+
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise MemPruneError(f"{what} must be written module:name (e.g. mystudy:objective), but got {spec!r}")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise MemPruneError(f"{what} {spec!r} could not be loaded: {exc}") from exc
+    return obj
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import optuna
+
+    import optuna_memprune as omp
+    from .ledger import HostBudget, Ledger
+
+    objective = _load(args.objective, "the objective")
+    if args.guard:
+        guard = _load(args.guard, "--guard")
+        guard = guard() if callable(guard) and not isinstance(guard, omp.MemoryGuard) else guard
+        if not isinstance(guard, omp.MemoryGuard):
+            raise MemPruneError(f"--guard {args.guard!r} is not a MemoryGuard (or a function returning one)")
+    elif args.footprint:
+        try:
+            budget = omp.Budget(ram=args.ram, vram=args.vram, threads=args.threads)
+            guard = omp.MemoryGuard(_load(args.footprint, "--footprint"), budget, on_infeasible=args.on_infeasible)
+        except (TypeError, ValueError) as exc:
+            raise MemPruneError(str(exc)) from exc
+    else:
+        raise MemPruneError("give the guard: --guard module:name, or --footprint module:name with --ram/--vram/--threads")
+    samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+    pruners = {"median": optuna.pruners.MedianPruner, "none": optuna.pruners.NopPruner}
+    try:
+        host = HostBudget(ram=None if args.host_ram == "none" else args.host_ram, gpus=args.host_gpus, headroom=args.headroom, threads=args.host_threads)
+        study = optuna.create_study(
+            storage=args.storage, study_name=args.study, direction=args.direction, load_if_exists=True,
+            sampler=guard.wrap_sampler(samplers[args.sampler](seed=args.seed)),
+            pruner=guard.wrap_pruner(pruners[args.pruner]()),
+        )
+    except (TypeError, ValueError, ImportError) as exc:
+        raise MemPruneError(str(exc)) from exc
+    ledger = Ledger(host, url=args.ledger, host=args.host_id)
+    try:
+        omp.optimize(study, objective, guard=guard, n_trials=args.n_trials, timeout=args.timeout,
+                     n_workers=args.n_workers, host=ledger, on_host_full=args.on_host_full,
+                     progress=args.progress)
+    finally:
+        ledger.close()
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import optuna
+
+    from . import report
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = report.load(args.storage, args.study)
+    data = report.build(study)
+    if args.dashboard_notes:
+        changed = report.save_notes(study)
+        print(f"optuna-dashboard notes: {changed} of {len(data.trials)} guarded trials written or refreshed",
+              file=sys.stderr)
+    try:
+        if args.format == "table":
+            from rich.console import Console
+
+            if args.output:
+                with open(args.output, "w", encoding="utf-8") as f:
+                    Console(file=f, width=200, no_color=True).print(report.render_table(data))
+            else:
+                (Console() if sys.stdout.isatty() else Console(width=200)).print(report.render_table(data))
+        else:
+            text = report.render_json(data) if args.format == "json" else report.render_html(data)
+            if args.output:
+                with open(args.output, "w", encoding="utf-8") as f:
+                    f.write(text + "\n")
+            else:
+                sys.stdout.write(text + "\n")
+    except OSError as exc:
+        raise MemPruneError(f"cannot write the report to {args.output!r}: {exc.strerror or exc}") from None
+    if args.output:
+        print(f"{args.format} report of study {data.study_name!r} ({len(data.trials)} guarded trials) -> {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memprune", description="Predict, budget and guard Optuna trials.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the tool does")
@@ -103,6 +197,40 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--env", action="append", default=[], help="also profile this env id (repeatable)")
     cal.add_argument("--force", action="store_true", help="forget the cached figures first")
     cal.set_defaults(func=_cmd_calibrate)
+    wk = sub.add_parser("worker", help="run trials of a study, one process each, under the guard and this host's ledger")
+    wk.add_argument("objective", help="the objective as module:function (importable from here)")
+    wk.add_argument("--storage", required=True, help="the study's storage URL (sqlite:///f.db, postgresql+psycopg://...)")
+    wk.add_argument("--study", required=True, help="the study name (created if missing)")
+    wk.add_argument("--direction", choices=["minimize", "maximize"], default="minimize")
+    wk.add_argument("--guard", help="module:name of a MemoryGuard (or of a function returning one)")
+    wk.add_argument("--footprint", help="module:function params -> Footprint (instead of --guard)")
+    wk.add_argument("--ram", help="per-trial RAM budget, e.g. 6GiB (with --footprint)")
+    wk.add_argument("--vram", help="per-trial GPU memory budget (with --footprint)")
+    wk.add_argument("--threads", type=int, help="per-trial thread budget (with --footprint)")
+    wk.add_argument("--on-infeasible", choices=["clamp", "reject"], default="clamp")
+    wk.add_argument("--sampler", choices=["tpe", "random"], default="tpe")
+    wk.add_argument("--pruner", choices=["median", "none"], default="median")
+    wk.add_argument("--seed", type=int, default=None)
+    wk.add_argument("--n-trials", type=int, default=None, help="trials this worker runs")
+    wk.add_argument("--timeout", type=float, default=None, help="seconds after which no trial starts")
+    wk.add_argument("--n-workers", type=int, default=1, help="trial processes at the same time")
+    wk.add_argument("--host-id", default=None, help="this host's id in the ledger (default: the hostname)")
+    wk.add_argument("--ledger", default=None, help="ledger database URL (default: a SQLite file per host)")
+    wk.add_argument("--host-ram", default="auto", help="RAM for all trials of this host (default: available now)")
+    wk.add_argument("--host-gpus", nargs="*", default="auto", help="memory per GPU (default: NVML's)")
+    wk.add_argument("--host-threads", type=int, default=None)
+    wk.add_argument("--headroom", type=float, default=0.1, help="fraction of the host kept free")
+    wk.add_argument("--on-host-full", choices=["wait", "reject"], default="wait")
+    wk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    wk.set_defaults(func=_cmd_worker)
+    rep = sub.add_parser("report", help="review a guarded study: decisions, stopped trials, prediction quality")
+    rep.add_argument("storage", help="the study's storage URL, e.g. sqlite:///studies/demo.db")
+    rep.add_argument("--study", default=None, help="the study name (may be omitted when the storage holds one)")
+    rep.add_argument("--format", choices=["table", "json", "html"], default="table")
+    rep.add_argument("-o", "--output", default=None, help="write to this file instead of standard output")
+    rep.add_argument("--dashboard-notes", action="store_true",
+                     help="also write an optuna-dashboard note on every guarded trial (needs optuna-dashboard)")
+    rep.set_defaults(func=_cmd_report)
     return parser
 
 

@@ -10,6 +10,7 @@ from ._guard import MemoryGuard
 from ._objective import GuardedObjective, MemoryBudgetExceeded
 from ._pruner import GuardedPruner
 from ._records import Decision, TrialRecord, read as read_record
+from ._runner import optimize
 from ._sampler import GuardedSampler
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "Decision",
     "TrialRecord",
     "read_record",
+    "optimize",
 ]

@@ -119,15 +119,7 @@ class GuardedObjective:
         return self._run(trial, state)
 
     def _reject(self, trial: optuna.Trial, state: _TrialState) -> None:
-        try:
-            for name, dist in state.space.items():  # a PRUNED trial with a partial set shrinks TPE's space
-                _suggest(trial, name, dist)
-        except Exception as exc:  # noqa: BLE001 - the trial still ends PRUNED, with what was stored
-            _logger.warning("Trial %d: storing the rejected params failed: %s", trial.number, exc)
-        try:
-            _records.write(trial, self._guard._record(state, trial.params))
-        finally:
-            self._guard._close(trial._trial_id)
+        store_rejection(self._guard, trial, state)
         raise optuna.TrialPruned(f"memprune rejected the trial before launch: {state.reason}")
 
     def _run(self, trial: optuna.Trial, state: _TrialState) -> Any:
@@ -180,6 +172,21 @@ class GuardedObjective:
                 guard._close(trial._trial_id)
                 if live.grew():
                     _trim_heap()
+
+
+def store_rejection(guard: MemoryGuard, trial: optuna.Trial, state: _TrialState, **record: Any) -> None:
+    """Store every param of the known space from the checked assignment (a PRUNED trial with a partial
+    set shrinks TPE's joint search space) and the record of a trial that will not run; the caller ends
+    it PRUNED. ``record`` overrides fields of the record (decision, reason)."""
+    try:
+        for name, dist in state.space.items():
+            _suggest(trial, name, dist)
+    except Exception as exc:  # noqa: BLE001 - the trial still ends PRUNED, with what was stored
+        _logger.warning("Trial %d: storing the rejected params failed: %s", trial.number, exc)
+    try:
+        _records.write(trial, guard._record(state, trial.params, **record))
+    finally:
+        guard._close(trial._trial_id)
 
 
 class _Live:

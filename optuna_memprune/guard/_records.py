@@ -45,7 +45,8 @@ class TrialRecord:
     ``peak_*`` the highest reading of the whole process while the trial ran, ``budget_*`` the limits
     (``None``: not budgeted). ``clamped_from`` maps each lowered param to its sampled value, ``timeline``
     is a downsampled list of ``(t_s, rss, threads, vram)``, ``breakdown`` the footprint's ``to_dict()``,
-    ``breach`` the reading that crossed the soft line or the budget.
+    ``breach`` the reading that crossed the soft line or the budget. The process-per-trial runner adds
+    ``margin`` (the learned factor its host reservation applied per resource), ``host`` and ``gpu``.
     """
 
     decision: Decision
@@ -65,6 +66,9 @@ class TrialRecord:
     breach: dict[str, Any] = field(default_factory=dict)
     soft: float = 1.0  # the soft line as a fraction of the budget: what the constraints measure against
     concurrent: bool = False  # other trials shared the process: peaks are the process's (not written)
+    margin: dict[str, float] = field(default_factory=dict)  # reservation = prediction x margin (per resource)
+    host: str | None = None   # the host id of the process-per-trial runner that ran the trial
+    gpu: int | None = None    # the GPU index the runner placed the trial on
 
     def constraints(self) -> dict[str, float]:
         """``{"memprune_ram": GiB over the soft line, ...}`` per budgeted resource; <= 0 is feasible.
@@ -100,6 +104,13 @@ class TrialRecord:
         out["breakdown"] = json.dumps(self.breakdown, **_JSON)
         out["breach"] = json.dumps(self.breach, **_JSON)
         out["soft"] = float(self.soft)
+        for r in RESOURCES:
+            if r in self.margin:
+                out[f"margin_{r}"] = float(self.margin[r])
+        if self.host is not None:
+            out["host"] = self.host
+        if self.gpu is not None:
+            out["gpu"] = int(self.gpu)
         return {PREFIX + k: v for k, v in out.items()}
 
 
@@ -163,4 +174,7 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
         breakdown=loads("breakdown", {}),
         breach=loads("breach", {}),
         soft=float(get("soft", 1.0)),
+        margin={r: float(get(f"margin_{r}")) for r in RESOURCES if get(f"margin_{r}") is not None},
+        host=get("host"),
+        gpu=get("gpu"),
     )

@@ -1,0 +1,29 @@
+"""Review a guarded study: study -> ReportData (plain data) -> terminal table, JSON or self-contained HTML.
+
+Reads the trial record through ``guard._records`` only and prints nothing (the CLI prints). Not imported
+by ``import optuna_memprune``; matplotlib and optuna-dashboard load only where they are used.
+
+Example:
+    >>> from optuna_memprune import report
+    >>> data = report.build(report.load("sqlite:///studies/demo.db", "demo"))  # doctest: +SKIP
+    >>> open("demo.html", "w").write(report.render_html(data))                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+
+from ._dashboard import save_notes, trial_note
+from ._data import GuardedTrial, Margin, Quality, ReportData, ReportError, build, load
+from ._html import render as render_html
+from ._table import render as render_table
+
+__all__ = [
+    "ReportData", "GuardedTrial", "Quality", "Margin", "ReportError",
+    "load", "build", "render_table", "render_json", "render_html", "save_notes", "trial_note",
+]
+
+
+def render_json(data: ReportData) -> str:
+    """The report as JSON text: ``data.to_json_dict()`` with stable keys (README: "Reviewing a study")."""
+    return json.dumps(data.to_json_dict(), indent=1, allow_nan=False)

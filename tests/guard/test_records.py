@@ -52,3 +52,15 @@ def test_constraints_measure_against_the_soft_line() -> None:
     record = _record(soft=0.5, pred_ram=3 * GiB, peak_ram=None, pred_threads=4, peak_threads=None)
     assert record.constraints() == {"memprune_ram": 1.0, "memprune_threads": 0.0}
     assert read_record(record.attrs()).soft == 0.5
+
+
+def test_runner_fields_round_trip_and_are_absent_in_process() -> None:
+    record = _record(margin={"ram": 1.25, "threads": 1.0}, host="node-a", gpu=1)
+    attrs = record.attrs()
+    assert attrs["memprune:margin_ram"] == 1.25 and "memprune:margin_vram" not in attrs
+    assert (attrs["memprune:host"], attrs["memprune:gpu"]) == ("node-a", 1)
+    again = read_record(attrs)
+    assert (again.margin, again.host, again.gpu) == ({"ram": 1.25, "threads": 1.0}, "node-a", 1)
+    plain = _record().attrs()
+    assert not any(k.startswith(("memprune:margin", "memprune:host", "memprune:gpu")) for k in plain)
+    assert read_record(plain).margin == {} and read_record(plain).gpu is None

@@ -1,0 +1,255 @@
+"""Study -> ReportData: the plain data every report renderer draws (counts, trials, prediction quality).
+
+Reads trials through Optuna's public API and records through ``guard._records.read`` only; knows nothing
+of tables, HTML or plots, and prints nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import MemPruneError
+from ..guard._records import RESOURCES, Decision, TrialRecord, read
+
+if TYPE_CHECKING:
+    import optuna
+
+SCHEMA = "memprune-report/1"
+NOTABLE = (Decision.REJECTED, Decision.CLAMPED, Decision.SOFT_PRUNED, Decision.STOPPED)
+TIMELINE_ADMITTED = 3  # admitted trials drawn beside the stopped ones: the highest peaks
+TIMELINE_STOPPED = 8   # at most this many stopped trials in the timeline plot (the last ones)
+
+
+class ReportError(MemPruneError):
+    """The study cannot be reported: a broken storage URL, an unknown study, no guarded trials."""
+
+
+@dataclass(frozen=True)
+class GuardedTrial:
+    """One trial that carries a record: Optuna's view of it (state, values, params) and the record."""
+
+    number: int
+    state: str
+    values: list[float] | None
+    params: dict[str, Any]
+    record: TrialRecord
+
+    @property
+    def decision(self) -> Decision:
+        return self.record.decision
+
+    def figure(self, kind: str, resource: str) -> int | None:
+        """``figure("pred", "ram")`` -> ``record.pred_ram``."""
+        return getattr(self.record, f"{kind}_{resource}")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        r = self.record
+        return {
+            "number": self.number,
+            "state": self.state,
+            "decision": r.decision.value,
+            "reason": r.reason,
+            "values": self.values,
+            "params": self.params,
+            "pred": {res: self.figure("pred", res) for res in RESOURCES},
+            "peak": {res: self.figure("peak", res) for res in RESOURCES},
+            "budget": {res: self.figure("budget", res) for res in RESOURCES},
+            "soft": r.soft,
+            "clamped_from": r.clamped_from,
+            "breach": r.breach,
+            "margin": r.margin or None,
+            "host": r.host,
+            "gpu": r.gpu,
+        }
+
+
+@dataclass(frozen=True)
+class Quality:
+    """How one resource's predictions compared with the peaks of the trials that ran to the end.
+
+    Relative error is ``(peak - pred) / peak``: positive means the prediction was low (under-prediction).
+    """
+
+    resource: str
+    n: int
+    median_rel_error: float | None
+    worst_rel_error: float | None   # the error of largest magnitude, signed
+    worst_trial: int | None
+    under_predicted: int            # trials with peak > pred
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "median_rel_error": self.median_rel_error, "worst_rel_error": self.worst_rel_error,
+                "worst_trial": self.worst_trial, "under_predicted": self.under_predicted}
+
+
+@dataclass(frozen=True)
+class Margin:
+    """The learned reservation margin (reservation = prediction x factor) on the last trial that has one."""
+
+    trial: int
+    factors: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything a report shows, from one study. Bytes are ints; counts are ints.
+
+    ``trials`` are the guarded trials in number order; ``timeline_trials`` the numbers of those whose
+    memory timelines the HTML draws (the stopped ones, then the admitted ones with the highest peaks);
+    ``largest_admitted`` the admitted trial with the largest predicted RAM (its footprint is broken down).
+    """
+
+    study_name: str
+    directions: list[str]
+    n_trials: int
+    trials: list[GuardedTrial]
+    counts: dict[str, int]
+    quality: dict[str, Quality]
+    margin: Margin | None
+    budget: dict[str, int | None]
+    soft: float
+    timeline_trials: list[int] = field(default_factory=list)
+    largest_admitted: int | None = None
+
+    @property
+    def notable(self) -> list[GuardedTrial]:
+        """The rejected, clamped, soft-pruned and stopped trials, in number order."""
+        return [t for t in self.trials if t.decision in NOTABLE]
+
+    def trial(self, number: int) -> GuardedTrial:
+        return next(t for t in self.trials if t.number == number)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data with stable keys (README: "Reviewing a study")."""
+        largest = None
+        if self.largest_admitted is not None:
+            t = self.trial(self.largest_admitted)
+            largest = {"trial": t.number, "breakdown": t.record.breakdown}
+        return _finite({
+            "schema": SCHEMA,
+            "study": {"name": self.study_name, "directions": self.directions, "n_trials": self.n_trials,
+                      "n_guarded": len(self.trials)},
+            "budget": {**self.budget, "soft": self.soft},
+            "counts": self.counts,
+            "trials": [t.to_json_dict() for t in self.trials],
+            "quality": {r: q.to_json_dict() for r, q in self.quality.items()},
+            "margin": None if self.margin is None else {"trial": self.margin.trial, **self.margin.factors},
+            "timelines": {str(n): [list(p) for p in self.trial(n).record.timeline] for n in self.timeline_trials},
+            "largest_admitted": largest,
+        })
+
+
+def load(url: str, study_name: str | None = None) -> "optuna.Study":
+    """The study ``study_name`` in the storage at ``url`` (may be omitted when the storage holds one study).
+
+    Opens the storage read-only in spirit: a missing SQLite file is an error, not a new empty file, and no
+    tables are created. Every failure is a ``ReportError`` with one line that names what was wrong.
+    """
+    import optuna
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+        shown = parsed.render_as_string(hide_password=True)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the user's URL
+        raise ReportError(f"not a storage URL: {url!r} ({_first_line(exc)})") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        from pathlib import Path
+
+        if not Path(parsed.database).is_file():
+            raise ReportError(f"no SQLite file at {parsed.database!r} (from {shown})")
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        names = optuna.get_all_study_names(storage)
+    except Exception as exc:  # noqa: BLE001 - drivers raise their own types; the message is what matters
+        raise ReportError(f"cannot read the Optuna storage at {shown}: {_first_line(exc)}") from None
+    if not names:
+        raise ReportError(f"the storage at {shown} holds no studies")
+    if study_name is None:
+        if len(names) > 1:
+            raise ReportError(f"the storage at {shown} holds {len(names)} studies; name one with --study: "
+                              + ", ".join(sorted(names)))
+        study_name = names[0]
+    elif study_name not in names:
+        raise ReportError(f"no study {study_name!r} in {shown}; it holds: " + ", ".join(sorted(names)))
+    return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, with the driver's own error when Optuna wrapped one."""
+    def line(e: BaseException) -> str:
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+    cause = exc.__cause__ or exc.__context__
+    return line(exc) + (f" ({line(cause)})" if cause is not None else "")
+
+
+def build(study: "optuna.Study") -> ReportData:
+    """The report data of a study; raises ``ReportError`` when no trial of it carries a record."""
+    frozen = study.get_trials(deepcopy=False)
+    trials = []
+    for t in sorted(frozen, key=lambda t: t.number):
+        record = read(t.user_attrs)
+        if record is not None:
+            trials.append(GuardedTrial(t.number, t.state.name, None if t.values is None else list(t.values),
+                                       dict(t.params), record))
+    if not trials:
+        raise ReportError(f"study {study.study_name!r} has no guarded trials ({len(frozen)} trials, none with "
+                          "a memprune record): run it with MemoryGuard's wrappers first")
+    last = trials[-1].record
+    return ReportData(
+        study_name=study.study_name,
+        directions=[d.name.lower() for d in study.directions],
+        n_trials=len(frozen),
+        trials=trials,
+        counts={d.value: sum(t.decision is d for t in trials) for d in Decision},
+        quality={r: _quality(trials, r) for r in RESOURCES},
+        margin=next((Margin(t.number, dict(t.record.margin)) for t in reversed(trials) if t.record.margin), None),
+        budget={r: getattr(last, f"budget_{r}") for r in RESOURCES},
+        soft=last.soft,
+        timeline_trials=_timeline_trials(trials),
+        largest_admitted=_largest_admitted(trials),
+    )
+
+
+def rel_error(pred: int, peak: int) -> float:
+    """``(peak - pred) / peak``: positive when the prediction was low."""
+    return (peak - pred) / peak
+
+
+def _quality(trials: list[GuardedTrial], resource: str) -> Quality:
+    pairs = [(t.number, t.figure("pred", resource), t.figure("peak", resource)) for t in trials
+             if t.state == "COMPLETE"]
+    errors = [(n, rel_error(pred, peak)) for n, pred, peak in pairs if pred is not None and peak]
+    if not errors:
+        return Quality(resource, 0, None, None, None, 0)
+    worst_n, worst = max(errors, key=lambda e: abs(e[1]))
+    return Quality(resource, len(errors), statistics.median(e for _, e in errors), worst, worst_n,
+                   sum(e > 0 for _, e in errors))
+
+
+def _timeline_trials(trials: list[GuardedTrial]) -> list[int]:
+    stopped = [t.number for t in trials if t.decision is Decision.STOPPED and t.record.timeline]
+    admitted = [t for t in trials if t.decision is Decision.ADMITTED and t.state == "COMPLETE" and t.record.timeline]
+    admitted.sort(key=lambda t: -(t.record.peak_ram or 0))
+    return stopped[-TIMELINE_STOPPED:] + sorted(t.number for t in admitted[:TIMELINE_ADMITTED])
+
+
+def _largest_admitted(trials: list[GuardedTrial]) -> int | None:
+    admitted = [t for t in trials if t.decision is Decision.ADMITTED and t.record.breakdown]
+    return max(admitted, key=lambda t: t.record.pred_ram or 0).number if admitted else None
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities (an objective may return them) become ``None``: the JSON stays standard."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

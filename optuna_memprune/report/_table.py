@@ -1,0 +1,79 @@
+"""The terminal report: ReportData -> rich renderables (returned, never printed).
+
+Knows rich and the report data; the CLI decides where the renderables go.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..guard._records import RESOURCES, Decision
+from . import _format as fmt
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+    from ._data import GuardedTrial, ReportData
+
+NO_MARGIN = "no learned margin (in-process study)"
+
+
+def render(data: "ReportData") -> "Group":
+    """The terminal report: header, counts by decision, the notable trials, prediction quality, margin."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    budget = ", ".join(f"{fmt.LABELS[r]} {fmt.figure(r, v)}" for r, v in data.budget.items() if v is not None)
+    header = Text.assemble(
+        (f"study {data.study_name!r}", "bold"),
+        f": {data.n_trials} trials, {len(data.trials)} guarded; budget per trial {budget or 'none'} "
+        f"(soft line {data.soft:.0%})",
+    )
+
+    states = sorted({t.state for t in data.trials})
+    counts = Table(title="decisions", title_justify="left", box=None, pad_edge=False)
+    counts.add_column("decision")
+    counts.add_column("trials", justify="right")
+    for state in states:
+        counts.add_column(state, justify="right")
+    for d in Decision:
+        by_state = [sum(t.decision is d and t.state == s for t in data.trials) for s in states]
+        counts.add_row(d.value, str(data.counts[d.value]), *(str(n) if n else "-" for n in by_state))
+
+    notable = Table(title="rejected, clamped, soft-pruned and stopped trials", title_justify="left",
+                    box=None, pad_edge=False)
+    for head, justify in (("#", "right"), ("state", "left"), ("decision", "left"), ("params", "left"),
+                          ("predicted", "right"), ("peak", "right"), ("budget", "right"), ("reason", "left")):
+        notable.add_column(head, justify=justify, no_wrap=head in ("#", "state", "decision", "predicted",
+                                                                   "peak", "budget"))
+    for t in data.notable:
+        notable.add_row(str(t.number), t.state, t.decision.value, fmt.params(t.params),
+                        *(_figures(t, kind) for kind in ("pred", "peak", "budget")), fmt.reason(t))
+    if not data.notable:
+        notable.add_row("", "", "none", "", "", "", "", "every guarded trial was admitted or unchecked")
+
+    quality = Table(title="prediction quality (trials that ran to the end; error = (peak - pred) / peak)",
+                    title_justify="left", box=None, pad_edge=False)
+    for head in ("resource", "trials", "median error", "worst error", "under-predicted"):
+        quality.add_column(head, justify="left" if head == "resource" else "right")
+    for r in RESOURCES:
+        q = data.quality[r]
+        if q.n == 0:
+            quality.add_row(fmt.LABELS[r], "0", "-", "-", "-")
+        else:
+            quality.add_row(fmt.LABELS[r], str(q.n), fmt.pct(q.median_rel_error),
+                            f"{fmt.pct(q.worst_rel_error)} (#{q.worst_trial})", str(q.under_predicted))
+
+    return Group(header, Text(), counts, Text(), notable, Text(), quality, Text(), Text(margin_line(data)))
+
+
+def margin_line(data: "ReportData") -> str:
+    if data.margin is None:
+        return f"learned margin: {NO_MARGIN}"
+    factors = ", ".join(f"{fmt.LABELS.get(r, r)} x{f:.3f}" for r, f in data.margin.factors.items())
+    return f"learned margin (trial #{data.margin.trial}): {factors}"
+
+
+def _figures(t: "GuardedTrial", kind: str) -> str:
+    return "\n".join(f"{fmt.LABELS[r]} {fmt.figure(r, t.figure(kind, r))}" for r in fmt.resources(t))

@@ -1,0 +1,231 @@
+"""The process-per-trial runner with real child processes, real allocations and a real SQLite storage."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import optuna_memprune as omp
+from optuna_memprune.ledger import HostBudget, Ledger
+
+import _runner_objectives as objectives
+
+HERE = Path(__file__).parent
+MiB = 2**20
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _study(tmp_path: Path, guard: omp.MemoryGuard, name: str = "s", **kw) -> optuna.Study:
+    return optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.db'}", study_name=name, load_if_exists=True,
+        sampler=guard.wrap_sampler(kw.pop("sampler", optuna.samplers.RandomSampler(seed=0))),
+        pruner=guard.wrap_pruner(None), **kw)
+
+
+def _ledger(tmp_path: Path, ram: str = "8GiB", host: str = "test-host", **kw) -> Ledger:
+    return Ledger(HostBudget(ram=ram, gpus=kw.pop("gpus", None), headroom=0.0, **kw),
+                  url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host=host)
+
+
+def _space(high: int = 64) -> dict:
+    return {"mb": optuna.distributions.IntDistribution(8, high)}
+
+
+def _record(trial: optuna.trial.FrozenTrial) -> omp.guard.TrialRecord:
+    record = omp.read_record(trial.user_attrs)
+    assert record is not None, f"trial {trial.number} has no record"
+    return record
+
+
+def test_a_child_over_its_budget_is_stopped_pruned_with_the_reading_and_the_next_trial_runs(tmp_path: Path) -> None:
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="700MiB"), search_space=_space(16))
+    study = _study(tmp_path, guard)
+    ledger = _ledger(tmp_path)
+    omp.optimize(study, objectives.grow, guard=guard, n_trials=1, host=ledger)
+    omp.optimize(study, objectives.hold, guard=guard, n_trials=1, host=ledger)
+    stopped, after = study.trials
+    record = _record(stopped)
+    assert stopped.state is TrialState.PRUNED and record.decision.value == "stopped"
+    assert "over the budget" in record.reason and record.breach["rss"] > 700 * MiB
+    assert record.peak_ram >= 700 * MiB and record.peak_ram < 2000 * MiB  # stopped long before its 4 GiB
+    assert 0 <= record.breach["stop_ms"] < 1000
+    assert record.constraints()["memprune_ram"] > 0  # the sampler learns this region is infeasible
+    assert after.state is TrialState.COMPLETE and _record(after).decision.value == "admitted"
+    assert ledger.entries() == []
+
+
+def test_soft_line_makes_should_prune_answer_true_in_the_child(tmp_path: Path) -> None:
+    # the child's baseline (about 200 MiB) + mb + 250 MiB crosses the soft line (360 MiB), not the budget
+    guard = omp.MemoryGuard(functools.partial(objectives.footprint, base=100), omp.Budget(ram="600MiB"),
+                            search_space=_space(16), soft=0.6)
+    study = _study(tmp_path, guard)
+    omp.optimize(study, objectives.grow_to_soft, guard=guard, n_trials=1, host=_ledger(tmp_path))
+    (trial,) = study.trials
+    record = _record(trial)
+    assert trial.state is TrialState.PRUNED, record.reason
+    assert record.decision.value == "soft_pruned" and "soft line" in record.reason
+    assert 360 * MiB < record.breach["rss"] < 600 * MiB and record.peak_ram < 600 * MiB
+
+
+def test_rejected_and_clamped_trials_store_what_ran(tmp_path: Path) -> None:
+    space = {"mb": optuna.distributions.IntDistribution(8, 512)}
+    budget = omp.Budget(ram="600MiB")   # soft line 540 MiB: mb <= 280 fits
+    for policy in ("reject", "clamp"):
+        guard = omp.MemoryGuard(objectives.footprint, budget, search_space=space, on_infeasible=policy)
+        study = _study(tmp_path, guard, name=policy, sampler=optuna.samplers.RandomSampler(seed=3))
+        omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=8,
+                     n_workers=2, host=_ledger(tmp_path))
+        decisions = [_record(t).decision.value for t in study.trials]
+        assert all(t.state.is_finished() for t in study.trials)
+        for t in study.trials:
+            record = _record(t)
+            if record.decision.value == "rejected":
+                assert t.state is TrialState.PRUNED and "ran_mb" not in t.user_attrs
+                assert t.params["mb"] > 280 and record.pred_ram > 0.9 * budget.ram
+            else:
+                assert t.state is TrialState.COMPLETE and t.user_attrs["ran_mb"] == t.params["mb"] <= 280
+                assert record.peak_ram < budget.ram and record.host == "test-host"
+            if record.decision.value == "clamped":
+                assert record.clamped_from["mb"] > 280
+        assert ("rejected" in decisions) == (policy == "reject")
+        assert ("clamped" in decisions) == (policy == "clamp")
+
+
+def test_a_child_killed_from_outside_ends_fail_with_the_reason(tmp_path: Path, monkeypatch) -> None:
+    marker = tmp_path / "pid"
+    monkeypatch.setenv("MEMPRUNE_TEST_MARKER", str(marker))
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
+    study = _study(tmp_path, guard)
+
+    def kill_when_ready() -> None:
+        for _ in range(600):
+            if marker.exists():
+                os.kill(int(marker.read_text()), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_ready)
+    killer.start()
+    omp.optimize(study, objectives.wait_to_be_killed, guard=guard, n_trials=1, host=_ledger(tmp_path))
+    killer.join()
+    omp.optimize(study, objectives.crash, guard=guard, n_trials=1, host=_ledger(tmp_path))
+    killed, crashed = study.trials
+    assert killed.state is TrialState.FAIL and "SIGKILL" in _record(killed).reason
+    assert "OOM killer" in _record(killed).reason
+    assert crashed.state is TrialState.FAIL and "SIGSEGV" in _record(crashed).reason
+    assert "constraints:memprune_ram" in killed.system_attrs
+
+
+def test_an_objective_error_fails_the_trial_and_is_raised_unless_caught(tmp_path: Path) -> None:
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
+    study = _study(tmp_path, guard)
+    seen = []
+    omp.optimize(study, objectives.raise_value_error, guard=guard, n_trials=2, catch=(ValueError,),
+                 callbacks=[lambda s, t: seen.append(t.state)], host=_ledger(tmp_path))
+    assert seen == [TrialState.FAIL, TrialState.FAIL]
+    with pytest.raises(ValueError, match="bad config"):
+        omp.optimize(study, objectives.raise_value_error, guard=guard, n_trials=3, host=_ledger(tmp_path))
+    assert [t.state for t in study.trials] == [TrialState.FAIL] * 3
+    assert "ValueError: bad config" in _record(study.trials[-1]).reason
+
+
+def test_bad_input_is_refused_before_any_trial_and_nothing_is_left_running(tmp_path: Path) -> None:
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
+    with pytest.raises(ValueError, match="in-memory"):
+        omp.optimize(optuna.create_study(), objectives.hold, guard=guard, n_trials=1)
+    with pytest.raises(ValueError, match="n_workers"):
+        omp.optimize(_study(tmp_path, guard), objectives.hold, guard=guard, n_workers=0)
+    study = _study(tmp_path, guard)
+    with pytest.raises(TypeError, match="picklable"):
+        omp.optimize(study, lambda t: 1.0, guard=guard, n_trials=1, host=_ledger(tmp_path))
+    assert [t.state for t in study.trials] == [TrialState.FAIL]
+    assert "could not be started" in _record(study.trials[0]).reason
+
+
+def test_the_host_ledger_admits_only_what_fits_and_margins_tighten(tmp_path: Path) -> None:
+    # Each trial reserves about (260 + mb) MiB x margin; the host holds about 2 of them at once.
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space(32))
+    study = _study(tmp_path, guard)
+    ledger = _ledger(tmp_path, ram="900MiB")
+    omp.optimize(study, functools.partial(objectives.hold, seconds=0.4), guard=guard, n_trials=10,
+                 n_workers=4, host=ledger)
+    trials = study.trials
+    assert all(t.state is TrialState.COMPLETE for t in trials)
+    spans = [t.user_attrs["t_run"] for t in trials]
+    reserve = {t.number: _record(t).pred_ram * _record(t).margin["ram"] for t in trials}
+    for t in trials:  # at every child's start, the reservations of the children running then fit
+        start = t.user_attrs["t_run"][0]
+        running = [u for u in trials if u.user_attrs["t_run"][0] <= start <= u.user_attrs["t_run"][1]]
+        assert sum(reserve[u.number] for u in running) <= ledger.capacity.ram
+    assert max(sum(1 for s in spans if s[0] <= x[0] <= s[1]) for x in spans) >= 2  # it did run in parallel
+    margins = [_record(t).margin["ram"] for t in trials]
+    assert margins[0] == 1.25 and margins[-1] < 1.25  # over-predicting footprint: the margin tightens
+    assert ledger.entries() == []
+
+
+def test_a_worker_killed_mid_trial_leaves_no_running_trial_and_no_reservation(tmp_path: Path) -> None:
+    marker = tmp_path / "pid"
+    storage, ledger_url = f"sqlite:///{tmp_path / 'study.db'}", f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    cmd = [sys.executable, "-m", "optuna_memprune.cli", "worker", "_runner_objectives:wait_to_be_killed",
+           "--storage", storage, "--study", "s", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB",
+           "--n-trials", "1", "--host-id", "test-host", "--ledger", ledger_url, "--host-ram", "4GiB",
+           "--no-progress"]
+    worker = subprocess.Popen(cmd, cwd=HERE, env={**os.environ, "MEMPRUNE_TEST_MARKER": str(marker)})
+    try:
+        for _ in range(1200):
+            if marker.exists() or worker.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert marker.exists(), "the worker's trial never started"
+        child = int(marker.read_text())
+        worker.kill()
+        worker.wait()
+        for _ in range(100):  # the trial's process dies with its runner
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the trial's process outlived its runner")
+    finally:
+        worker.kill()
+    ledger = Ledger(HostBudget(ram="4GiB", gpus=None), url=ledger_url, host="test-host")
+    assert len(ledger.entries()) == 1  # not reaped yet: nothing has looked
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"))
+    study = _study(tmp_path, guard)
+    assert [t.state for t in study.trials] == [TrialState.RUNNING]
+    omp.optimize(study, objectives.hold, guard=guard, n_trials=1, host=ledger)
+    dead, fresh = study.trials
+    assert dead.state is TrialState.FAIL and "died while the trial ran" in _record(dead).reason
+    assert fresh.state is TrialState.COMPLETE
+    assert ledger.entries() == []
+
+
+def test_gpu_placement_sets_cuda_visible_devices(tmp_path: Path) -> None:
+    # Declared GPUs (no real one is needed to place a trial): the child sees the index it was given.
+    def footprint(params: dict) -> omp.Footprint:
+        return objectives.footprint(params) + omp.Footprint.of(vram=3 * 2**30)
+
+    guard = omp.MemoryGuard(footprint, omp.Budget(ram="1GiB", vram="6GiB"), search_space=_space())
+    study = _study(tmp_path, guard)
+    ledger = _ledger(tmp_path, gpus=["2GiB", "8GiB"])
+    omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=2, host=ledger)
+    for t in study.trials:
+        assert _record(t).gpu == 1 and t.user_attrs["cuda_visible"] == "1"

@@ -1,0 +1,115 @@
+"""ReportData and its JSON from a real guarded study, checked against the records on the trials."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import optuna
+import pytest
+from optuna.distributions import IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from optuna_memprune import report
+from optuna_memprune.guard import Decision, TrialRecord, read_record
+
+RESOURCES = ("ram", "vram", "threads")
+
+
+@pytest.fixture(scope="module")
+def study(guarded_url: str) -> optuna.Study:
+    return report.load(guarded_url)  # one study in the storage: no name needed
+
+
+def test_the_study_has_every_decision_the_report_must_show(study: optuna.Study) -> None:
+    decisions = [read_record(t.user_attrs).decision for t in study.trials]
+    assert decisions == [Decision.ADMITTED, Decision.ADMITTED, Decision.CLAMPED, Decision.REJECTED,
+                         Decision.ADMITTED, Decision.SOFT_PRUNED, Decision.STOPPED], decisions
+
+
+def test_json_matches_the_record_on_every_trial(study: optuna.Study) -> None:
+    data = json.loads(report.render_json(report.build(study)))
+    assert list(data) == ["schema", "study", "budget", "counts", "trials", "quality", "margin", "timelines",
+                          "largest_admitted"]
+    assert data["study"] == {"name": "guarded", "directions": ["minimize"], "n_trials": 7, "n_guarded": 7}
+    assert data["counts"] == {"admitted": 3, "clamped": 1, "rejected": 1, "soft_pruned": 1, "stopped": 1,
+                              "unchecked": 0}
+    frozen = {t.number: t for t in study.trials}
+    for row in data["trials"]:
+        t = frozen[row["number"]]
+        record = read_record(t.user_attrs)
+        assert row["state"] == t.state.name and row["params"] == t.params and row["values"] == t.values
+        assert row["decision"] == record.decision.value and row["reason"] == record.reason
+        for kind in ("pred", "peak", "budget"):
+            assert row[kind] == {r: getattr(record, f"{kind}_{r}") for r in RESOURCES}
+        assert row["clamped_from"] == record.clamped_from and row["breach"] == record.breach
+        assert row["soft"] == record.soft and row["margin"] is None and row["host"] is None
+    assert data["budget"] == {r: getattr(record, f"budget_{r}") for r in RESOURCES} | {"soft": 0.8}
+    clamped = data["trials"][2]
+    assert clamped["clamped_from"]["b"] > clamped["params"]["b"]  # lowered from the sampled value
+    assert data["trials"][3]["peak"]["ram"] is None  # rejected: it never ran
+
+
+def test_quality_counts_only_trials_that_ran_to_the_end(study: optuna.Study) -> None:
+    data = report.build(study)
+    for r in ("ram", "threads"):
+        errors = {}
+        for t in study.trials:
+            rec = read_record(t.user_attrs)
+            pred, peak = getattr(rec, f"pred_{r}"), getattr(rec, f"peak_{r}")
+            if t.state is TrialState.COMPLETE and pred is not None and peak:
+                errors[t.number] = (peak - pred) / peak
+        q = data.quality[r]
+        assert sorted(errors) == [0, 1, 2, 4]  # not the rejected, soft-pruned or stopped ones
+        assert q.n == 4 and q.median_rel_error == pytest.approx(statistics.median(errors.values()))
+        worst = max(errors, key=lambda n: abs(errors[n]))
+        assert (q.worst_trial, q.worst_rel_error) == (worst, pytest.approx(errors[worst]))
+        assert q.under_predicted == sum(e > 0 for e in errors.values())
+    # The stopped trial's peak is over the budget: it counts nowhere in the quality figures.
+    assert read_record(study.trials[6].user_attrs).peak_ram > read_record(study.trials[6].user_attrs).budget_ram
+    assert data.quality["vram"].n == 0 and data.quality["vram"].median_rel_error is None  # no GPU here
+
+
+def test_timelines_and_breakdown_choose_the_trials_the_html_draws(study: optuna.Study) -> None:
+    data = report.build(study)
+    assert data.timeline_trials[0] == 6  # the stopped trial, then the admitted ones
+    assert set(data.timeline_trials[1:]) == {0, 1, 4}
+    preds = {t.number: read_record(t.user_attrs).pred_ram for t in study.trials}
+    assert data.largest_admitted == max((0, 1, 4), key=preds.get)
+    js = data.to_json_dict()
+    assert js["largest_admitted"]["breakdown"]["ram"] == preds[data.largest_admitted]
+    assert [p[1] for p in js["timelines"]["6"]] == [p[1] for p in read_record(study.trials[6].user_attrs).timeline]
+
+
+def test_margin_is_the_last_trial_that_has_one(tmp_path) -> None:
+    storage = f"sqlite:///{tmp_path / 'margin.db'}"
+    study = optuna.create_study(study_name="runner", storage=storage)
+    for number, margin in enumerate([{"ram": 1.30}, {}, {"ram": 1.12, "threads": 1.0}, {}]):
+        record = TrialRecord(Decision.ADMITTED, "ran", pred_ram=100, peak_ram=110, margin=margin,
+                             host="node-a" if margin else None, gpu=0 if margin else None)
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=float(number), params={"x": number},
+                                     distributions={"x": IntDistribution(0, 9)}, user_attrs=record.attrs()))
+    data = report.build(study)
+    assert data.margin is not None and data.margin.trial == 2
+    assert data.margin.factors == {"ram": 1.12, "threads": 1.0}
+    js = data.to_json_dict()
+    assert js["margin"] == {"trial": 2, "ram": 1.12, "threads": 1.0}
+    assert js["trials"][2]["host"] == "node-a" and js["trials"][2]["gpu"] == 0
+    assert js["quality"]["ram"]["under_predicted"] == 4  # 110 observed over 100 predicted on each
+    assert js["quality"]["ram"]["median_rel_error"] == pytest.approx(10 / 110)
+
+
+def test_a_study_without_guarded_trials_is_a_report_error(tmp_path) -> None:
+    storage = f"sqlite:///{tmp_path / 'plain.db'}"
+    study = optuna.create_study(study_name="plain", storage=storage)
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    with pytest.raises(report.ReportError, match="no guarded trials .*2 trials"):
+        report.build(report.load(storage))
+
+
+def test_json_stays_standard_when_an_objective_returned_nan(tmp_path) -> None:
+    storage = f"sqlite:///{tmp_path / 'nan.db'}"
+    study = optuna.create_study(storage=storage)
+    record = TrialRecord(Decision.ADMITTED, pred_ram=1, peak_ram=1)
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=float("inf"), user_attrs=record.attrs()))
+    assert json.loads(report.render_json(report.build(study)))["trials"][0]["values"] == [None]
