@@ -21,8 +21,11 @@ GiB = 1024**3
 RACER = str(Path(__file__).resolve().parent / "_ledger_racer.py")
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every ledger test runs on a SQLite file (the default) and on a real PostgreSQL database."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("postgres_url")
     return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
 
 

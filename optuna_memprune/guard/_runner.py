@@ -168,6 +168,7 @@ class _Child:
 
     def __init__(self, runner: "_Runner", waiting: _Waiting, entry: "Entry", process: Any, conn: Any) -> None:
         self.trial, self.state, self.margins = waiting.trial, waiting.state, waiting.margins
+        self.reserved_prediction = waiting.state.prediction is not None  # else it reserved the budget
         self.entry, self.process, self.conn = entry, process, conn
         self.guard = runner.guard
         self.started = time.monotonic()
@@ -455,7 +456,9 @@ class _Runner:
         timeline = child.monitor.timeline() if child.monitor is not None else []
         record = guard._record(child.state, frozen.params, decision=decision, reason=reason, peaks=peaks,
                                timeline=timeline, breach=breach)
-        budgeted = {r: m for r, m in child.margins.items() if r in guard._budget.resources}
+        # the margin its reservation applied; a trial unchecked at launch reserved the budget instead
+        budgeted = ({r: m for r, m in child.margins.items() if r in guard._budget.resources}
+                    if child.reserved_prediction else {})
         record = dataclasses.replace(record, margin=budgeted, host=self.ledger.host, gpu=child.entry.gpu)
         if decision is Decision.STOPPED and child.hard_reading is not None:  # crossing reading -> tree gone
             stop_ms = round((child.ended - child.hard_reading.t) * 1000, 1)
