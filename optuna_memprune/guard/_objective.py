@@ -206,6 +206,8 @@ class _Live:
 
     def on_reading(self, reading: Reading) -> None:
         """Called from the monitor's thread for every reading while the trial runs."""
+        if reading.t < self._start:  # taken before this trial began (while an earlier one ran)
+            return
         with self._lock:
             self._peak = reading if self._peak is None else _max_reading(self._peak, reading)
             self._points.append((reading.t, reading.rss, reading.threads, reading.vram))

@@ -93,12 +93,15 @@ class TrialRecord:
         return out
 
     def attrs(self) -> dict[str, Any]:
-        """The flat user attrs, names and encodings as written on the trial."""
+        """The flat user attrs, names and encodings as written on the trial. An unknown or unlimited
+        figure (``None``) is left out rather than written as null, so that every ``memprune:*`` column
+        optuna-dashboard shows holds numbers and sorts; :func:`read` gives ``None`` back for it."""
         out: dict[str, Any] = {"decision": self.decision.value, "reason": self.reason}
         for kind in ("pred", "peak", "budget"):
             for r in RESOURCES:
                 value = getattr(self, f"{kind}_{r}")
-                out[f"{kind}_{r}"] = None if value is None else int(value)
+                if value is not None:  # absent, not null: optuna-dashboard sorts only all-number columns
+                    out[f"{kind}_{r}"] = int(value)
         out["clamped_from"] = json.dumps(self.clamped_from, **_JSON)
         out["timeline"] = json.dumps([_row(p) for p in self.timeline], **_JSON)
         out["breakdown"] = json.dumps(self.breakdown, **_JSON)

@@ -45,8 +45,10 @@ GRACE_S = 2.0          # SIGTERM to SIGKILL when the runner stops a trial's proc
 _TICK_S = 0.05         # the runner's loop wakes at least this often
 _RETRIES = 6           # storage calls: attempts, with backoff 0.1 s x 2^k between them
 _SOFT_SIGNAL = signal.SIGUSR1   # runner -> child: the tree crossed the soft line; prune at should_prune()
-_PRELOAD = ("optuna", "sqlalchemy", "alembic.migration", "alembic.script", "optuna.storages._rdb.models",
-            "psutil", "numpy", "torch")   # what the fork server imports once, so a trial starts fast
+# What the fork server imports once, so that a trial starts fast: the storage's stack always, the heavy
+# libraries when this process has them loaded (so an objective that never uses torch does not pay its RSS).
+_PRELOAD = ("optuna", "sqlalchemy", "alembic.migration", "alembic.script", "optuna.storages._rdb.models", "psutil")
+_PRELOAD_IF_LOADED = ("numpy", "torch", "gymnasium", "stable_baselines3")
 
 
 def optimize(
@@ -68,10 +70,11 @@ def optimize(
     For every trial the parent asks the study, has the guarded sampler check the whole assignment before
     launch (rejected trials end PRUNED without starting a process), reserves the prediction times the
     study's learned margin on this host's ledger (waiting while the host is full, or rejecting with
-    ``on_host_full="reject"``), and starts the objective in a child forked from a server that has torch
-    and the objective's module imported. The parent watches the child's process tree: over the soft line
-    the child's pruner answers True at the next ``should_prune()``; over the budget the tree gets SIGTERM,
-    then SIGKILL after ``GRACE_S``, and the trial ends PRUNED with the reading. Intermediate values and
+    ``on_host_full="reject"``), and starts the objective in a child forked from a server that has the
+    objective's module imported (and torch, when this process has it loaded). The parent watches the
+    child's process tree: over the soft line the child's pruner answers True at the next
+    ``should_prune()``; over the budget the tree gets SIGTERM, then SIGKILL after ``GRACE_S``, and the
+    trial ends PRUNED with the reading. Intermediate values and
     pruning go through the study's storage; the parent writes the record and the final state, so a child
     killed by the kernel or a crash ends FAIL with the reason and its constraints, never RUNNING.
 
@@ -622,6 +625,7 @@ def _fork_server(objective: Callable) -> Any:
 
         main = sys.modules.get("__main__")
         preload = [m for m in _PRELOAD if importlib.util.find_spec(m.split(".")[0]) is not None]
+        preload += [m for m in _PRELOAD_IF_LOADED if m in sys.modules]
         module = getattr(objective, "__module__", None) or getattr(getattr(objective, "func", None), "__module__", None)
         if module and module != "__main__":
             preload.append(module)

@@ -31,7 +31,6 @@ UNITS = {"ram": "MiB", "vram": "MiB", "threads": "threads"}
 # the inline SVGs where their content (a clip rectangle) is identical.
 _RC = {"svg.fonttype": "none", "svg.hashsalt": "memprune-report", "font.size": 9, "axes.titlesize": 10,
        "font.family": "DejaVu Sans"}  # bundled with matplotlib: text is measured with the font it names
-PLOTS = ("pred-vs-peak", "timelines", "decisions", "breakdown")
 FAR = 3.0  # a budget more than this many times the largest figure is named, not drawn
 
 
@@ -57,10 +56,11 @@ def render(data: "ReportData") -> str:
             sections.append(f'<section class="plot" id="plot-{plot_id}"><h2>{_e(title)}</h2>{body}'
                             f'<p class="caption">{_e(caption) if svg is not None else ""}</p></section>')
     return _PAGE.format(title=_e(f"memprune report: {data.study_name}"), summary=_summary(data),
-                        plots="\n".join(sections))
+                        plots="\n".join(sections), notable=_notable(data))
 
 
-# -- the plots: each returns (svg or None, caption or why there is nothing to draw) ------------------------
+# -- the plots: each returns (svg or None, caption or why there is nothing to draw). The gids of the drawn
+# data start with the plot's id ("pred-vs-peak-ram-points-COMPLETE"): _scoped keeps them, tests find them.
 
 def _pred_vs_peak(data: "ReportData") -> tuple[str | None, str]:
     shown = [r for r in RESOURCES if any(_pair(t, r) for t in data.trials)]
@@ -78,12 +78,11 @@ def _pred_vs_peak(data: "ReportData") -> tuple[str | None, str]:
         top = max(max(p, q) for _, p, q in pairs) / scale
         budgets = sorted({t.figure("budget", r) for t in data.trials} - {None})
         far = [b for b in budgets if b / scale > FAR * top]  # drawn, the points would crowd in a corner
-        for budget in budgets:
-            if budget not in far:
-                top = max(top, budget / scale)
-                ax.axhline(budget / scale, color="#e03131", ls="--", lw=1, gid=f"pred-vs-peak-{r}-budget")
-                ax.axhline(budget * data.soft / scale, color="#f08c00", ls=":", lw=1,
-                           gid=f"pred-vs-peak-{r}-soft")
+        for i, budget in enumerate(b for b in budgets if b not in far):
+            top = max(top, budget / scale)
+            ax.axhline(budget / scale, color="#e03131", ls="--", lw=1, gid=f"pred-vs-peak-{r}-budget{_nth(i)}")
+            ax.axhline(budget * data.soft / scale, color="#f08c00", ls=":", lw=1,
+                       gid=f"pred-vs-peak-{r}-soft{_nth(i)}")
         if far:
             ax.text(0.98, 0.02, "budget " + ", ".join(fmt.figure(r, b) for b in far) + " (off the chart)",
                     transform=ax.transAxes, ha="right", va="bottom", fontsize=8, color="#e03131")
@@ -93,8 +92,8 @@ def _pred_vs_peak(data: "ReportData") -> tuple[str | None, str]:
                ylabel=f"observed peak ({UNITS[r]})", title=fmt.LABELS[r])
         ax.set_aspect("equal", adjustable="box")
         ax.grid(alpha=0.3)
-    _legend(fig, [t.decision for t in data.trials], extra=[("y = x", "#495057", "-"), ("budget", "#e03131", "--"), (f"soft line ({data.soft:.0%})",
-                                                                          "#f08c00", ":")])
+    _legend(fig, [t.decision for t in data.trials if any(_pair(t, r) for r in shown)], extra=[
+        ("y = x", "#495057", "-"), ("budget", "#e03131", "--"), (f"soft line ({data.soft:.0%})", "#f08c00", ":")])
     missing = [fmt.LABELS[r] for r in RESOURCES if r not in shown]
     note = f" No {', '.join(missing)} readings in this study." if missing else ""
     if "vram" not in shown:
@@ -115,20 +114,23 @@ def _timelines(data: "ReportData") -> tuple[str | None, str]:
             color = (reds if t.decision is Decision.STOPPED else greens).get(t.number, COLORS[t.decision])
             points = [p for p in t.record.timeline if p[column] is not None]
             ax.plot([p[0] for p in points], [p[column] / MiB for p in points], color=color, lw=1.6,
-                    marker=".", ms=3, label=f"#{t.number} {t.decision.value}", gid=f"timeline-{r}-{t.number}")
+                    marker=".", ms=3, label=f"#{t.number} {t.decision.value}", gid=f"timelines-{r}-{t.number}")
             if t.decision is Decision.STOPPED and points:  # the last reading: where the trial was stopped
                 ax.plot([points[-1][0]], [points[-1][column] / MiB], color=color, marker="X", ms=8, ls="")
-        for budget in {t.figure("budget", r) for t in trials} - {None}:
-            ax.axhline(budget / MiB, color="#e03131", ls="--", lw=1, label="budget", gid=f"timeline-{r}-budget")
+        for i, budget in enumerate(sorted({t.figure("budget", r) for t in trials} - {None})):
+            ax.axhline(budget / MiB, color="#e03131", ls="--", lw=1, label=None if i else "budget",
+                       gid=f"timelines-{r}-budget{_nth(i)}")
             ax.axhline(budget * data.soft / MiB, color="#f08c00", ls=":", lw=1,
-                       label=f"soft line ({data.soft:.0%})", gid=f"timeline-{r}-soft")
+                       label=None if i else f"soft line ({data.soft:.0%})", gid=f"timelines-{r}-soft{_nth(i)}")
         ax.set(xlabel="seconds since the trial started", ylabel=f"{'RSS' if r == 'ram' else 'VRAM'} (MiB)",
                title="process RSS" if r == "ram" else "process VRAM")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8, ncols=2)
-    return _svg(fig), ("The stopped trials and the admitted trials with the highest peaks, as the monitor read "
-                       "the whole process (downsampled, maxima kept).")
+    stopped = sum(t.decision is Decision.STOPPED for t in trials)
+    which = (f"The {stopped} stopped trial{'s' if stopped > 1 else ''} (X: its last reading) and"
+             if stopped else "No trial was stopped;") + " the admitted trials with the highest peaks"
+    return _svg(fig), f"{which}, as the monitor read the whole process (downsampled, maxima kept)."
 
 
 def _decisions(data: "ReportData") -> tuple[str | None, str]:
@@ -188,6 +190,11 @@ def _pair(t: "GuardedTrial", r: str) -> tuple[int, int] | None:
     return (pred, peak) if pred is not None and peak is not None and (pred or peak) else None
 
 
+def _nth(i: int) -> str:
+    """Suffix for the i-th line of a kind in one plot (a study whose budget changed has several)."""
+    return f"-{i}" if i else ""
+
+
 def _scale(r: str) -> float:
     return 1 if r == "threads" else MiB
 
@@ -240,13 +247,6 @@ def _summary(data: "ReportData") -> str:
     budget = ", ".join(f"{fmt.LABELS[r]} {fmt.figure(r, v)}" for r, v in data.budget.items() if v is not None)
     counts = "".join(f'<tr><td><span class="dot" style="background:{COLORS[Decision(k)]}"></span>{_e(k)}</td>'
                      f'<td class="num">{v}</td></tr>' for k, v in data.counts.items())
-    rows = "".join(
-        f'<tr><td class="num">{t.number}</td><td>{t.state}</td>'
-        f'<td class="nowrap"><span class="dot" style="background:{COLORS[t.decision]}"></span>{t.decision.value}</td>'
-        f"<td>{_e(fmt.params(t.params))}</td>"
-        + "".join(f'<td class="num">{_figures(t, kind)}</td>' for kind in ("pred", "peak", "budget"))
-        + f"<td>{_e(fmt.reason(t))}</td></tr>" for t in data.notable
-    ) or '<tr><td colspan="8">none: every guarded trial was admitted or unchecked</td></tr>'
     quality = "".join(f"<li>{_e(fmt.quality_line(q))}</li>" for q in data.quality.values())
     return (
         f"<h1>memprune report: study {_e(data.study_name)}</h1>"
@@ -255,9 +255,21 @@ def _summary(data: "ReportData") -> str:
         f'<div class="cols"><table><tr><th>decision</th><th>trials</th></tr>{counts}</table>'
         f"<div><h3>Prediction quality</h3><p>trials that ran to the end; error = (peak - pred) / peak, "
         f"positive = under-predicted</p><ul>{quality}</ul><p>{_e(margin_line(data))}</p></div></div>"
-        f"<h2>Rejected, clamped, soft-pruned and stopped trials</h2>"
+    )
+
+
+def _notable(data: "ReportData") -> str:
+    rows = "".join(
+        f'<tr><td class="num">{t.number}</td><td>{t.state}</td>'
+        f'<td class="nowrap"><span class="dot" style="background:{COLORS[t.decision]}"></span>{t.decision.value}</td>'
+        f"<td>{_e(fmt.params(t.params))}</td>"
+        + "".join(f'<td class="num">{_figures(t, kind)}</td>' for kind in ("pred", "peak", "budget"))
+        + f"<td>{_e(fmt.reason(t))}</td></tr>" for t in data.notable
+    ) or '<tr><td colspan="8">none: every guarded trial was admitted or unchecked</td></tr>'
+    return (
+        f'<section id="notable"><h2>Rejected, clamped, soft-pruned and stopped trials</h2>'
         f"<table><tr><th>#</th><th>state</th><th>decision</th><th>params</th><th>predicted</th><th>peak</th>"
-        f"<th>budget</th><th>reason</th></tr>{rows}</table>"
+        f"<th>budget</th><th>reason</th></tr>{rows}</table></section>"
     )
 
 
@@ -289,6 +301,7 @@ section.plot svg {{ max-width: 100%; height: auto; display: block; }}
 <body>
 {summary}
 {plots}
+{notable}
 </body>
 </html>
 """

@@ -53,8 +53,7 @@ def render(data: "ReportData") -> "Group":
     if not data.notable:
         notable.add_row("", "", "none", "", "", "", "", "every guarded trial was admitted or unchecked")
 
-    quality = Table(title="prediction quality (trials that ran to the end; error = (peak - pred) / peak)",
-                    title_justify="left", box=None, pad_edge=False)
+    quality = Table(title="prediction quality", title_justify="left", box=None, pad_edge=False)
     for head in ("resource", "trials", "median error", "worst error", "under-predicted"):
         quality.add_column(head, justify="left" if head == "resource" else "right")
     for r in RESOURCES:
@@ -65,7 +64,8 @@ def render(data: "ReportData") -> "Group":
             quality.add_row(fmt.LABELS[r], str(q.n), fmt.pct(q.median_rel_error),
                             f"{fmt.pct(q.worst_rel_error)} (#{q.worst_trial})", str(q.under_predicted))
 
-    return Group(header, Text(), counts, Text(), notable, Text(), quality, Text(), Text(margin_line(data)))
+    note = Text("over the trials that ran to the end (COMPLETE); error = (peak - pred) / peak, + = under-predicted")
+    return Group(header, Text(), counts, Text(), notable, Text(), quality, note, Text(), Text(margin_line(data)))
 
 
 def margin_line(data: "ReportData") -> str:

@@ -85,8 +85,6 @@ def test_dashboard_notes_and_sortable_columns_through_the_dashboards_own_api(gua
         assert sortable[key], key  # numeric on every trial: a sortable column
 
 
-@pytest.mark.xfail(strict=True, reason="the record writes None for an unknown figure (a rejected trial has no "
-                   "peak), and optuna-dashboard makes a column with any non-number unsortable")
 def test_peak_columns_are_sortable_in_the_dashboard(guarded_url: str) -> None:
     pytest.importorskip("optuna_dashboard")
     sortable = {a["key"]: a["sortable"] for a in _dashboard_study(guarded_url)["union_user_attrs"]}
@@ -108,7 +106,7 @@ def _dashboard_study(url: str) -> dict:
         assert status[0].startswith("200"), (status, body[:500])
         return json.loads(body)
 
-    study_id = get("/api/studies")["studies"][0]["study_id"]
+    study_id = get("/api/studies")["study_summaries"][0]["study_id"]
     return get(f"/api/studies/{study_id}", "after=0")
 
 
