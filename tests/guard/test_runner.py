@@ -218,7 +218,7 @@ def test_a_worker_killed_mid_trial_leaves_no_running_trial_and_no_reservation(tm
     assert ledger.entries() == []
 
 
-def test_gpu_placement_sets_cuda_visible_devices(tmp_path: Path) -> None:
+def test_gpu_placement_sets_cuda_visible_devices(tmp_path: Path, capsys) -> None:
     # Declared GPUs (no real one is needed to place a trial): the child sees the index it was given.
     def footprint(params: dict) -> omp.Footprint:
         return objectives.footprint(params) + omp.Footprint.of(vram=3 * 2**30)
@@ -226,6 +226,9 @@ def test_gpu_placement_sets_cuda_visible_devices(tmp_path: Path) -> None:
     guard = omp.MemoryGuard(footprint, omp.Budget(ram="1GiB", vram="6GiB"), search_space=_space())
     study = _study(tmp_path, guard)
     ledger = _ledger(tmp_path, gpus=["2GiB", "8GiB"])
-    omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=2, host=ledger)
+    omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=2, host=ledger,
+                 progress=True)
     for t in study.trials:
         assert _record(t).gpu == 1 and t.user_attrs["cuda_visible"] == "1"
+    bar = capsys.readouterr().err  # the progress line, on stderr
+    assert "2/2" in bar and "done 2" in bar and "host RAM 0 B / 8.00 GiB" in bar
