@@ -131,6 +131,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         )
     except (TypeError, ValueError, ImportError) as exc:
         raise MemPruneError(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - the storage's own errors (unreachable server, bad URL)
+        raise MemPruneError(f"could not open study {args.study!r} in {args.storage}: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     ledger = Ledger(host, url=args.ledger, host=args.host_id)
     try:
         omp.optimize(study, objective, guard=guard, n_trials=args.n_trials, timeout=args.timeout,

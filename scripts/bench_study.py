@@ -7,15 +7,18 @@ n_workers x the largest trial.
 
 (a) Unguarded: n_workers processes each run ``study.optimize`` on a shared SQLite study. A watchdog plays
     the kernel's OOM killer: whenever the workers' summed PSS crosses the host budget, it SIGKILLs the
-    process with the largest RSS; the trial it ran is lost (left RUNNING), and the worker is restarted.
+    process with the largest RSS; the trial it ran is lost (left RUNNING) and, as when workers are started
+    by hand or by a job array, the worker stays dead. ``--restart-killed`` plays a supervisor instead,
+    which starts a new worker in its place (the kinder case for plain Optuna).
 (b) Guarded: ``omp.optimize(n_workers=...)`` with the guard (clamp) and the host ledger. The same watchdog
     watches its whole process tree; each kill it has to make counts in ``guarded_over_budget``.
 
 Last line: ``STUDY guarded_completed=<n> unguarded_completed=<n> completed_ratio=<x> guarded_over_budget=<k>
 guarded_lost=<k> unguarded_lost=<k> stop_latency_p95_ms=<x>``.
 
-    python scripts/bench_study.py            # 2 x 120 s
-    python scripts/bench_study.py --smoke    # 2 x 25 s
+    python scripts/bench_study.py                   # 2 x 120 s
+    python scripts/bench_study.py --restart-killed  # plain Optuna's workers restarted after each kill
+    python scripts/bench_study.py --smoke           # 2 x 25 s
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ HOST_MIB = 1600         # all trials of the host together
 N_WORKERS = 4
 LEAK_MIB = 400          # what `leak` adds, unknown to the footprint
 BASE_MIB = 110          # a child's interpreter, optuna, numpy (measured here: about 95 MiB)
-STEP_MIB, STEP_S = 20, 0.05
-HOLD_S = 1.0
+STEP_MIB, STEP_S = 20, 0.1     # a trial grows at 200 MiB/s, as a replay buffer filling
+HOLD_S = 2.0         # then trains on what it holds
 
 
 def objective(trial: optuna.Trial) -> float:
@@ -111,15 +114,15 @@ def watchdog(roots: "callable", until: float, victims: "callable") -> list[int]:
 
 # -- the two runs ----------------------------------------------------------------------------------
 
-def run_unguarded(storage: str, seconds: float) -> tuple[int, int]:
+def run_unguarded(storage: str, seconds: float, restart: bool) -> tuple[int, int]:
     optuna.create_study(storage=storage, study_name="plain", direction="maximize")
     cmd = [sys.executable, __file__, "--role", "plain-worker", "--storage", storage]
     until = time.monotonic() + seconds
     workers = [subprocess.Popen(cmd) for _ in range(N_WORKERS)]
 
     def roots() -> list[psutil.Process]:
-        for i, w in enumerate(workers):  # a killed worker is restarted, as a supervisor would
-            if w.poll() is not None and time.monotonic() < until - 2:
+        for i, w in enumerate(workers):  # with a supervisor, a killed worker is started again
+            if restart and w.poll() is not None and time.monotonic() < until - 2:
                 workers[i] = subprocess.Popen(cmd)
         return [psutil.Process(w.pid) for w in workers if w.poll() is None]
 
@@ -185,6 +188,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="25 s per side instead of 120 s")
     parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument("--restart-killed", action="store_true",
+                        help="restart an unguarded worker the OOM stand-in killed (a supervisor)")
     parser.add_argument("--role", choices=["plain-worker", "guarded"], help=argparse.SUPPRESS)
     parser.add_argument("--storage", help=argparse.SUPPRESS)
     parser.add_argument("--ledger-dir", help=argparse.SUPPRESS)
@@ -199,7 +204,7 @@ def main() -> None:
         return
     seconds = args.seconds or (25.0 if args.smoke else 120.0)
     with tempfile.TemporaryDirectory(prefix="memprune-bench-study-") as tmp:
-        plain, lost_plain = run_unguarded(f"sqlite:///{tmp}/plain.db", seconds)
+        plain, lost_plain = run_unguarded(f"sqlite:///{tmp}/plain.db", seconds, args.restart_killed)
         guarded, lost, over, latencies = run_guarded(f"sqlite:///{tmp}/guarded.db", seconds, tmp)
     ratio = guarded / plain if plain else float("inf")
     p95 = float(np.percentile(latencies, 95)) if latencies else float("nan")

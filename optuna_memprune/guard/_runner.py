@@ -246,6 +246,16 @@ class _Runner:
     # -- the loop --------------------------------------------------------------------------------
 
     def run(self, on_tick: Callable[["_Runner"], None] | None) -> None:
+        study = self.study
+        if study._thread_local.in_optimize_loop:
+            raise RuntimeError("Nested invocation of optimize() (or Study.optimize) isn't allowed.")
+        study._thread_local.in_optimize_loop, study._stop_flag = True, False  # study.stop() in a callback
+        try:
+            self._loop(on_tick)
+        finally:
+            study._thread_local.in_optimize_loop = False
+
+    def _loop(self, on_tick: Callable[["_Runner"], None] | None) -> None:
         try:
             while True:
                 self._reap_finished()
@@ -308,16 +318,20 @@ class _Runner:
         self.waiting = _Waiting(trial, state, self._request(state, margins), margins, time.monotonic())
 
     def _request(self, state: _TrialState, margins: dict[str, float]) -> "Request":
-        """What the trial reserves: prediction x margin, or the per-trial budget when unchecked."""
+        """What the trial reserves: prediction x margin, never more than the per-trial budget (the
+        watchdog stops a tree that crosses it), and the budget itself when unchecked."""
         from ..ledger import Request
 
         budget, prediction = self.guard._budget, state.prediction
         figures = {}
         for r in RESOURCES:
+            limit = getattr(budget, r)
             if prediction is not None:
                 figures[r] = math.ceil(getattr(prediction, r) * margins.get(r, 1.0))
+                if limit is not None:
+                    figures[r] = min(figures[r], limit)
             else:
-                figures[r] = getattr(budget, r) or 0
+                figures[r] = limit or 0
         if not self.ledger.capacity.gpus:
             figures["vram"] = 0  # a host without GPUs runs the trial on its CPU
         return Request(ram=figures["ram"], vram=figures["vram"], threads=figures["threads"])
@@ -400,7 +414,7 @@ class _Runner:
                 except (EOFError, OSError):
                     child.result = ("lost",)
                 except Exception as exc:  # noqa: BLE001 - an exception that does not unpickle
-                    child.result = ("fail", None, f"the trial's result could not be read: {exc}", "", 0)
+                    child.result = ("fail", None, f"the trial's result could not be read: {exc}", "", False, 0)
             if child.process.is_alive():
                 continue
             child.ended = time.monotonic()
@@ -422,6 +436,8 @@ class _Runner:
         result = child.result if child.result and child.result[0] != "lost" else None
         peak = child.monitor.peak if child.monitor is not None else None
         child_hwm = result[-1] if result else 0
+        if result and result[-2]:  # the objective called trial.study.stop()
+            self.study._stop_flag = True
         peaks = {"ram": max(peak.rss if peak else 0, child_hwm) or None,
                  "vram": peak.vram if peak else None, "threads": peak.threads if peak else None}
         decision, values, failure = None, None, None
@@ -699,6 +715,7 @@ def _child_main(payload: _Payload, conn: Any) -> None:
                          sampler=_Served(payload.sampler, payload.assignment, payload.space),
                          pruner=_Signalled(payload.pruner))
     trial = optuna.Trial(study, payload.trial_id)
+    study._thread_local.in_optimize_loop = True  # trial.study.stop() works here as under Study.optimize
     try:
         value = payload.objective(trial)
     except optuna.TrialPruned as exc:
@@ -707,7 +724,7 @@ def _child_main(payload: _Payload, conn: Any) -> None:
         message = ("fail", _picklable(exc), f"{type(exc).__name__}: {exc}", traceback.format_exc())
     else:
         message = ("complete", _values(value))
-    conn.send((*message, _max_rss()))
+    conn.send((*message, study._stop_flag, _max_rss()))
     conn.close()
 
 

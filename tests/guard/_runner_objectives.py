@@ -81,3 +81,10 @@ def crash(trial: optuna.Trial) -> float:
 def raise_value_error(trial: optuna.Trial) -> float:
     trial.suggest_int("mb", 8, 64)
     raise ValueError("bad config in the objective")
+
+
+def stop_study(trial: optuna.Trial) -> float:
+    """Asks the study to stop after this trial (``trial.study.stop()``, as under Study.optimize)."""
+    trial.suggest_int("mb", 8, 64)
+    trial.study.stop()
+    return 1.0

@@ -168,7 +168,7 @@ def test_the_host_ledger_admits_only_what_fits_and_margins_tighten(tmp_path: Pat
     trials = study.trials
     assert all(t.state is TrialState.COMPLETE for t in trials)
     spans = [t.user_attrs["t_run"] for t in trials]
-    reserve = {t.number: _record(t).pred_ram * _record(t).margin["ram"] for t in trials}
+    reserve = {t.number: min(_record(t).pred_ram * _record(t).margin["ram"], _record(t).budget_ram) for t in trials}
     for t in trials:  # at every child's start, the reservations of the children running then fit
         start = t.user_attrs["t_run"][0]
         running = [u for u in trials if u.user_attrs["t_run"][0] <= start <= u.user_attrs["t_run"][1]]
@@ -232,3 +232,29 @@ def test_gpu_placement_sets_cuda_visible_devices(tmp_path: Path, capsys) -> None
         assert _record(t).gpu == 1 and t.user_attrs["cuda_visible"] == "1"
     bar = capsys.readouterr().err  # the progress line, on stderr
     assert "2/2" in bar and "done 2" in bar and "host RAM 0 B / 8.00 GiB" in bar
+
+
+def test_study_stop_from_a_callback_or_the_objective_ends_the_run(tmp_path: Path) -> None:
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
+    study = _study(tmp_path, guard)
+    omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=10,
+                 callbacks=[lambda s, t: s.stop() if t.number == 1 else None], host=_ledger(tmp_path))
+    assert len(study.trials) == 2
+    omp.optimize(study, objectives.stop_study, guard=guard, n_trials=10, host=_ledger(tmp_path))
+    assert len(study.trials) == 3 and study.trials[-1].state is TrialState.COMPLETE
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nowhere:objective", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB"],
+     "the objective 'nowhere:objective' could not be loaded"),
+    (["_runner_objectives:hold", "--footprint", "_runner_objectives:footprint", "--ram", "lots"], "lots"),
+    (["_runner_objectives:hold"], "give the guard"),
+    (["_runner_objectives:hold", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB",
+      "--storage", "nosuchdb://x"], "could not open study 's' in nosuchdb://x"),
+])
+def test_worker_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list, message: str) -> None:
+    storage = ["--storage", f"sqlite:///{tmp_path / 's.db'}"] if "--storage" not in args else []
+    proc = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "worker", *args, *storage, "--study", "s"],
+                          cwd=HERE, capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1

@@ -77,7 +77,8 @@ def test_three_hosts_two_workers_each_finish_a_60_trial_study_in_postgresql(post
         # a child runs from its objective's first line to before its trial's end is stored; a trial
         # unchecked at launch reserved the whole budget
         mine = [((t.user_attrs["t_run"][0], t.datetime_complete.timestamp()),
-                 r.pred_ram * r.margin["ram"] if r.margin else r.budget_ram) for t, r in ran if r.host == host]
+                 min(r.pred_ram * r.margin["ram"], r.budget_ram) if r.margin else r.budget_ram)
+                for t, r in ran if r.host == host]
         for (start, _), _ in mine:
             assert sum(res for (s, e), res in mine if s <= start <= e) <= HOST_RAM
         assert Ledger(HostBudget(ram=HOST_RAM, gpus=None), url=ledgers[host], host=host).entries() == []
