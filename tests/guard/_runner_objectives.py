@@ -45,14 +45,14 @@ def grow(trial: optuna.Trial) -> float:
 
 
 def grow_to_soft(trial: optuna.Trial) -> float:
-    """Grows by 10 MiB a step up to 250 MiB over its baseline, asking should_prune() as it goes."""
+    """Grows by 10 MiB a step up to 450 MiB over its baseline, asking should_prune() as it goes."""
     mb = trial.suggest_int("mb", 8, 64)
     blocks = [np.ones(mb * MiB, dtype=np.uint8)]
     for step in range(100):
         trial.report(float(step), step)
         if trial.should_prune():
             raise optuna.TrialPruned(f"pruned at step {step}")
-        if step < 25:
+        if step < 45:
             blocks.append(np.ones(10 * MiB, dtype=np.uint8))
         time.sleep(0.05)
     return 1.0
