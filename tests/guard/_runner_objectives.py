@@ -88,3 +88,11 @@ def stop_study(trial: optuna.Trial) -> float:
     trial.suggest_int("mb", 8, 64)
     trial.study.stop()
     return 1.0
+
+
+def guard() -> "object":
+    """The guard a `memprune worker --guard _runner_objectives:guard` builds (the same as the flags
+    --footprint _runner_objectives:footprint --ram 600MiB --on-infeasible reject)."""
+    import optuna_memprune as omp
+
+    return omp.MemoryGuard(footprint, omp.Budget(ram="600MiB"), on_infeasible="reject")

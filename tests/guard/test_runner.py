@@ -274,3 +274,16 @@ def test_a_reservation_is_capped_at_the_per_trial_budget(tmp_path: Path) -> None
     assert all(t.state is TrialState.COMPLETE for t in study.trials), [r.reason for r in records]
     over_host = [r for r in records if r.margin and r.pred_ram * r.margin["ram"] > 500 * MiB]
     assert over_host, [(r.pred_ram >> 20, r.margin) for r in records]  # uncapped, these could never start
+
+
+def test_nothing_is_left_running_in_this_process_after_optimize(tmp_path: Path) -> None:
+    import psutil
+
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    omp.optimize(_study(tmp_path, guard), functools.partial(objectives.hold, seconds=0.0), guard=guard,
+                 n_trials=2, host=_ledger(tmp_path))
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    # multiprocessing's resource tracker (a few MiB) stays, as for any multiprocessing user; the fork
+    # server (torch and the objective's module imported) and the trials' processes do not
+    assert all("resource_tracker" in " ".join(p.cmdline()) for p in left), [p.cmdline() for p in left]

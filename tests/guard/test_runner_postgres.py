@@ -45,7 +45,8 @@ def test_three_hosts_two_workers_each_finish_a_60_trial_study_in_postgresql(post
         subprocess.Popen(
             [sys.executable, "-m", "optuna_memprune.cli", "worker", "_runner_objectives:hold",
              "--storage", postgres_url, "--study", "pg", "--direction", "maximize",
-             "--footprint", "_runner_objectives:footprint", "--ram", "600MiB", "--on-infeasible", "reject",
+             *(["--guard", "_runner_objectives:guard"] if i == 0 else  # the same guard, two ways of saying it
+               ["--footprint", "_runner_objectives:footprint", "--ram", "600MiB", "--on-infeasible", "reject"]),
              "--n-trials", "20", "--n-workers", "2", "--host-id", host, "--ledger", ledgers[host],
              "--host-ram", str(HOST_RAM), "--headroom", "0", "--host-gpus", "--seed", str(i), "--no-progress"],
             cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
