@@ -281,7 +281,9 @@ class _Watch:
         try:
             with self._lock:
                 if self._monitor is None:
-                    self._monitor = Monitor(interval=self._interval, on_reading=self._on_reading).start()
+                    # no timeline of its own (each trial keeps its points): it lives across trials
+                    self._monitor = Monitor(interval=self._interval, on_reading=self._on_reading,
+                                            max_timeline=0).start()
                 self._lives[id(live)] = live
                 self._idle = 0
         except _Interrupt:

@@ -26,6 +26,7 @@ class Progress:
         self._bar = Bar(TextColumn("memprune"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=Console(stderr=True), transient=False)
         self._task = self._bar.add_task("", total=runner.n_trials)
+        self._runner = runner
         self._last = 0.0
 
     def __enter__(self) -> "Progress":
@@ -33,12 +34,12 @@ class Progress:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._bar.refresh()
+        self.update(self._runner, force=True)  # the last trials' end, which the throttle may have skipped
         self._bar.stop()
 
-    def update(self, runner: "_Runner") -> None:
+    def update(self, runner: "_Runner", force: bool = False) -> None:
         now = time.monotonic()
-        if now - self._last < _REFRESH_S:
+        if now - self._last < _REFRESH_S and not force:
             return
         self._last = now
         self._bar.update(self._task, completed=sum(runner.counts[k] for k in ("done", "pruned", "failed")),

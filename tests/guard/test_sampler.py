@@ -402,8 +402,10 @@ def test_adversarial_reject_teaches_tpe_the_infeasible_region(tmp_path) -> None:
 def test_reject_mode_leaves_tpe_exactly_the_search_its_own_constraints_give() -> None:
     # What reject mode teaches TPE is what TPE's own constraint handling learns: with the same seed, a
     # guarded study proposes the same params, trial for trial, as bare TPE told the same constraints.
+    baseline = psutil.Process().memory_info().rss + 256 * MiB  # the monitor reads this whole process
+
     def footprint(p):  # type: ignore[no-untyped-def]
-        return omp.Footprint.of(ram=p["buffer_mib"] * p["n_envs"] * MiB)
+        return omp.Footprint.of(ram=baseline + p["buffer_mib"] * p["n_envs"] * MiB)
 
     def suggest(trial: optuna.Trial) -> tuple[int, int, float]:
         return (trial.suggest_categorical("buffer_mib", [8, 16, 32, 64, 128]),
@@ -412,7 +414,7 @@ def test_reject_mode_leaves_tpe_exactly_the_search_its_own_constraints_give() ->
     def score(b: int, e: int, lr: float) -> float:
         return b * e * (1 - abs(math.log10(lr) + 2.5) / 10)
 
-    guard = MemoryGuard(footprint, omp.Budget(ram=64 * MiB), on_infeasible="reject", soft=1.0)
+    guard = MemoryGuard(footprint, omp.Budget(ram=baseline + 64 * MiB), on_infeasible="reject", soft=1.0)
     guarded = optuna.create_study(direction="maximize", pruner=guard.wrap_pruner(),
                                   sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=0, n_startup_trials=20)))
     guarded.optimize(guard.wrap_objective(lambda t: score(*suggest(t))), n_trials=60)

@@ -151,6 +151,7 @@ def test_start_twice_and_context_manager(worker: Worker) -> None:
         ({"interval": -0.1}, "interval"),
         ({"interval": float("nan")}, "interval"),
         ({"max_timeline": 3}, "max_timeline"),
+        ({"max_timeline": -1}, "max_timeline"),
         ({"gpu": "cuda"}, "gpu"),
         ({"on_reading": 3}, "on_reading"),
         ({"pid": -4}, "pid"),
@@ -205,3 +206,32 @@ def test_sampler_cost_is_small_at_10_hz(worker: Worker) -> None:
     assert mon.latest.processes == 3
     cpu_pct = 100 * mon.sampler_cpu_s / 2.0
     assert cpu_pct <= 1.0, f"monitor thread used {cpu_pct:.2f}% of a core"
+
+
+_PIN = """
+import collections, ctypes, time, numpy as np
+from optuna_memprune.monitor import Monitor
+def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096
+m = Monitor(interval=0.005, gpu=None, max_timeline=0).start()
+base = rss()
+d = collections.deque(maxlen=200_000)
+for i in range(200_000):   # a tutorial replay memory: small objects, while the monitor reads
+    o = np.zeros(4, dtype=np.float32)
+    d.append((o, i % 2, 1.0, o, False))
+assert m.timeline() == [] and m.peak is not None and m.readings > 1
+del d, o
+ctypes.CDLL(None).malloc_trim(0)
+print(rss() - base)
+m.stop()
+"""
+
+
+def test_a_monitor_without_timeline_keeps_nothing_that_pins_freed_memory() -> None:
+    # A timeline kept across trials holds small tuples allocated among a trial's objects, and pymalloc
+    # cannot return an arena with one live object in it: measured here, +22 MiB stayed after such a fill
+    # was freed with a 512-point timeline, +3 MiB without one.
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PIN], capture_output=True, text=True, check=True).stdout
+    assert int(out) < 10 * 2**20, int(out) >> 20
