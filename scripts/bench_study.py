@@ -24,13 +24,11 @@ guarded_lost=<k> unguarded_lost=<k> stop_latency_p95_ms=<x>``.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import optuna

@@ -15,7 +15,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 import warnings
@@ -175,7 +174,6 @@ class _Child:
         self.reserved_prediction = waiting.state.prediction is not None  # else it reserved the budget
         self.entry, self.process, self.conn = entry, process, conn
         self.guard = runner.guard
-        self.started = time.monotonic()
         self.result: tuple | None = None
         self.soft_reading: Reading | None = None
         self.hard_reading: Reading | None = None
@@ -373,6 +371,10 @@ class _Runner:
                     f"trials' ({_describe(ledger.in_use())}) in {_describe(ledger.capacity)}"))
             return
         self.waiting = None
+        waited = time.monotonic() - waiting.since
+        if waited > 1.0:
+            _logger.info("Trial %d waited %.1f s for its reservation on %s.", waiting.trial.number, waited,
+                         ledger.host)
         self._launch(waiting, entry)
 
     def _launch(self, waiting: _Waiting, entry: "Entry") -> None:

@@ -6,7 +6,6 @@ machines would have); the study's storage is the only thing they share.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
