@@ -215,8 +215,11 @@ class GuardedSampler(BaseSampler):
         result = _clamp(guard, assignment, space, names, footprint)
         if result is None:
             state.decision = Decision.REJECTED
-            state.reason = (f"predicted over budget: {over}; no assignment fits by lowering "
-                            f"{names or 'any param'}")
+            if names:
+                state.reason = f"predicted over budget: {over}; no assignment fits by lowering {names}"
+            else:  # every clampable param was fixed (enqueued, already suggested) or has one value
+                state.reason = (f"predicted over budget: {over}; no param may be lowered (fixed: "
+                                f"{sorted(n for n in locked if n in space) or 'none'})")
             return
         clamped, footprint = result
         state.clamped_from = {n: assignment[n] for n in clamped if clamped[n] != assignment[n]}

@@ -181,6 +181,8 @@ def test_enqueued_params_are_kept_and_the_rest_is_lowered() -> None:
         assert r.decision is Decision.REJECTED and t.state is TrialState.PRUNED
         assert set(t.params) == {"a", "b"}
     assert study.trials[0].params == {"a": 900, "b": 900}
+    assert "no param may be lowered (fixed: ['a', 'b'])" in records[0].reason  # the reason says why
+    assert "no assignment fits by lowering ['b']" in records[1].reason
     for t, r in zip(study.trials[2:], records[2:]):
         assert t.params["a"] == 900 and t.params["b"] <= 100 and t.state is TrialState.COMPLETE
         assert r.decision in (Decision.ADMITTED, Decision.CLAMPED)
