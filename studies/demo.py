@@ -63,7 +63,7 @@ def footprint(params: dict) -> omp.Footprint:
         + array((params["buffer_size"], obs_size(fs)), "uint8", name="replay buffer")
         + array((params["buffer_size"],), "int64", name="labels")
         + array((VALIDATION, obs_size(fs)), "float32", name="validation set")
-        + process(STACK, torch_threads=THREADS)
+        + process(STACK, torch_threads=THREADS, extra_threads=1)  # + the guard's monitor thread
         + UNMODELLED
     )
 
