@@ -375,7 +375,7 @@ class Ledger:
             raise ValueError(f"timeout must be None or a non-negative number of seconds, but got {timeout!r}.")
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0 or not math.isfinite(poll):
             raise ValueError(f"poll must be a positive number of seconds, but got {poll!r}.")
-        misfit = self._misfit(request)
+        misfit = self.misfit(request)
         if misfit:
             raise ValueError(f"Request {key!r} can never be admitted on host {self.host!r}: {misfit}.")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -386,14 +386,14 @@ class Ledger:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(
-                    f"Request {key!r} ({_describe(request)}) did not fit host {self.host!r} within {timeout} s; "
-                    f"in use: {_describe(self.in_use())}, capacity: {_describe(self.capacity)}."
+                    f"Request {key!r} ({describe(request)}) did not fit host {self.host!r} within {timeout} s; "
+                    f"in use: {describe(self.in_use())}, capacity: {describe(self.capacity)}."
                 )
             time.sleep(poll if left is None else min(poll, left))
 
     def fits_empty(self, request: Request) -> bool:
         """Whether ``request`` fits this ledger's capacity with no other entry on the host."""
-        return not self._misfit(request)
+        return not self.misfit(request)
 
     def release(self, entry_or_id: Entry | int) -> None:
         """Remove a reservation; releasing one that is already gone does nothing."""
@@ -498,7 +498,8 @@ class Ledger:
         free = [(total - u, i) for i, (total, u) in enumerate(zip(cap.gpus, used.vram)) if total - u >= request.vram]
         return min(free)[1] if free else False
 
-    def _misfit(self, request: Request) -> str:
+    def misfit(self, request: Request) -> str:
+        """Why ``request`` can never fit this host, even with no other entry (``""`` when it can)."""
         cap = self.capacity
         if cap.ram is not None and request.ram > cap.ram:
             return f"ram {format_bytes(request.ram)} > capacity {format_bytes(cap.ram)}"
@@ -512,7 +513,7 @@ class Ledger:
         return ""
 
 
-def _describe(x: Request | Usage | HostCapacity) -> str:
+def describe(x: Request | Usage | HostCapacity) -> str:
     """``ram=..., threads=..., vram=...`` in human sizes."""
     vram = getattr(x, "vram", None)
     if vram is None:

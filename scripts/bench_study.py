@@ -34,6 +34,8 @@ import numpy as np
 import optuna
 import psutil
 
+from optuna_memprune.monitor import MonitorError, read_tree
+
 MiB = 2**20
 BUDGET_MIB = 700        # per trial
 HOST_MIB = 1600         # all trials of the host together
@@ -65,15 +67,11 @@ def footprint(params: dict) -> "object":
 
 # -- the OOM-killer stand-in -------------------------------------------------------------------------
 
-def _pss(proc: psutil.Process) -> int:
+def _pss_of_tree(pid: int) -> int:
     try:
-        with open(f"/proc/{proc.pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+        return read_tree(pid, pss=True).pss or 0
+    except MonitorError:  # gone meanwhile
+        return 0
 
 
 def _tree(roots: list[psutil.Process]) -> list[psutil.Process]:
@@ -91,8 +89,9 @@ def watchdog(roots: "callable", until: float, victims: "callable") -> list[int]:
     budget, SIGKILL the largest (by RSS) of ``victims(procs)``. Returns the pids it killed."""
     killed = []
     while time.monotonic() < until:
-        procs = _tree(roots())
-        if sum(_pss(p) for p in procs) > HOST_MIB * MiB:
+        tops = roots()
+        if sum(_pss_of_tree(r.pid) for r in tops) > HOST_MIB * MiB:
+            procs = _tree(tops)
             sizes = []
             for p in victims(procs):
                 try:

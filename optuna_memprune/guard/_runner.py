@@ -25,7 +25,6 @@ import optuna
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from .._units import format_bytes
 from ..estimate.learned import margin as learned_margin
 from ..monitor import Monitor, Reading
 from . import _records
@@ -234,11 +233,11 @@ class _Runner:
         self.waiting: _Waiting | None = None
         self.fatal: BaseException | None = None
         self.counts = {"done": 0, "rejected": 0, "pruned": 0, "failed": 0}
+        self.pairs: dict[int, dict[str, tuple[int, int]]] = {}  # finished trial -> (peak, pred) per resource
         sampler, pruner = study.sampler, study.pruner
         self.base_sampler: BaseSampler = sampler._base_sampler if isinstance(sampler, GuardedSampler) else sampler
         self.inner_pruner = pruner._wrapped_pruner if isinstance(pruner, GuardedPruner) else pruner
         self.ctx = _fork_server(objective)
-        self.storage_blob = study._storage
         self.heartbeats = optuna.storages._heartbeat.is_heartbeat_enabled(study._storage)
         self.storage_id = _storage_id(study._storage)
 
@@ -336,27 +335,32 @@ class _Runner:
         return Request(ram=figures["ram"], vram=figures["vram"], threads=figures["threads"])
 
     def _margins(self) -> dict[str, float]:
-        """The study's learned margin per resource, from the trials that ran to the end alone."""
-        pairs: dict[str, list[tuple[float, float]]] = {r: [] for r in RESOURCES}
+        """The study's learned margin per resource, from the trials that ran to the end alone.
+
+        A finished trial's record never changes, so each is read once (its timeline JSON included), not
+        at every launch."""
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            record = _records.read(t.user_attrs)
-            if record is None or record.concurrent or record.decision not in (Decision.ADMITTED, Decision.CLAMPED):
+            if t._trial_id in self.pairs:
                 continue
-            for r in RESOURCES:
-                pred, peak = getattr(record, f"pred_{r}"), getattr(record, f"peak_{r}")
-                if pred and peak is not None:
-                    pairs[r].append((peak, pred))
-        return {r: learned_margin(pairs[r]) for r in RESOURCES}
+            record = _records.read(t.user_attrs)
+            ran = record is not None and not record.concurrent and record.decision in (Decision.ADMITTED,
+                                                                                        Decision.CLAMPED)
+            self.pairs[t._trial_id] = {
+                r: (getattr(record, f"peak_{r}"), getattr(record, f"pred_{r}")) for r in RESOURCES
+                if ran and getattr(record, f"pred_{r}") and getattr(record, f"peak_{r}") is not None}
+        return {r: learned_margin(p[r] for p in self.pairs.values() if r in p) for r in RESOURCES}
 
     def _admit(self) -> None:
+        from ..ledger import describe
+
         waiting = self.waiting
         assert waiting is not None
         ledger, request = self.ledger, waiting.request
-        if not ledger.fits_empty(request):
+        misfit = ledger.misfit(request)
+        if misfit:
             self.waiting = None
-            self._end_rejected(waiting.trial, waiting.state, reason=(
-                f"its reservation ({_describe(request)}) is larger than this host "
-                f"({self.ledger.host}: {_describe(ledger.capacity)})"))
+            self._end_rejected(waiting.trial, waiting.state,
+                               reason=f"its reservation can never fit host {ledger.host}: {misfit}")
             return
         key = json.dumps({"storage": self.storage_id, "study": self.study.study_name,
                           "trial_id": waiting.trial._trial_id,
@@ -367,8 +371,8 @@ class _Runner:
             if self.on_host_full == "reject":
                 self.waiting = None
                 self._end_rejected(waiting.trial, waiting.state, reason=(
-                    f"the host was full: its reservation ({_describe(request)}) did not fit beside the running "
-                    f"trials' ({_describe(ledger.in_use())}) in {_describe(ledger.capacity)}"))
+                    f"the host was full: its reservation ({describe(request)}) did not fit beside the running "
+                    f"trials' ({describe(ledger.in_use())}) in {describe(ledger.capacity)}"))
             return
         self.waiting = None
         waited = time.monotonic() - waiting.since
@@ -380,7 +384,7 @@ class _Runner:
     def _launch(self, waiting: _Waiting, entry: "Entry") -> None:
         trial, state = waiting.trial, waiting.state
         payload = _Payload(
-            objective=self.objective, storage=self.storage_blob, study_name=self.study.study_name,
+            objective=self.objective, storage=self.study._storage, study_name=self.study.study_name,
             trial_id=trial._trial_id, assignment=dict(state.assignment), space=dict(state.space),
             sampler=self.base_sampler, pruner=self.inner_pruner, gpu=entry.gpu,
             environ=dict(os.environ), cwd=os.getcwd(),
@@ -581,19 +585,6 @@ class _Runner:
             except Exception:  # noqa: BLE001
                 _logger.exception("Trial %d: could not be failed", self.waiting.trial.number)
             self.waiting = None
-
-
-def _describe(figures: Any) -> str:
-    parts = [f"RAM {format_bytes(figures.ram)}" if figures.ram is not None else "RAM unlimited"]
-    vram = getattr(figures, "vram", None)
-    if isinstance(vram, int) and vram:
-        parts.append(f"VRAM {format_bytes(vram)}")
-    gpus = getattr(figures, "gpus", None)
-    if gpus:
-        parts.append("GPUs " + "/".join(format_bytes(g) for g in gpus))
-    if getattr(figures, "threads", None):
-        parts.append(f"{figures.threads} threads")
-    return ", ".join(parts)
 
 
 def _retry(what: str, call: Callable[[], Any]) -> Any:
