@@ -9,7 +9,8 @@ import importlib
 import logging
 from typing import Any
 
-from ._units import Budget, format_bytes, parse_bytes
+from .budget import Budget
+from .units import format_bytes, parse_bytes
 from .estimate.footprint import Component, Footprint, Kind
 from .exceptions import CalibrationError, EstimateError, MemPruneError
 

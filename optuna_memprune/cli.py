@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any, Sequence
 
-from ._units import format_bytes
+from .units import format_bytes
 from .exceptions import MemPruneError
 
 

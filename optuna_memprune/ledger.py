@@ -20,7 +20,7 @@ import psutil
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from ._units import format_bytes, parse_bytes
+from .units import format_bytes, parse_bytes
 
 __all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Usage", "Ledger", "owner_alive"]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Iterable, NamedTuple
 
-from .._units import MiB
+from ..units import MiB
 
 # --- Rules of c10/cuda/CUDACachingAllocator.cpp (constants keep the source's names in their comments) ---
 MIN_BLOCK_SIZE = 512                 # kMinBlockSize: every request is rounded up to a multiple of 512 B

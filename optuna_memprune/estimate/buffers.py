@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ..exceptions import EstimateError
-from .._units import format_bytes
+from ..units import format_bytes
 from .footprint import Component, Footprint, Kind
 
 __all__ = [

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any, Iterable
 
-from .._units import format_bytes, parse_bytes
+from ..units import format_bytes, parse_bytes
 
 
 class Kind(str, Enum):

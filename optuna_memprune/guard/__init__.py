@@ -9,7 +9,7 @@ from __future__ import annotations
 from ._guard import MemoryGuard
 from ._objective import GuardedObjective, MemoryBudgetExceeded
 from ._pruner import GuardedPruner
-from ._records import Decision, TrialRecord, read as read_record
+from ..records import Decision, TrialRecord, read as read_record
 from ._runner import optimize
 from ._sampler import GuardedSampler
 

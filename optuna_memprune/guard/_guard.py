@@ -14,9 +14,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from .._units import Budget, format_bytes
+from ..budget import Budget
+from ..units import format_bytes
 from ..estimate.footprint import Footprint
-from ._records import RESOURCES, Decision, TrialRecord
+from ..records import RESOURCES, Decision, TrialRecord
 
 if TYPE_CHECKING:
     import optuna

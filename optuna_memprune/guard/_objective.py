@@ -27,11 +27,11 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from .._units import format_bytes
+from ..units import format_bytes
 from ..monitor import Monitor, Reading, downsample
-from . import _records
+from .. import records as _records
 from ._guard import MemoryGuard, _TrialState
-from ._records import Decision
+from ..records import Decision
 
 _logger = logging.getLogger("optuna_memprune.guard")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._units import format_bytes
+from ..units import format_bytes
 
 if TYPE_CHECKING:
     from ._runner import _Runner

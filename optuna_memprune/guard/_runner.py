@@ -27,11 +27,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..estimate.learned import margin as learned_margin
 from ..monitor import Monitor, Reading
-from . import _records
+from .. import records as _records
 from ._guard import MemoryGuard, _TrialState
 from ._objective import _breach, _over, store_rejection
 from ._pruner import GuardedPruner
-from ._records import RESOURCES, Decision
+from ..records import RESOURCES, Decision
 from ._sampler import GuardedSampler
 
 if TYPE_CHECKING:

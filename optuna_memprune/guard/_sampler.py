@@ -18,10 +18,10 @@ from optuna.distributions import (
 )
 from optuna.samplers import BaseSampler
 
-from .._units import format_bytes
-from . import _records
+from ..units import format_bytes
+from .. import records as _records
 from ._guard import MemoryGuard, _TrialState
-from ._records import Decision
+from ..records import Decision
 
 if TYPE_CHECKING:
     from optuna.study import Study

@@ -1,6 +1,6 @@
 """Review a guarded study: study -> ReportData (plain data) -> terminal table, JSON or self-contained HTML.
 
-Reads the trial record through ``guard._records`` only and prints nothing (the CLI prints). Not imported
+Reads the trial record through ``records`` only and prints nothing (the CLI prints). Not imported
 by ``import optuna_memprune``; matplotlib and optuna-dashboard load only where they are used.
 
 Example:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from ..guard._records import Decision
+from ..records import Decision
 from . import _format as fmt
 from ._data import GuardedTrial, ReportError, build
 

@@ -1,6 +1,6 @@
 """Study -> ReportData: the plain data every report renderer draws (counts, trials, prediction quality).
 
-Reads trials through Optuna's public API and records through ``guard._records.read`` only; knows nothing
+Reads trials through Optuna's public API and records through ``records.read`` only; knows nothing
 of tables, HTML or plots, and prints nothing.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import MemPruneError
-from ..guard._records import RESOURCES, Decision, TrialRecord, read
+from ..records import RESOURCES, Decision, TrialRecord, read
 
 if TYPE_CHECKING:
     import optuna

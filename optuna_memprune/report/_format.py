@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._units import format_bytes
-from ..guard._records import Decision
+from ..units import format_bytes
+from ..records import Decision
 from ._data import GuardedTrial, Quality
 
 LABELS = {"ram": "RAM", "vram": "VRAM", "threads": "threads"}

@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..estimate.footprint import Footprint
-from ..guard._records import RESOURCES, Decision
+from ..records import RESOURCES, Decision
 from . import _format as fmt
 from ._table import margin_line
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..guard._records import RESOURCES, Decision
+from ..records import RESOURCES, Decision
 from . import _format as fmt
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from optuna_memprune._units import MiB
+from optuna_memprune.units import MiB
 from optuna_memprune.estimate import allocator
 from optuna_memprune.estimate.allocator import CachingAllocator, replay
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import math
 
-from optuna_memprune._units import GiB
+from optuna_memprune.units import GiB
 from optuna_memprune.guard import Decision, TrialRecord, read_record
-from optuna_memprune.guard._records import constraint_keys
+from optuna_memprune.records import constraint_keys
 
 
 def _record(**kwargs) -> TrialRecord:  # type: ignore[no-untyped-def]

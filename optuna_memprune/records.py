@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from .._units import GiB
+from .units import GiB
 
 if TYPE_CHECKING:
     import optuna

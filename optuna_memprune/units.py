@@ -1,0 +1,125 @@
+"""Byte sizes ("6GiB", "512MB", "1.5 GB", ints) and the checks every public argument goes through.
+
+Owns parsing and formatting of human sizes and the one int/number validation; knows nothing of Optuna,
+torch or the OS.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+def parse_bytes(value: int | float | str, *, name: str = "size") -> int:
+    """Return ``value`` as a whole number of bytes.
+
+    Accepts ints, integral floats (``1e9``) and strings such as ``"6GiB"``, ``"512MB"``, ``"1.5 GB"`` or
+    ``"1024"``. Decimal units (kB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB) powers
+    of 1024. Raises ``ValueError`` naming ``name`` and the text given when the value is not a size or is
+    negative.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a byte size such as '6GiB' or an int, but got {value!r}.")
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
+            raise ValueError(f"{name} must be a whole number of bytes, but got {value!r}.")
+        number = int(value)
+    elif isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise ValueError(
+                f"{name} must be a byte size such as '6GiB', '512MB' or '1.5 GB', but got {value!r}."
+            )
+        number = int(round(float(match.group(1)) * _UNITS[unit]))
+    else:
+        raise ValueError(f"{name} must be a byte size such as '6GiB' or an int, but got {value!r}.")
+    if number < 0:
+        raise ValueError(f"{name} cannot be negative, but got {value!r}.")
+    return number
+
+
+def format_bytes(n: int | float) -> str:
+    """Human form of a byte count in binary units: ``format_bytes(6 * 2**30) == '6.00 GiB'``."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("TiB", 1024**4), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{int(n)} B"
+
+
+def _expected(kind: str, minimum: float | None, maximum: float | None, open_min: bool, open_max: bool) -> str:
+    if minimum is not None and maximum is not None:
+        lo, hi = ("(" if open_min else "["), (")" if open_max else "]")
+        return f"{kind} in {lo}{minimum}, {maximum}{hi}"
+    if minimum is not None:
+        if minimum == 0 and not open_min:
+            return f"a non-negative {kind}"
+        if (minimum == 1 and kind == "int" and not open_min) or (minimum == 0 and open_min):
+            return f"a positive {kind}"
+        return f"{kind} {'>' if open_min else '>='} {minimum}"
+    if maximum is not None:
+        return f"{kind} {'<' if open_max else '<='} {maximum}"
+    return f"{'an' if kind == 'int' else 'a'} {kind}"
+
+
+def check_int(value: object, name: str, *, minimum: int | None = None, maximum: int | None = None,
+              optional: bool = False) -> int | None:
+    """Return ``value`` if it is an int (not a bool) within ``[minimum, maximum]``, else raise ``ValueError``.
+
+    The one check of counts across the package; the message names ``name``, what was expected and what was
+    given. ``optional=True`` lets ``None`` through.
+
+    Example:
+        >>> check_int(4, "n_workers", minimum=1)
+        4
+        >>> check_int(0, "n_workers", minimum=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: n_workers must be a positive int, but got 0.
+    """
+    if value is None and optional:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum)
+            or (maximum is not None and value > maximum)):
+        raise ValueError(f"{name} must be {_expected('int', minimum, maximum, False, False)}, but got {value!r}.")
+    return value
+
+
+def check_number(value: object, name: str, *, minimum: float | None = None, maximum: float | None = None,
+                 open_min: bool = False, open_max: bool = False, optional: bool = False) -> float | None:
+    """Return ``value`` if it is a finite real number (int or float, not a bool) within the given bounds.
+
+    ``open_min``/``open_max`` exclude the bound itself. Raises ``ValueError`` naming ``name``, the range and
+    the value given; ``optional=True`` lets ``None`` through.
+
+    Example:
+        >>> check_number(0.9, "soft", minimum=0, maximum=1, open_min=True)
+        0.9
+        >>> check_number(float("nan"), "interval", minimum=0, open_min=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: interval must be a positive number, but got nan.
+    """
+    if value is None and optional:
+        return None
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if ok and minimum is not None:
+        ok = value > minimum if open_min else value >= minimum
+    if ok and maximum is not None:
+        ok = value < maximum if open_max else value <= maximum
+    if not ok:
+        expected = _expected("number", minimum, maximum, open_min, open_max)
+        raise ValueError(f"{name} must be {expected}, but got {value!r}.")
+    return value
