@@ -149,7 +149,7 @@ class HostBudget:
 
 def _nvml_totals() -> tuple[int, ...]:
     """Total memory of every GPU NVML sees, by index; () without NVML. A device NVML cannot read counts 0."""
-    from .monitor._nvml import gpu_reader  # pynvml is imported there, on first use
+    from .monitor import gpu_reader  # pynvml is imported on first use
 
     reader = gpu_reader()
     if reader is None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from . import _internals
 from .units import GiB
 
 if TYPE_CHECKING:
@@ -138,10 +139,10 @@ def write(trial: "optuna.Trial", record: TrialRecord) -> None:
 def write_frozen(study: "optuna.Study", trial_id: int, record: TrialRecord) -> None:
     """Write the record on a trial known only as a FrozenTrial (from ``sampler.after_trial``).
 
-    The trial is still RUNNING there, so the storage accepts the writes; this is the one place in the
-    package that writes through ``study._storage``.
+    The trial is still RUNNING there, so the storage accepts the writes; the storage handle comes from
+    ``_internals``, the package's one audited reader of Optuna's private names.
     """
-    storage = study._storage
+    storage = _internals.storage_of(study)
     for key, value in record.attrs().items():
         storage.set_trial_user_attr(trial_id, key, value)
     done = storage.get_trial_system_attrs(trial_id)

@@ -3,7 +3,7 @@
 Three rules, each on every module of the package: imports point down the layer order only (estimate and
 monitor never import each other); no import cycle between the package's files, lazy imports inside
 functions included; no module reads another module's ``_private`` names (Optuna's and multiprocessing's
-private APIs are touched in exactly one audited module, ``guard/_internals.py``).
+private APIs are touched in exactly one audited module, ``_internals.py``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ PKG = Path(__file__).resolve().parent.parent / "optuna_memprune"
 LAYERS = (
     ("units", "budget", "exceptions", "procfs"),
     ("estimate", "monitor"),
-    ("ledger", "records"),
+    ("ledger", "records", "_internals"),
     ("guard",),
     ("report",),
     ("cli",),
 )
 # The one module allowed to touch Optuna's and multiprocessing's private names.
-AUDITED = "guard/_internals.py"
+AUDITED = "_internals.py"
 # Underscore names that are public API of the stdlib: os._exit, sys._getframe, namedtuple methods.
 STDLIB_UNDERSCORE = {"_exit", "_getframe", "_replace", "_asdict", "_fields", "_make"}
 

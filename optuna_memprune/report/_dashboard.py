@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ..records import Decision
+from .. import _internals
 from . import _format as fmt
 from ._data import GuardedTrial, ReportError, build
 
@@ -49,10 +50,10 @@ def save_notes(study: "optuna.Study") -> int:
         import optuna_dashboard
     except ImportError:
         raise ReportError("dashboard notes need optuna-dashboard: pip install optuna-dashboard") from None
-    ids = {t.number: t._trial_id for t in study.get_trials(deepcopy=False)}
+    ids = {t.number: _internals.trial_id(t) for t in study.get_trials(deepcopy=False)}
     changed = 0
     for t in build(study).trials:
-        ref = SimpleNamespace(study=study, storage=study._storage, _trial_id=ids[t.number])
+        ref = SimpleNamespace(study=study, storage=_internals.storage_of(study), _trial_id=ids[t.number])
         body = trial_note(t)
         if optuna_dashboard.get_note(ref) != body:
             optuna_dashboard.save_note(ref, body)
