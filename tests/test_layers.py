@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parent.parent / "optuna_memprune"
 LAYERS = (
     ("units", "budget", "exceptions", "procfs"),
     ("estimate", "monitor"),
-    ("ledger", "records", "_internals"),
+    ("ledger", "records", "storages", "_internals"),
     ("guard",),
     ("report",),
     ("cli",),
