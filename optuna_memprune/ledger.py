@@ -6,7 +6,6 @@ Owns the ledger tables and their cross-process transactions; knows nothing of Op
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import socket
@@ -20,7 +19,7 @@ import psutil
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from .units import format_bytes, parse_bytes
+from .units import check_int, is_int, check_number, format_bytes, parse_bytes
 
 __all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Usage", "Ledger", "owner_alive"]
 
@@ -54,18 +53,6 @@ _entries = sa.Table(
 )
 
 
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, but got {value!r}.")
-    return value
-
-
-def _threads(value: Any, name: str) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be a positive int or None (unlimited), but got {value!r}.")
-    return value
-
-
 @dataclass(frozen=True)
 class HostCapacity:
     """What the running trials of one host may reserve in all: bytes and counts, ``None`` = unlimited.
@@ -79,9 +66,9 @@ class HostCapacity:
 
     def __post_init__(self) -> None:
         if self.ram is not None:
-            _count(self.ram, "HostCapacity.ram")
-        object.__setattr__(self, "gpus", tuple(_count(g, f"HostCapacity.gpus[{i}]") for i, g in enumerate(self.gpus)))
-        _threads(self.threads, "HostCapacity.threads")
+            check_int(self.ram, "HostCapacity.ram", minimum=0)
+        object.__setattr__(self, "gpus", tuple(check_int(g, f"HostCapacity.gpus[{i}]", minimum=0) for i, g in enumerate(self.gpus)))
+        check_int(self.threads, "HostCapacity.threads", minimum=1, optional=True)
 
 
 @dataclass(frozen=True)
@@ -130,10 +117,9 @@ class HostBudget:
                 f"HostBudget.gpus must be 'auto', None or a sequence of sizes, one per GPU index, but got {gpus!r}."
             )
         object.__setattr__(self, "gpus", gpus)
-        h = self.headroom
-        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 1:
-            raise ValueError(f"HostBudget.headroom must be a fraction in [0, 1), but got {h!r}.")
-        _threads(self.threads, "HostBudget.threads")
+        check_number(self.headroom, "HostBudget.headroom", minimum=0, maximum=1, open_max=True,
+                     expected="a fraction in [0, 1)")
+        check_int(self.threads, "HostBudget.threads", minimum=1, optional=True)
 
     def resolve(self) -> HostCapacity:
         """Return the concrete capacity: each RAM and GPU figure x (1 - headroom); ``"auto"`` read now."""
@@ -174,7 +160,7 @@ class Request:
 
     def __post_init__(self) -> None:
         for name in ("ram", "vram", "threads"):
-            _count(getattr(self, name), f"Request.{name}")
+            check_int(getattr(self, name), f"Request.{name}", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -230,7 +216,7 @@ def owner_alive(pid: int, start: float) -> bool:
 
 def _start_of(pid: Any) -> float | None:
     """psutil's ``create_time`` of ``pid``, or None when there is no such process."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+    if not is_int(pid) or pid <= 0:
         return None
     try:
         return psutil.Process(pid).create_time()
@@ -370,11 +356,8 @@ class Ledger:
             ValueError: At once, if the request cannot fit even this host with no entries.
             TimeoutError: The request did not fit within ``timeout``.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not timeout >= 0):
-            raise ValueError(f"timeout must be None or a non-negative number of seconds, but got {timeout!r}.")
-        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0 or not math.isfinite(poll):
-            raise ValueError(f"poll must be a positive number of seconds, but got {poll!r}.")
+        check_number(timeout, "timeout", minimum=0, optional=True, expected="a non-negative number of seconds")
+        check_number(poll, "poll", minimum=0, open_min=True, expected="a positive number of seconds")
         misfit = self.misfit(request)
         if misfit:
             raise ValueError(f"Request {key!r} can never be admitted on host {self.host!r}: {misfit}.")
@@ -398,7 +381,7 @@ class Ledger:
     def release(self, entry_or_id: Entry | int) -> None:
         """Remove a reservation; releasing one that is already gone does nothing."""
         entry_id = entry_or_id.id if isinstance(entry_or_id, Entry) else entry_or_id
-        if isinstance(entry_id, bool) or not isinstance(entry_id, int):
+        if not is_int(entry_id):
             raise TypeError(f"entry_or_id must be an Entry or an int id, but got {entry_or_id!r}.")
         with self._connect() as conn, conn.begin():
             conn.execute(_entries.delete().where(_entries.c.id == entry_id))

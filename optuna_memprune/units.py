@@ -60,26 +60,32 @@ def format_bytes(n: int | float) -> str:
 
 
 def _expected(kind: str, minimum: float | None, maximum: float | None, open_min: bool, open_max: bool) -> str:
+    article = "an" if kind == "int" else "a"
     if minimum is not None and maximum is not None:
         lo, hi = ("(" if open_min else "["), (")" if open_max else "]")
-        return f"{kind} in {lo}{minimum}, {maximum}{hi}"
+        return f"{article} {kind} in {lo}{minimum}, {maximum}{hi}"
     if minimum is not None:
         if minimum == 0 and not open_min:
             return f"a non-negative {kind}"
         if (minimum == 1 and kind == "int" and not open_min) or (minimum == 0 and open_min):
             return f"a positive {kind}"
-        return f"{kind} {'>' if open_min else '>='} {minimum}"
+        return f"{article} {kind} {'>' if open_min else '>='} {minimum}"
     if maximum is not None:
-        return f"{kind} {'<' if open_max else '<='} {maximum}"
-    return f"{'an' if kind == 'int' else 'a'} {kind}"
+        return f"{article} {kind} {'<' if open_max else '<='} {maximum}"
+    return f"{article} {kind}"
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an int and not a bool (``True`` is an int to Python, never a count to a user)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_int(value: object, name: str, *, minimum: int | None = None, maximum: int | None = None,
-              optional: bool = False) -> int | None:
+              optional: bool = False, expected: str | None = None) -> int | None:
     """Return ``value`` if it is an int (not a bool) within ``[minimum, maximum]``, else raise ``ValueError``.
 
     The one check of counts across the package; the message names ``name``, what was expected and what was
-    given. ``optional=True`` lets ``None`` through.
+    given (``expected`` replaces the description of the range). ``optional=True`` lets ``None`` through.
 
     Example:
         >>> check_int(4, "n_workers", minimum=1)
@@ -91,18 +97,20 @@ def check_int(value: object, name: str, *, minimum: int | None = None, maximum: 
     """
     if value is None and optional:
         return None
-    if (isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum)
+    if (not is_int(value) or (minimum is not None and value < minimum)
             or (maximum is not None and value > maximum)):
-        raise ValueError(f"{name} must be {_expected('int', minimum, maximum, False, False)}, but got {value!r}.")
+        expected = expected or _expected("int", minimum, maximum, False, False)
+        raise ValueError(f"{name} must be {expected}{' or None' if optional else ''}, but got {value!r}.")
     return value
 
 
 def check_number(value: object, name: str, *, minimum: float | None = None, maximum: float | None = None,
-                 open_min: bool = False, open_max: bool = False, optional: bool = False) -> float | None:
+                 open_min: bool = False, open_max: bool = False, optional: bool = False,
+                 expected: str | None = None) -> float | None:
     """Return ``value`` if it is a finite real number (int or float, not a bool) within the given bounds.
 
-    ``open_min``/``open_max`` exclude the bound itself. Raises ``ValueError`` naming ``name``, the range and
-    the value given; ``optional=True`` lets ``None`` through.
+    ``open_min``/``open_max`` exclude the bound itself. Raises ``ValueError`` naming ``name``, the range (or
+    ``expected``) and the value given; ``optional=True`` lets ``None`` through.
 
     Example:
         >>> check_number(0.9, "soft", minimum=0, maximum=1, open_min=True)
@@ -120,6 +128,6 @@ def check_number(value: object, name: str, *, minimum: float | None = None, maxi
     if ok and maximum is not None:
         ok = value < maximum if open_max else value <= maximum
     if not ok:
-        expected = _expected("number", minimum, maximum, open_min, open_max)
-        raise ValueError(f"{name} must be {expected}, but got {value!r}.")
+        expected = expected or _expected("number", minimum, maximum, open_min, open_max)
+        raise ValueError(f"{name} must be {expected}{' or None' if optional else ''}, but got {value!r}.")
     return value

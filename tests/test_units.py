@@ -1,6 +1,9 @@
+import re
+
 import pytest
 
 from optuna_memprune import Budget, format_bytes, parse_bytes
+from optuna_memprune.units import check_int, check_number, is_int
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -38,3 +41,33 @@ def test_format_bytes():
     assert format_bytes(0) == "0 B"
     assert format_bytes(1536) == "1.50 KiB"
     assert format_bytes(-3 * 2**30) == "-3.00 GiB"
+
+
+@pytest.mark.parametrize("value", [True, 1.0, "3", None, -1, 0])
+def test_check_int_refuses_what_is_not_a_count_in_range(value):
+    with pytest.raises(ValueError, match=rf"^n_workers must be a positive int, but got {re.escape(repr(value))}\.$"):
+        check_int(value, "n_workers", minimum=1)
+
+
+def test_check_int_bounds_none_and_own_wording():
+    assert check_int(None, "threads", minimum=1, optional=True) is None
+    assert check_int(7, "depth", minimum=0, maximum=7) == 7
+    with pytest.raises(ValueError, match=r"depth must be an int in \[0, 7\], but got 8"):
+        check_int(8, "depth", minimum=0, maximum=7)
+    with pytest.raises(ValueError, match="threads must be a positive int or None, but got 0"):
+        check_int(0, "threads", minimum=1, optional=True)
+    with pytest.raises(ValueError, match="steps must be a count of steps, but got -2"):
+        check_int(-2, "steps", minimum=0, expected="a count of steps")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), True, "0.5", 0, 1.5])
+def test_check_number_refuses_non_finite_bools_strings_and_out_of_range(value):
+    with pytest.raises(ValueError, match=r"soft must be a number in \(0, 1\], but got"):
+        check_number(value, "soft", minimum=0, maximum=1, open_min=True)
+
+
+def test_check_number_accepts_ints_and_floats_in_range():
+    assert check_number(1, "soft", minimum=0, maximum=1, open_min=True) == 1
+    assert check_number(1e-3, "interval", minimum=0, open_min=True) == 1e-3
+    assert check_number(None, "timeout", minimum=0, optional=True) is None
+    assert is_int(3) and not is_int(True) and not is_int(3.0)
