@@ -90,15 +90,12 @@ def heartbeat_thread(study: "optuna.Study", trial: int) -> Any:
 
 
 def storage_location(study: "optuna.Study") -> str | None:
-    """Where the study's storage keeps its data: an RDB storage's URL (behind a cached storage's
-    ``_backend``) or a journal file's path (``JournalStorage._backend._file_path``); None otherwise.
+    """Where the study's storage keeps its data: an RDB storage's URL (``_CachedStorage._backend.url``)
+    or a journal file's path (``JournalStorage._backend._file_path``); None otherwise (in memory).
     Storages expose no public name of their location, and the runner needs one to tell whether a
     ledger entry belongs to its own storage."""
-    storage = study._storage
-    backend = getattr(storage, "_backend", storage)
-    where = getattr(backend, "url", None)
-    if where is None:
-        where = getattr(getattr(backend, "_backend", None), "_file_path", None)  # JournalFileBackend
+    backend = getattr(study._storage, "_backend", study._storage)
+    where = getattr(backend, "url", None) or getattr(backend, "_file_path", None)
     return None if where is None else str(where)
 
 

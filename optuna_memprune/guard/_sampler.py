@@ -9,12 +9,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 
 from .. import _internals, records
