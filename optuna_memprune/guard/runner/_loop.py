@@ -419,13 +419,6 @@ def _retry(what: str, call: Callable[[], Any]) -> Any:
             time.sleep(delay)
 
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _storage_id(study: optuna.Study) -> str | None:
     """A short fingerprint of where the study's storage keeps its data (so a ledger entry can name it
     without holding its URL, which may carry a password); None where there is nothing stable to name."""
