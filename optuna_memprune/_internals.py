@@ -6,10 +6,12 @@ nothing of footprints, budgets or records. tests/test_layers.py allows private n
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.distributions import BaseDistribution
     from optuna.storages import BaseStorage
     from optuna.trial import FrozenTrial
 
@@ -24,3 +26,101 @@ def trial_id(trial: "optuna.Trial | FrozenTrial | Any") -> int:
     """The storage's id of a trial (``Trial._trial_id`` / ``FrozenTrial._trial_id``): the key every storage
     method takes, which the public API does not expose."""
     return trial._trial_id
+
+
+def study_id(study: "optuna.Study") -> int:
+    """The storage's id of a study (``Study._study_id``): with the storage's identity it keys what the
+    guarded sampler caches per study; the public API exposes only the name."""
+    return study._study_id
+
+
+def cached_trials(study: "optuna.Study") -> "list[FrozenTrial]":
+    """The study's trials from the per-trial cache the built-in samplers read (``Study._get_trials(
+    deepcopy=False, use_cache=True)``); ``study.get_trials`` has no ``use_cache`` and would query the
+    storage again at every trial's start."""
+    return study._get_trials(deepcopy=False, use_cache=True)
+
+
+def in_distribution(dist: "BaseDistribution", value: Any) -> bool:
+    """Whether ``value`` lies in ``dist`` (range, step, choices): ``BaseDistribution._contains`` is the
+    check Optuna applies to fixed params; no public method answers it. False for a value of another type."""
+    try:
+        return dist._contains(dist.to_internal_repr(value))
+    except (ValueError, TypeError):
+        return False
+
+
+def in_optimize_loop(study: "optuna.Study") -> bool:
+    """Whether this thread runs an optimize loop of ``study`` (``Study._thread_local.in_optimize_loop``):
+    ``Study.optimize`` refuses nested calls on it and ``study.stop()`` requires it; nothing public reads it."""
+    return bool(study._thread_local.in_optimize_loop)
+
+
+def set_in_optimize_loop(study: "optuna.Study", value: bool) -> None:
+    """Mark this thread as running (or no longer running) an optimize loop of ``study``, as
+    ``Study.optimize`` does, so that ``study.stop()`` works in a loop that is not ``Study.optimize``'s."""
+    study._thread_local.in_optimize_loop = value
+
+
+def stop_requested(study: "optuna.Study") -> bool:
+    """Whether ``study.stop()`` was called in the present loop (``Study._stop_flag``); Optuna sets the flag
+    publicly but reads it only inside ``Study.optimize``."""
+    return bool(study._stop_flag)
+
+
+def clear_stop(study: "optuna.Study") -> None:
+    """Reset ``study.stop()``'s flag at the start of a loop, as ``Study.optimize`` does (``_stop_flag``)."""
+    study._stop_flag = False
+
+
+def heartbeat_enabled(study: "optuna.Study") -> bool:
+    """Whether the study's storage records heartbeats (``optuna.storages._heartbeat``): a loop other than
+    ``Study.optimize`` must then fail stale trials and beat for its running ones itself."""
+    from optuna.storages import _heartbeat
+
+    return _heartbeat.is_heartbeat_enabled(study._storage)
+
+
+def heartbeat_thread(study: "optuna.Study", trial: int) -> Any:
+    """A not yet started thread that beats for trial id ``trial`` (``_heartbeat.get_heartbeat_thread``),
+    the one ``Study.optimize`` runs beside each trial; ``join()`` stops it."""
+    from optuna.storages import _heartbeat
+
+    return _heartbeat.get_heartbeat_thread(trial, study._storage)
+
+
+def storage_location(study: "optuna.Study") -> str | None:
+    """Where the study's storage keeps its data: an RDB storage's URL (``_CachedStorage._backend.url``)
+    or a journal file's path (``JournalStorage._backend._file_path``); None otherwise (in memory).
+    Storages expose no public name of their location, and the runner needs one to tell whether a
+    ledger entry belongs to its own storage."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    where = getattr(backend, "url", None) or getattr(backend, "_file_path", None)
+    return None if where is None else str(where)
+
+
+def rdb_modules() -> tuple[str, ...]:
+    """Optuna's modules an RDB storage imports on first use (``optuna.storages._rdb.models``): a fork
+    server imports them once so that each trial's process does not."""
+    return ("optuna.storages._rdb.models",)
+
+
+def stop_fork_server() -> None:
+    """Stop this process's multiprocessing fork server (``forkserver._forkserver._stop()``), which
+    otherwise lives as long as the process; multiprocessing offers no public way to end it."""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()
+
+
+def forget_inherited_fork_server() -> None:
+    """In a process forked by a fork server, let go of the server's "alive" pipe that multiprocessing
+    hands every child (``ForkServer._forkserver_alive_fd``): the server exits only once no process holds
+    it. A fork server this process needs later is then started afresh, as a forked child's would be."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is None and server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+        server._forkserver_address = None

@@ -1,7 +1,8 @@
 """The guard: the only layer that touches Optuna's sampler, pruner and trial machinery.
 
-``MemoryGuard`` holds the footprint, budget and policy; its ``wrap_sampler``, ``wrap_pruner`` and
-``wrap_objective`` return the pieces below. The trial record's names live in ``_records`` only.
+``MemoryGuard`` holds the footprint, budget and choices (its ``Policy``); its ``wrap_sampler``,
+``wrap_pruner`` and ``wrap_objective`` return the pieces below, and ``runner.optimize`` runs each trial in a
+process of its own. The trial record's names live in ``optuna_memprune.records`` only.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from ._guard import MemoryGuard
 from ._objective import GuardedObjective, MemoryBudgetExceeded
 from ._pruner import GuardedPruner
 from ..records import Decision, TrialRecord, read as read_record
-from ._runner import optimize
 from ._sampler import GuardedSampler
+from .runner import optimize
 
 __all__ = [
     "MemoryGuard",

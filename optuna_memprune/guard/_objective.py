@@ -9,15 +9,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import sys
 import threading
 import time
-from typing import Any, Callable
-
-try:
-    import resource
-except ImportError:  # Windows
-    resource = None  # type: ignore[assignment]
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
 
 import optuna
 from optuna.distributions import (
@@ -27,11 +22,16 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from ..units import format_bytes
+from .. import _internals, records
 from ..monitor import Monitor, Reading, downsample
-from .. import records as _records
-from ._guard import MemoryGuard, _TrialState
 from ..records import Decision
+from ._outcome import Outcome, trial_outcome
+from ._peak_rss import peak_rss
+from ._policy import check_guard
+from ._trials import TrialGuardState
+
+if TYPE_CHECKING:
+    from ._policy import Guard, Policy
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
@@ -91,50 +91,48 @@ class GuardedObjective:
         >>> study.optimize(guard.wrap_objective(lambda t: t.suggest_float("x", 0, 1)), n_trials=2)
     """
 
-    def __init__(self, objective: Callable[[optuna.Trial], Any], guard: MemoryGuard) -> None:
+    def __init__(self, objective: Callable[[optuna.Trial], Any], guard: "Guard") -> None:
         if not callable(objective):
             raise TypeError(f"objective must be callable, but got {type(objective).__name__}.")
-        if not isinstance(guard, MemoryGuard):
-            raise TypeError(f"guard must be a MemoryGuard, but got {type(guard).__name__}.")
+        check_guard(guard)
         self._objective = objective
         self._guard = guard
         functools.update_wrapper(self, objective)
 
     def __call__(self, trial: optuna.Trial) -> Any:
         guard = self._guard
-        state = guard._open(trial._trial_id, trial.number)
+        state = guard.trials.open(_internals.trial_id(trial), trial.number)
         state.enforced = True
         try:
             trial.relative_params  # the guarded sampler's lookahead, before any of the objective's code
         except Exception:
-            guard._close(trial._trial_id)
+            guard.trials.close(state.trial_id)
             raise  # a configuration error (unknown clamp name) or the base sampler's own failure
         if not state.sampled:
-            guard._warn_once("unguarded-sampler",
-                             "study.sampler is not guard.wrap_sampler(...): trials run unchecked, under the "
-                             "monitor only.")
+            guard.warnings.once("unguarded-sampler",
+                                "study.sampler is not guard.wrap_sampler(...): trials run unchecked, under the "
+                                "monitor only.")
             state.uncheck("the study's sampler is not wrapped by this guard")
         if state.decision is Decision.REJECTED:
             self._reject(trial, state)
         return self._run(trial, state)
 
-    def _reject(self, trial: optuna.Trial, state: _TrialState) -> None:
+    def _reject(self, trial: optuna.Trial, state: TrialGuardState) -> None:
         store_rejection(self._guard, trial, state)
         raise optuna.TrialPruned(f"memprune rejected the trial before launch: {state.reason}")
 
-    def _run(self, trial: optuna.Trial, state: _TrialState) -> Any:
-        guard = self._guard
-        if guard._enter_run(state) > 1:
-            guard._warn_once(
+    def _run(self, trial: optuna.Trial, state: TrialGuardState) -> Any:
+        guard, policy = self._guard, self._guard.policy
+        if guard.trials.enter_run(state) > 1:
+            guard.warnings.once(
                 "n_jobs",
                 "Trials run as threads of one process (study.optimize(n_jobs>1)): the guard budgets the "
                 "process as a whole, and a breach stops every guarded trial running in it. Use "
                 "optuna_memprune.optimize(..., n_workers=k) for one process per trial.",
             )
         live = _Live(guard, state, threading.get_ident())
-        watch = _watch_of(guard)
-        decision: Decision | None = None
-        reason: str | None = None
+        watch = watch_of(guard)
+        stopped = soft_pruned = False
         try:
             try:
                 watch.subscribe(live, trial.number)
@@ -143,38 +141,32 @@ class GuardedObjective:
                 live.disarm()
         except _Interrupt as interrupt:
             live.disarm()  # the only interrupt of this trial was delivered: this call completes
-            reading = state.hard_reading
-            decision, reason = Decision.STOPPED, f"stopped in process: {_breach(guard, reading, 1.0)}"
+            stopped = True
+            reason = _outcome(policy, state, stopped=True).reason
             # Drop the objective's frames now: Optuna keeps the exception in a reference cycle until the
             # next garbage collection, and with it every array the objective held.
             interrupt.__traceback__ = None
-            raise MemoryBudgetExceeded(f"memprune {reason}", reading) from None
+            raise MemoryBudgetExceeded(f"memprune {reason}", state.hard_reading) from None
         except optuna.TrialPruned as pruned:
-            if state.soft_answered:
-                decision = Decision.SOFT_PRUNED
-                reason = f"pruned at the soft line: {_breach(guard, state.soft_reading, guard._soft)}"
+            soft_pruned = state.soft_answered
             raise pruned.with_traceback(None)  # as above; Optuna logs a pruned trial's message only
         finally:
             try:
                 watch.unsubscribe(live)
-                if decision is None and state.hard_reading is not None:
-                    reason = (f"{state.reason}; crossed the budget ({_breach(guard, state.hard_reading, 1.0)}) "
-                              "but the objective ended first or caught the interrupt")
-                breach = (state.soft_reading if decision is Decision.SOFT_PRUNED
-                          else state.hard_reading or state.soft_reading)
-                record = guard._record(state, trial.params, decision=decision, reason=reason, peaks=live.peaks(),
-                                       timeline=live.timeline(), breach=breach)
-                _records.write(trial, record)
+                end = _outcome(policy, state, stopped=stopped, soft_pruned=soft_pruned)
+                record = policy.record(state, trial.params, decision=end.decision, reason=end.reason,
+                                       peaks=live.peaks(), timeline=live.timeline(), breach=end.breach)
+                records.write(trial, record)
             except Exception:  # noqa: BLE001 - bookkeeping must not change how the trial ends
                 _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
             finally:
-                guard._exit_run(state)
-                guard._close(trial._trial_id)
+                guard.trials.exit_run(state)
+                guard.trials.close(state.trial_id)
                 if live.grew():
                     _trim_heap()
 
 
-def store_rejection(guard: MemoryGuard, trial: optuna.Trial, state: _TrialState, **record: Any) -> None:
+def store_rejection(guard: "Guard", trial: optuna.Trial, state: TrialGuardState, **record: Any) -> None:
     """Store every param of the known space from the checked assignment (a PRUNED trial with a partial
     set shrinks TPE's joint search space) and the record of a trial that will not run; the caller ends
     it PRUNED. ``record`` overrides fields of the record (decision, reason)."""
@@ -184,23 +176,30 @@ def store_rejection(guard: MemoryGuard, trial: optuna.Trial, state: _TrialState,
     except Exception as exc:  # noqa: BLE001 - the trial still ends PRUNED, with what was stored
         _logger.warning("Trial %d: storing the rejected params failed: %s", trial.number, exc)
     try:
-        _records.write(trial, guard._record(state, trial.params, **record))
+        records.write(trial, guard.policy.record(state, trial.params, **record))
     finally:
-        guard._close(trial._trial_id)
+        guard.trials.close(state.trial_id)
+
+
+def _outcome(policy: "Policy", state: TrialGuardState, *, stopped: bool = False, soft_pruned: bool = False) -> Outcome:
+    """How an in-process trial ended: stopped by the interrupt, pruned at the soft line, or on its own."""
+    return trial_outcome(policy, state.reason, soft_reading=state.soft_reading, hard_reading=state.hard_reading,
+                         stopped_by="in process" if stopped else None, soft_pruned=soft_pruned,
+                         ended_first="the objective ended first or caught the interrupt")
 
 
 class _Live:
     """The monitor's side of one trial: its readings, soft and hard crossings, the one interrupt."""
 
-    def __init__(self, guard: MemoryGuard, state: _TrialState, thread_id: int) -> None:
-        self._guard = guard
+    def __init__(self, guard: "Guard", state: TrialGuardState, thread_id: int) -> None:
+        self._policy = guard.policy
         self._state = state
         self._thread_id = thread_id
         self._lock = threading.Lock()
         self._armed = True
         self._fired = False
         self._start = time.monotonic()
-        self._hwm0 = _self_hwm()  # this process's peak RSS so far: a rise above it happened in the trial
+        self._hwm0 = peak_rss()  # this process's peak RSS so far: a rise above it happened in the trial
         self._peak: Reading | None = None
         self._points: list[tuple[float, int, int, int | None]] = []
 
@@ -213,10 +212,10 @@ class _Live:
             self._points.append((reading.t, reading.rss, reading.threads, reading.vram))
             if len(self._points) >= _KEEP_POINTS:
                 self._points = downsample(self._points, _KEEP_POINTS // 2)
-        state, guard = self._state, self._guard
-        if state.soft_reading is None and _over(guard, reading, guard._soft):
+        state, policy = self._state, self._policy
+        if state.soft_reading is None and policy.over(reading, policy.soft):
             state.soft_reading = reading
-        if state.hard_reading is None and _over(guard, reading, 1.0):
+        if state.hard_reading is None and policy.over(reading, 1.0):
             state.hard_reading = reading
             self._fire()
 
@@ -237,7 +236,7 @@ class _Live:
         """Whether the trial ran for at least one reading or raised the process's peak RSS: only then may
         it have left freed heap behind worth trimming."""
         with self._lock:
-            return self._peak is not None or _self_hwm() > self._hwm0
+            return self._peak is not None or peak_rss() > self._hwm0
 
     def peaks(self) -> dict[str, int | None]:
         """The trial's highest ``ram``, ``vram`` and ``threads`` (``None``: no reading in the trial).
@@ -247,7 +246,7 @@ class _Live:
         """
         with self._lock:
             peak = self._peak
-        hwm = _self_hwm()
+        hwm = peak_rss()
         ram = None if peak is None else peak.rss
         if hwm > self._hwm0:
             ram = hwm if ram is None else max(ram, hwm)
@@ -312,13 +311,18 @@ class _Watch:
 
 
 _WATCHES_LOCK = threading.Lock()
+# The guard's one Watch, kept beside its trial registry (both are per guard and per process) for as long as
+# the guard lives: an unpickled guard gets a registry, and so a Watch, of its own.
+_WATCHES: "weakref.WeakKeyDictionary[Any, _Watch]" = weakref.WeakKeyDictionary()
 
 
-def _watch_of(guard: MemoryGuard) -> _Watch:
+def watch_of(guard: "Guard") -> _Watch:
+    """The guard's shared monitor of this process (created on first use)."""
     with _WATCHES_LOCK:
-        if guard._watch is None:
-            guard._watch = _Watch(guard._interval)
-        return guard._watch
+        watch = _WATCHES.get(guard.trials)
+        if watch is None:
+            watch = _WATCHES[guard.trials] = _Watch(guard.policy.interval)
+        return watch
 
 
 def _max_reading(a: Reading, b: Reading) -> Reading:
@@ -328,13 +332,6 @@ def _max_reading(a: Reading, b: Reading) -> Reading:
     return Reading(t=b.t if b.rss > a.rss else a.t, rss=max(a.rss, b.rss), hwm=max(a.hwm, b.hwm),
                    threads=max(a.threads, b.threads), processes=max(a.processes, b.processes),
                    pss=top(a.pss, b.pss), vram=top(a.vram, b.vram))
-
-
-def _self_hwm() -> int:
-    """This process's peak RSS in bytes (``ru_maxrss`` is KiB on Linux, bytes on macOS); 0 elsewhere."""
-    if resource is None:
-        return 0
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def _trim_heap() -> None:
@@ -362,30 +359,6 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), None if exc is None else ctypes.py_object(exc)
     )
-
-
-def _over(guard: MemoryGuard, reading: "Reading", fraction: float) -> bool:
-    budget = guard._budget
-    return (
-        (budget.ram is not None and reading.rss > fraction * budget.ram)
-        or (budget.threads is not None and reading.threads > fraction * budget.threads)
-        or (budget.vram is not None and reading.vram is not None and reading.vram > fraction * budget.vram)
-    )
-
-
-def _breach(guard: MemoryGuard, reading: "Reading | None", fraction: float) -> str:
-    """Which resource of ``reading`` crossed ``fraction`` of the budget, in words."""
-    if reading is None:
-        return "no reading"
-    budget, parts = guard._budget, []
-    line = "the budget" if fraction >= 1.0 else f"{fraction:.0%} of the budget"
-    if budget.ram is not None and reading.rss > fraction * budget.ram:
-        parts.append(f"RSS {format_bytes(reading.rss)} over {line} {format_bytes(budget.ram)}")
-    if budget.vram is not None and reading.vram is not None and reading.vram > fraction * budget.vram:
-        parts.append(f"VRAM {format_bytes(reading.vram)} over {line} {format_bytes(budget.vram)}")
-    if budget.threads is not None and reading.threads > fraction * budget.threads:
-        parts.append(f"{reading.threads} threads over {line} {budget.threads}")
-    return ", ".join(parts) or "no resource over the line"
 
 
 def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:

@@ -10,10 +10,14 @@ from typing import TYPE_CHECKING
 
 from optuna.pruners import BasePruner, HyperbandPruner
 
-from ._guard import MemoryGuard, _user_stacklevel
+from .. import _internals
+from ._policy import check_guard
+from ._warn import user_stacklevel
 
 if TYPE_CHECKING:
     import optuna
+
+    from ._policy import Guard
 
 
 class GuardedPruner(BasePruner):
@@ -37,13 +41,12 @@ class GuardedPruner(BasePruner):
         >>> pruner = guard.wrap_pruner(optuna.pruners.MedianPruner())
     """
 
-    def __init__(self, wrapped_pruner: BasePruner | None, guard: MemoryGuard) -> None:
+    def __init__(self, wrapped_pruner: BasePruner | None, guard: "Guard") -> None:
         if wrapped_pruner is not None and not isinstance(wrapped_pruner, BasePruner):
             raise TypeError(
                 f"wrapped_pruner must be an optuna BasePruner instance or None, but got {wrapped_pruner!r}."
             )
-        if not isinstance(guard, MemoryGuard):
-            raise TypeError(f"guard must be a MemoryGuard, but got {type(guard).__name__}.")
+        check_guard(guard)
         if isinstance(wrapped_pruner, HyperbandPruner):
             warnings.warn(
                 "Wrapping a HyperbandPruner: Optuna gives the sampler Hyperband's bracket-filtered study only "
@@ -51,13 +54,18 @@ class GuardedPruner(BasePruner):
                 "Use another pruner, or pass the HyperbandPruner unwrapped (memory breaches then only stop "
                 "trials, without the soft-line pruning).",
                 UserWarning,
-                stacklevel=_user_stacklevel(),
+                stacklevel=user_stacklevel(),
             )
         self._wrapped_pruner = wrapped_pruner
         self._guard = guard
 
+    @property
+    def wrapped_pruner(self) -> BasePruner | None:
+        """The pruner this one delegates to (the process-per-trial runner gives it to each trial's process)."""
+        return self._wrapped_pruner
+
     def prune(self, study: "optuna.Study", trial: "optuna.trial.FrozenTrial") -> bool:
-        state = self._guard._state(trial._trial_id)
+        state = self._guard.trials.get(_internals.trial_id(trial))
         if state is not None and (state.soft_reading is not None or state.hard_reading is not None):
             state.soft_answered = True
             return True

@@ -6,33 +6,25 @@ Forwards every hook of the base sampler; knows nothing of the monitor or the pru
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 
-from ..units import format_bytes
-from .. import records as _records
-from ._guard import MemoryGuard, _TrialState
+from .. import _internals, records
 from ..records import Decision
+from ._clamp import ClampSearch
+from ._policy import check_guard
+from ._trials import TrialGuardState
 
 if TYPE_CHECKING:
     from optuna.study import Study
     from optuna.trial import FrozenTrial, TrialState
 
-    from ..estimate.footprint import Footprint
+    from ._policy import Guard, Policy
 
 _logger = logging.getLogger("optuna_memprune.guard")
-
-_BISECT_STEPS = 24       # continuous params: bisection steps on the (log) scale ...
-_BISECT_TOL = 1e-4       # ... or until the interval is this fraction of the param's range
 
 
 class GuardedSampler(BaseSampler):
@@ -58,14 +50,13 @@ class GuardedSampler(BaseSampler):
         >>> sampler = guard.wrap_sampler(optuna.samplers.TPESampler(seed=0))
     """
 
-    def __init__(self, base_sampler: BaseSampler, guard: MemoryGuard) -> None:
+    def __init__(self, base_sampler: BaseSampler, guard: "Guard") -> None:
         if not isinstance(base_sampler, BaseSampler):
             raise TypeError(
                 f"base_sampler must be an optuna BaseSampler instance, but got {base_sampler!r} "
                 f"({type(base_sampler).__name__})."
             )
-        if not isinstance(guard, MemoryGuard):
-            raise TypeError(f"guard must be a MemoryGuard, but got {type(guard).__name__}.")
+        check_guard(guard)
         self._base_sampler = base_sampler
         self._guard = guard
         self._lock = threading.Lock()
@@ -74,6 +65,11 @@ class GuardedSampler(BaseSampler):
 
     def __str__(self) -> str:
         return f"GuardedSampler({self._base_sampler})"
+
+    @property
+    def base_sampler(self) -> BaseSampler:
+        """The wrapped sampler (the process-per-trial runner gives it to each trial's process)."""
+        return self._base_sampler
 
     def reseed_rng(self) -> None:
         self._base_sampler.reseed_rng()
@@ -87,24 +83,25 @@ class GuardedSampler(BaseSampler):
     ) -> dict[str, BaseDistribution]:
         base_space = self._base_sampler.infer_relative_search_space(study, trial)
         with self._lock:
-            self._base_spaces[trial._trial_id] = base_space
-        return {**self._known_space(study, trial, self._guard._search_space), **base_space}
+            self._base_spaces[_internals.trial_id(trial)] = base_space
+        return {**self._known_space(study, trial, self._guard.policy.search_space), **base_space}
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
         with self._lock:
-            base_space = self._base_spaces.pop(trial._trial_id, None)
+            base_space = self._base_spaces.pop(_internals.trial_id(trial), None)
         if base_space is None:  # called directly, without infer_relative_search_space first
             base_space = self._base_sampler.infer_relative_search_space(study, trial)
         base_space = {n: d for n, d in base_space.items() if n in search_space}
         drawn = self._base_sampler.sample_relative(study, trial, base_space)
-        state = self._guard._open(trial._trial_id, trial.number)
+        state = self._guard.trials.open(_internals.trial_id(trial), trial.number)
         state.sampled = True
         if not search_space:
             return drawn
-        if self._guard._clamp is not None:
-            self._guard._check_clamp_names(self._guard._clamp, search_space)
+        policy = self._guard.policy
+        if policy.clamp is not None:
+            policy.check_clamp_names(policy.clamp, search_space)
         assignment, locked = self._lookahead(study, trial, search_space, drawn)
         try:
             self._check(state, assignment, search_space, locked)
@@ -114,7 +111,7 @@ class GuardedSampler(BaseSampler):
             state.uncheck(f"the footprint function failed: {type(exc).__name__}: {exc}")
             state.assignment, state.space = assignment, dict(search_space)
         if state.decision is Decision.REJECTED and not state.enforced:
-            self._guard._warn_once(
+            self._guard.warnings.once(
                 "unenforced",
                 f"Trial {trial.number} is predicted over budget ({state.reason}) but will run: rejection "
                 "happens in guard.wrap_objective(objective); wrap the objective to enforce it.",
@@ -128,11 +125,12 @@ class GuardedSampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        state = self._guard._state(trial._trial_id)
+        state = self._guard.trials.get(_internals.trial_id(trial))
         if state is None or not state.checked:
             return self._base_sampler.sample_independent(study, trial, param_name, param_distribution)
-        if param_name in state.assignment and _contains(param_distribution, state.assignment[param_name]):
-            return state.assignment[param_name]  # a checked value not served as relative (outer wrapper)
+        checked = state.assignment.get(param_name)
+        if param_name in state.assignment and _internals.in_distribution(param_distribution, checked):
+            return checked  # a checked value not served as relative (outer wrapper)
         value = self._base_sampler.sample_independent(study, trial, param_name, param_distribution)
         if state.decision is Decision.REJECTED:
             return value
@@ -193,26 +191,26 @@ class GuardedSampler(BaseSampler):
 
     def _check(
         self,
-        state: _TrialState,
+        state: TrialGuardState,
         assignment: dict[str, Any],
         space: dict[str, BaseDistribution],
         locked: set[str],
     ) -> None:
-        guard = self._guard
+        policy = self._guard.policy
         state.assignment, state.space = dict(assignment), dict(space)
         state.clamped_from = {}
-        footprint = guard._predict(assignment)
+        footprint = policy.predict(assignment)
         state.prediction = footprint
-        if not guard._excess(footprint):
+        if not policy.excess(footprint):
             state.decision, state.reason = Decision.ADMITTED, "predicted to fit under the soft line"
             return
-        over = guard._describe_excess(footprint)
-        if guard._policy == "reject":
+        over = policy.describe_excess(footprint)
+        if policy.on_infeasible == "reject":
             state.decision, state.reason = Decision.REJECTED, f"predicted over budget: {over}"
             return
-        names = guard._clamp if guard._clamp is not None else list(space)
+        names = policy.clamp if policy.clamp is not None else list(space)
         names = [n for n in names if n in space and n not in locked and not space[n].single()]
-        result = _clamp(guard, assignment, space, names, footprint)
+        result = _search(policy).clamp(assignment, space, names, footprint)
         if result is None:
             state.decision = Decision.REJECTED
             if names:
@@ -226,20 +224,20 @@ class GuardedSampler(BaseSampler):
         state.assignment, state.prediction = clamped, footprint
         state.decision = Decision.CLAMPED
         moves = ", ".join(f"{n} {assignment[n]!r} -> {clamped[n]!r}" for n in state.clamped_from)
-        state.reason = f"predicted over budget: {over}; lowered {moves} ({_figures(guard, footprint)})"
+        state.reason = f"predicted over budget: {over}; lowered {moves} ({policy.describe_figures(footprint)})"
 
     def _recheck(
-        self, state: _TrialState, name: str, dist: BaseDistribution, value: Any
+        self, state: TrialGuardState, name: str, dist: BaseDistribution, value: Any
     ) -> Any:
-        guard = self._guard
+        policy = self._guard.policy
         candidate = {**state.assignment, name: value}
-        footprint = guard._predict(candidate)
-        if guard._excess(footprint):
-            clampable = guard._policy == "clamp" and (guard._clamp is None or name in guard._clamp)
-            lowered = _lower_one(guard, candidate, name, dist) if clampable else None
+        footprint = policy.predict(candidate)
+        if policy.excess(footprint):
+            clampable = policy.on_infeasible == "clamp" and (policy.clamp is None or name in policy.clamp)
+            lowered = _search(policy).lower_one(candidate, name, dist) if clampable else None
             if lowered is None or not lowered[2]:
                 state.uncheck(f"param {name!r} was re-drawn in a new range to {value!r}, over budget "
-                              f"({guard._describe_excess(footprint)}); too late to reject")
+                              f"({policy.describe_excess(footprint)}); too late to reject")
                 return value
             state.clamped_from[name] = value
             value, footprint = lowered[0], lowered[1]
@@ -251,17 +249,17 @@ class GuardedSampler(BaseSampler):
         return value
 
     def _write_if_missing(self, study: Study, trial: FrozenTrial) -> None:
-        guard = self._guard
-        state = guard._close(trial._trial_id)
-        if _records.is_written(trial.user_attrs):
+        guard, trial_id = self._guard, _internals.trial_id(trial)
+        state = guard.trials.close(trial_id)
+        if records.is_written(trial.user_attrs):
             return
         if state is None:
-            state = _TrialState(trial._trial_id, trial.number)
+            state = TrialGuardState(trial_id, trial.number)
         elif state.decision is Decision.REJECTED:  # it ran anyway: the objective was not wrapped
             state.uncheck(f"{state.reason}, but it ran: the objective was not wrapped with "
                           "guard.wrap_objective(), which is what ends rejected trials")
-        record = guard._record(state, trial.params)
-        _records.write_frozen(study, trial._trial_id, record)
+        record = guard.policy.record(state, trial.params)
+        records.write_frozen(study, trial_id, record)
 
 
 # -- the known search space -------------------------------------------------------------------------
@@ -280,184 +278,27 @@ class _KnownSpace:
         self, study: Study, trial: FrozenTrial, declared: dict[str, BaseDistribution] | None
     ) -> dict[str, BaseDistribution]:
         # The per-trial cached list the built-in samplers read too, so this costs no extra storage query.
-        trials = study._get_trials(deepcopy=False, use_cache=True)
+        trials = _internals.cached_trials(study)
         with self._lock:
             finished, prefix, folded = self._studies.setdefault(
-                (id(study._storage), study._study_id), ({}, [0], set()))
+                (id(_internals.storage_of(study)), _internals.study_id(study)), ({}, [0], set()))
             running = []
             for other in trials[prefix[0]:]:
                 if not other.state.is_finished():
                     running.append(other)
-                elif other._trial_id not in folded:
-                    folded.add(other._trial_id)
+                elif _internals.trial_id(other) not in folded:
+                    folded.add(_internals.trial_id(other))
                     finished.update(other.distributions)
             while prefix[0] < len(trials) and trials[prefix[0]].state.is_finished():
-                folded.discard(trials[prefix[0]]._trial_id)
+                folded.discard(_internals.trial_id(trials[prefix[0]]))
                 prefix[0] += 1
             space = dict(finished)
         for other in running:
-            if other._trial_id != trial._trial_id:
+            if _internals.trial_id(other) != _internals.trial_id(trial):
                 space.update(other.distributions)
         if declared:
             space.update(declared)
         return space
-
-
-# -- clamping ---------------------------------------------------------------------------------------
-
-def _clamp(
-    guard: MemoryGuard,
-    assignment: dict[str, Any],
-    space: dict[str, BaseDistribution],
-    names: list[str],
-    footprint: Footprint,
-) -> tuple[dict[str, Any], Footprint] | None:
-    """The nearest assignment that fits, lowering ``names`` only; ``None`` when none fits.
-
-    Params are lowered one at a time, the one whose lowering removes the most excess per unit of its
-    (log-)range first; each goes to the highest value that fits, or to its lowest when none does.
-    Assumes the footprint does not grow when a param is lowered.
-    """
-    base_excess = _excess_score(guard, footprint)
-    ranked = []
-    for name in names:
-        lowest = _lowest(guard, assignment, name, space[name])
-        if lowest is None:
-            continue
-        gain = base_excess - _excess_score(guard, guard._predict({**assignment, name: lowest}))
-        if gain > 0:
-            ranked.append((gain / _distance(space[name], assignment[name], lowest), name))
-    ranked.sort(key=lambda item: -item[0])
-    current = dict(assignment)
-    for _, name in ranked:
-        value, footprint, fits = _lower_one(guard, current, name, space[name])
-        current[name] = value
-        if fits:
-            return current, footprint
-    return None
-
-
-def _lower_one(
-    guard: MemoryGuard, assignment: dict[str, Any], name: str, dist: BaseDistribution
-) -> tuple[Any, Footprint, bool]:
-    """The highest value of ``name`` at or below its current one that fits (and its footprint, True),
-    or its lowest-footprint value (and False)."""
-    current = assignment[name]
-
-    def fp(value: Any) -> Footprint:
-        return guard._predict({**assignment, name: value})
-
-    if isinstance(dist, CategoricalDistribution):
-        for value in _lower_choices(guard, assignment, name, dist):
-            footprint = fp(value)
-            if not guard._excess(footprint):
-                return value, footprint, True
-        lowest = _lowest(guard, assignment, name, dist)
-        value = current if lowest is None else lowest
-        return value, fp(value), False
-
-    assert isinstance(dist, (IntDistribution, FloatDistribution))
-    grid = _grid(dist, current)
-    if grid is not None:  # ints and stepped floats: bisection over the grid indices below the value
-        low_fp = fp(grid(0))
-        if guard._excess(low_fp):
-            return grid(0), low_fp, False
-        lo, hi = 0, _grid_index(dist, current)
-        lo_fp = low_fp
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            mid_fp = fp(grid(mid))
-            if guard._excess(mid_fp):
-                hi = mid
-            else:
-                lo, lo_fp = mid, mid_fp
-        return grid(lo), lo_fp, True
-    # continuous floats: bisection on the param's own scale (log when log=True)
-    to_t, from_t = (math.log, math.exp) if dist.log else (float, float)
-    low_fp = fp(float(dist.low))
-    if guard._excess(low_fp):
-        return float(dist.low), low_fp, False
-    lo, hi = to_t(dist.low), to_t(current)
-    best, best_fp = float(dist.low), low_fp
-    tol = _BISECT_TOL * (to_t(dist.high) - to_t(dist.low))
-    for _ in range(_BISECT_STEPS):
-        if hi - lo <= tol:
-            break
-        mid = (lo + hi) / 2
-        value = min(max(from_t(mid), float(dist.low)), float(current))
-        mid_fp = fp(value)
-        if guard._excess(mid_fp):
-            hi = mid
-        else:
-            lo, best, best_fp = mid, value, mid_fp
-    return best, best_fp, True
-
-
-def _lowest(
-    guard: MemoryGuard, assignment: dict[str, Any], name: str, dist: BaseDistribution
-) -> Any | None:
-    """The value of ``name`` with the lowest footprint below the current one; ``None`` if there is none."""
-    current = assignment[name]
-    if isinstance(dist, CategoricalDistribution):
-        lower = _lower_choices(guard, assignment, name, dist)
-        return lower[-1] if lower else None
-    if isinstance(dist, (IntDistribution, FloatDistribution)):
-        if not current > dist.low:
-            return None
-        return int(dist.low) if isinstance(dist, IntDistribution) else float(dist.low)
-    return None
-
-
-def _lower_choices(
-    guard: MemoryGuard, assignment: dict[str, Any], name: str, dist: CategoricalDistribution
-) -> list[Any]:
-    """The choices 'below' the current one, nearest first: numerically smaller ones when the choices are
-    numbers, otherwise the choices with a lower footprint, highest footprint first."""
-    current = assignment[name]
-    choices = list(dist.choices)
-    if all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices):
-        return sorted((c for c in choices if c < current), reverse=True)
-    load = {i: _load(guard, guard._predict({**assignment, name: c})) for i, c in enumerate(choices)}
-    here = _load(guard, guard._predict(assignment))
-    lower = [i for i in load if load[i] < here and choices[i] != current]
-    return [choices[i] for i in sorted(lower, key=lambda i: -load[i])]
-
-
-def _grid(dist: IntDistribution | FloatDistribution, current: Any):  # type: ignore[no-untyped-def]
-    """Index -> value over the grid of an int or stepped float param; ``None`` for continuous floats."""
-    if isinstance(dist, IntDistribution):
-        return lambda k: int(dist.low + k * dist.step)
-    if dist.step is not None:
-        return lambda k: float(min(dist.low + k * dist.step, dist.high))
-    return None
-
-
-def _grid_index(dist: IntDistribution | FloatDistribution, value: Any) -> int:
-    return int(math.floor((value - dist.low) / dist.step + 1e-9))
-
-
-def _distance(dist: BaseDistribution, current: Any, lowest: Any) -> float:
-    """How far ``lowest`` is below ``current`` as a fraction of the param's (log-)range."""
-    if isinstance(dist, (IntDistribution, FloatDistribution)) and dist.high > dist.low:
-        t = math.log if dist.log else float
-        return max((t(current) - t(lowest)) / (t(dist.high) - t(dist.low)), 1e-12)
-    return 1.0
-
-
-def _excess_score(guard: MemoryGuard, footprint: Footprint) -> float:
-    return sum(over / guard._limits[r] for r, over in guard._excess(footprint).items())
-
-
-def _load(guard: MemoryGuard, footprint: Footprint) -> float:
-    return sum(getattr(footprint, r) / limit for r, limit in guard._limits.items())
-
-
-def _figures(guard: MemoryGuard, footprint: Footprint) -> str:
-    parts = []
-    for r in guard._budget.resources:
-        value = getattr(footprint, r)
-        parts.append(f"threads {value}" if r == "threads" else f"{r.upper()} {format_bytes(value)}")
-    return "now " + ", ".join(parts)
 
 
 def _single_value(dist: BaseDistribution) -> Any:
@@ -466,8 +307,6 @@ def _single_value(dist: BaseDistribution) -> Any:
     return int(dist.low) if isinstance(dist, IntDistribution) else float(dist.low)
 
 
-def _contains(dist: BaseDistribution, value: Any) -> bool:
-    try:
-        return dist._contains(dist.to_internal_repr(value))
-    except (ValueError, TypeError):
-        return False
+def _search(policy: "Policy") -> ClampSearch:
+    """The clamp search under the policy's soft line."""
+    return ClampSearch(policy.predict, policy.excess, policy.limits)

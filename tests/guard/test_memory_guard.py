@@ -48,10 +48,10 @@ def _footprint(params: dict) -> omp.Footprint:
 def test_the_guard_pickles_its_configuration_and_not_its_running_state() -> None:
     guard = MemoryGuard(_footprint, omp.Budget(ram="1GiB", threads=8), on_infeasible="clamp", clamp=["n"],
                         search_space={"n": IntDistribution(0, 10)}, soft=0.8)
-    guard._predict({"n": 3})
+    guard.policy.predict({"n": 3})
     again = pickle.loads(pickle.dumps(guard))
-    assert again.budget == guard.budget and again._clamp == ("n",) and again._soft == 0.8
-    assert again._cache == {} and again._trials == {}
+    assert again.budget == guard.budget and again.policy.clamp == ("n",) and again.policy.soft == 0.8
+    assert again.policy.cached_footprints == 0 and again.trials.registered() == {}
     assert isinstance(again.wrap_sampler(optuna.samplers.RandomSampler()), GuardedSampler)
     assert isinstance(again.wrap_pruner(), GuardedPruner)
 
@@ -64,5 +64,5 @@ def test_footprints_are_cached_per_params() -> None:
         return omp.Footprint.of(ram=params["n"])
 
     guard = MemoryGuard(footprint, omp.Budget(ram="1GiB"))
-    assert guard._predict({"n": 1, "m": "a"}) is guard._predict({"m": "a", "n": 1})
+    assert guard.policy.predict({"n": 1, "m": "a"}) is guard.policy.predict({"m": "a", "n": 1})
     assert len(calls) == 1

@@ -106,7 +106,7 @@ def test_no_interrupt_reaches_the_thread_once_disarmed(fire_before_disarm: bool)
     # The trial thread uses the wrapper's pattern: the objective and disarm() inside a try that catches
     # the interrupt, disarm() again in the handler; nothing may arrive after that.
     guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram=1))
-    state = guard._open(-1, -1)
+    state = guard.trials.open(-1, -1)
     caught: list[str] = []
     holder: list[_Live] = []
     ready, go, disarmed = threading.Event(), threading.Event(), threading.Event()
@@ -213,7 +213,7 @@ def test_an_objective_that_raises_fails_the_trial_with_its_record() -> None:
         study.optimize(guard.wrap_objective(objective), n_trials=1)
     trial = study.trials[0]
     assert trial.state is TrialState.FAIL and read_record(trial.user_attrs) is not None
-    assert guard._trials == {} and guard._running == {}
+    assert guard.trials.registered() == {} and guard.trials.running() == {}
 
 
 def test_memory_budget_exceeded_is_a_pruned_exception_that_pickles() -> None:

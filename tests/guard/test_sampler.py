@@ -104,11 +104,11 @@ def test_clamp_lowers_to_the_highest_fitting_value_within_the_distribution(dist)
         record = read_record(trial.user_attrs)
         assert trial.params["x"] == x
         assert dist._contains(dist.to_internal_repr(x)) and type(x) is type(dist.to_external_repr(dist.to_internal_repr(x)))
-        assert base + x * MiB <= guard._limits["ram"] < budget.ram, (x, record)  # under the soft line
+        assert base + x * MiB <= guard.policy.limits["ram"] < budget.ram, (x, record)  # under the soft line
         if record.decision is Decision.CLAMPED:
             assert record.clamped_from["x"] > x
             # The nearest feasible value: the next value up the grid no longer fits.
-            assert base + _next_up(dist, x) * MiB > guard._limits["ram"]
+            assert base + _next_up(dist, x) * MiB > guard.policy.limits["ram"]
     assert any(read_record(t.user_attrs).decision is Decision.CLAMPED for t in study.trials)
 
 
@@ -152,12 +152,12 @@ def test_clamp_only_the_declared_params_and_categoricals_by_footprint() -> None:
     for t in clamped:
         record = read_record(t.user_attrs)
         assert set(record.clamped_from) <= {"optimizer", "batch"}
-        assert footprint(t.params).ram <= guard._limits["ram"]
+        assert footprint(t.params).ram <= guard.policy.limits["ram"]
         if "optimizer" in record.clamped_from:  # a lower-footprint choice, never a higher one
             assert kinds[t.params["optimizer"]] < kinds[record.clamped_from["optimizer"]]
     for t in study.trials:
         if read_record(t.user_attrs).decision is Decision.REJECTED:  # width alone is over budget
-            assert footprint({**t.params, "optimizer": "sgd", "batch": 16}).ram > guard._limits["ram"]
+            assert footprint({**t.params, "optimizer": "sgd", "batch": 16}).ram > guard.policy.limits["ram"]
 
 
 def _suggest_all(trial: optuna.Trial, space: dict) -> float:
@@ -296,7 +296,7 @@ def test_guarded_sampler_is_thread_safe_with_n_jobs() -> None:
         record = read_record(t.user_attrs)
         if record.decision is not Decision.UNCHECKED:
             assert t.params["x"] <= 500
-    assert guard._trials == {}, guard._trials
+    assert guard.trials.registered() == {}, guard.trials.registered()
     deadline = time.monotonic() + 5  # the guard's monitor stops by itself once no trial runs
     while [t for t in threading.enumerate() if t.name.startswith("memprune-monitor")]:
         assert time.monotonic() < deadline, "a monitor thread outlived its trials"
@@ -351,7 +351,7 @@ def _adversarial(tmp_path, policy: str, n_trials: int, **tpe):  # type: ignore[n
     study.optimize(guard.wrap_objective(objective), n_trials=n_trials)
     trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
-    return trials, ran, footprint, guard._limits["ram"]
+    return trials, ran, footprint, guard.policy.limits["ram"]
 
 
 def _shares(records, decision: Decision) -> list[float]:  # type: ignore[no-untyped-def]

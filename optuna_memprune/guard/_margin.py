@@ -1,4 +1,4 @@
-"""Corrections learned from observed trials: the margin a reservation puts on top of a prediction.
+"""The learned margin: the factor a runner's host reservation puts on top of a prediction.
 
 Pure arithmetic over (observed, predicted) pairs; knows nothing of Optuna, storages or where the pairs
 came from (the runner reads them from the study's trial records).

@@ -1,0 +1,271 @@
+"""The guard's rules, shared by its wrappers: predict a footprint, measure it and a reading against the
+budget, describe a crossing in words, and build a trial's record.
+
+Owns the guard's configuration and the footprint cache; knows nothing of Optuna's sampler, pruner or
+trial machinery, nor of processes and monitors.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+
+from ..budget import Budget
+from ..estimate.footprint import Footprint
+from ..records import RESOURCES, Decision, TrialRecord
+from ..units import format_bytes
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+
+    from ..monitor import Reading
+    from ._trials import TrialGuardState, TrialRegistry
+    from ._warn import OnceWarnings
+
+_CACHE_SIZE = 4096  # footprints kept per guard; the clamp search evaluates tens per infeasible trial
+
+
+class Policy:
+    """A guard's footprint function, budget and choices, and the rules every wrapper applies with them.
+
+    Built by :class:`~optuna_memprune.MemoryGuard` from checked arguments; the wrappers and the runner call
+    its methods. Pickles its configuration only (the cache and locks stay in their process).
+
+    Args:
+        footprint: ``params dict -> Footprint``.
+        budget: the per-process limits.
+        on_infeasible: ``"clamp"`` or ``"reject"``.
+        clamp: names of the params that may be lowered, or ``None`` for every param that helps.
+        search_space: distributions known before the first trial, or ``None``.
+        interval: seconds between the monitor's readings.
+        soft: the soft line as a fraction of the budget.
+    """
+
+    def __init__(self, footprint: Callable[[dict[str, Any]], Footprint], budget: Budget, *, on_infeasible: str,
+                 clamp: tuple[str, ...] | None, search_space: dict[str, "BaseDistribution"] | None,
+                 interval: float, soft: float) -> None:
+        self._footprint = footprint
+        self._budget = budget
+        self._on_infeasible = on_infeasible
+        self._clamp = clamp
+        self._search_space = search_space
+        self._interval = interval
+        self._soft = soft
+        self._init_cache()
+
+    def _init_cache(self) -> None:
+        self._lock = threading.Lock()
+        self._footprint_lock = threading.Lock()  # user footprints (torch tracing) need not be thread-safe
+        self._cache: OrderedDict[tuple, Footprint] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("_footprint", "_budget", "_on_infeasible", "_clamp", "_search_space", "_interval", "_soft")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_cache()
+
+    # -- the configuration ----------------------------------------------------------------------------
+
+    @property
+    def budget(self) -> Budget:
+        return self._budget
+
+    @property
+    def on_infeasible(self) -> str:
+        return self._on_infeasible
+
+    @property
+    def clamp(self) -> tuple[str, ...] | None:
+        """The params the user allowed to be lowered; ``None``: every param that helps."""
+        return self._clamp
+
+    @property
+    def search_space(self) -> dict[str, "BaseDistribution"] | None:
+        return self._search_space
+
+    @property
+    def interval(self) -> float:
+        """Seconds between the monitor's readings."""
+        return self._interval
+
+    @property
+    def soft(self) -> float:
+        """The soft line as a fraction of the budget."""
+        return self._soft
+
+    @property
+    def cached_footprints(self) -> int:
+        """How many footprints the cache holds."""
+        with self._lock:
+            return len(self._cache)
+
+    # -- before launch --------------------------------------------------------------------------------
+
+    def predict(self, params: dict[str, Any]) -> Footprint:
+        """The footprint of ``params`` (cached). Raises what the user's function raises, or TypeError."""
+        try:
+            key: tuple | None = tuple(sorted(params.items()))
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None:
+            with self._lock:
+                hit = self._cache.get(key)
+                if hit is not None:
+                    self._cache.move_to_end(key)
+                    return hit
+        with self._footprint_lock:
+            result = self._footprint(dict(params))
+        if not isinstance(result, Footprint):
+            raise TypeError(f"the footprint function returned {type(result).__name__}, not a Footprint")
+        if key is not None:
+            with self._lock:
+                self._cache[key] = result
+                if len(self._cache) > _CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return result
+
+    @property
+    def limits(self) -> dict[str, int]:
+        """The soft line per budgeted resource: what a prediction must stay under to be admitted.
+
+        A trial predicted above it would be pruned at its first ``should_prune()``, so the pre-launch
+        check, clamping and the constraints all use this line rather than the budget itself.
+        """
+        return {r: int(self._soft * v) for r, v in self._budget.resources.items()}
+
+    def excess(self, footprint: Footprint) -> dict[str, int]:
+        """Budgeted resources the footprint puts over the soft line, with the amount over."""
+        return {
+            r: getattr(footprint, r) - limit
+            for r, limit in self.limits.items()
+            if getattr(footprint, r) > limit
+        }
+
+    def describe_excess(self, footprint: Footprint) -> str:
+        """``RAM 3.0 GiB > 1.8 GiB (90% of the budget)``, for each resource over the soft line."""
+        line = "" if self._soft == 1.0 else f" ({self._soft:.0%} of the budget)"
+        parts = []
+        for r in self.excess(footprint):
+            limit = self.limits[r]
+            if r == "threads":
+                parts.append(f"threads {footprint.threads} > {limit}{line}")
+            else:
+                parts.append(f"{r.upper()} {format_bytes(getattr(footprint, r))} > {format_bytes(limit)}{line}")
+        return ", ".join(parts)
+
+    def describe_figures(self, footprint: Footprint) -> str:
+        """``now RAM 1.7 GiB, threads 4``: the footprint's budgeted figures."""
+        parts = []
+        for r in self._budget.resources:
+            value = getattr(footprint, r)
+            parts.append(f"threads {value}" if r == "threads" else f"{r.upper()} {format_bytes(value)}")
+        return "now " + ", ".join(parts)
+
+    @staticmethod
+    def check_clamp_names(names: Iterable[str], space: dict[str, Any]) -> None:
+        """ValueError naming the clamp names that are not params of ``space``."""
+        unknown = [n for n in names if n not in space]
+        if unknown:
+            raise ValueError(
+                f"clamp names {unknown} are not params of the search space {sorted(space)}; "
+                "fix the names, or declare params that appear only in some branches in search_space=."
+            )
+
+    # -- while a trial runs ---------------------------------------------------------------------------
+
+    def over(self, reading: "Reading", fraction: float) -> bool:
+        """Whether ``reading`` crosses ``fraction`` of the budget in any budgeted resource."""
+        budget = self._budget
+        return (
+            (budget.ram is not None and reading.rss > fraction * budget.ram)
+            or (budget.threads is not None and reading.threads > fraction * budget.threads)
+            or (budget.vram is not None and reading.vram is not None and reading.vram > fraction * budget.vram)
+        )
+
+    def describe_breach(self, reading: "Reading | None", fraction: float) -> str:
+        """Which resource of ``reading`` crossed ``fraction`` of the budget, in words."""
+        if reading is None:
+            return "no reading"
+        budget, parts = self._budget, []
+        line = "the budget" if fraction >= 1.0 else f"{fraction:.0%} of the budget"
+        if budget.ram is not None and reading.rss > fraction * budget.ram:
+            parts.append(f"RSS {format_bytes(reading.rss)} over {line} {format_bytes(budget.ram)}")
+        if budget.vram is not None and reading.vram is not None and reading.vram > fraction * budget.vram:
+            parts.append(f"VRAM {format_bytes(reading.vram)} over {line} {format_bytes(budget.vram)}")
+        if budget.threads is not None and reading.threads > fraction * budget.threads:
+            parts.append(f"{reading.threads} threads over {line} {budget.threads}")
+        return ", ".join(parts) or "no resource over the line"
+
+    # -- after a trial --------------------------------------------------------------------------------
+
+    def record(
+        self,
+        state: "TrialGuardState",
+        params: dict[str, Any],
+        *,
+        decision: Decision | None = None,
+        reason: str | None = None,
+        peaks: dict[str, int | None] | None = None,
+        timeline: list[tuple[float, int, int, int | None]] | None = None,
+        breach: "Reading | None" = None,
+    ) -> TrialRecord:
+        """The record of a finished trial. ``params`` are the params it ran with, ``peaks`` the highest
+        readings per resource while it ran; ``decision`` and ``reason`` default to the launch's."""
+        decision = state.decision if decision is None else decision
+        reason = state.reason if reason is None else reason
+        prediction = state.prediction
+        ran = {k: params[k] for k in state.assignment if k in params}
+        if prediction is not None and any(ran[k] != state.assignment[k] for k in ran):
+            changed = sorted(k for k in ran if ran[k] != state.assignment[k])
+            prediction = None
+            if decision in (Decision.ADMITTED, Decision.CLAMPED):
+                decision = Decision.UNCHECKED
+            reason = f"{reason}; params {changed} ran with values the guard did not check".lstrip("; ")
+        if prediction is None and params:
+            try:
+                prediction = self.predict(params)
+            except Exception as exc:  # noqa: BLE001 - the record says why there is no prediction
+                reason = f"{reason}; no prediction after the run: {type(exc).__name__}: {exc}"
+        figures: dict[str, Any] = {}
+        for r in RESOURCES:
+            figures[f"pred_{r}"] = None if prediction is None else getattr(prediction, r)
+            figures[f"budget_{r}"] = getattr(self._budget, r)
+        if state.concurrent:
+            reason += "; other trials ran in this process at the same time (peaks are the process's)"
+        for r in RESOURCES:
+            figures[f"peak_{r}"] = (peaks or {}).get(r)
+        return TrialRecord(
+            decision=decision,
+            reason=reason,
+            **figures,
+            clamped_from=dict(state.clamped_from),
+            timeline=list(timeline or []),
+            breakdown=prediction.to_dict() if prediction is not None else {},
+            breach=breach._asdict() if breach is not None else {},
+            soft=self._soft,
+            concurrent=state.concurrent,
+        )
+
+
+class Guard(Protocol):
+    """What the wrappers and the runner use of a :class:`~optuna_memprune.MemoryGuard`."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def trials(self) -> "TrialRegistry": ...
+
+    @property
+    def warnings(self) -> "OnceWarnings": ...
+
+
+def check_guard(guard: object) -> None:
+    """TypeError unless ``guard`` is a MemoryGuard (anything that holds a :class:`Policy`): the wrappers'
+    argument check, made without importing the guard that imports them."""
+    if not isinstance(getattr(guard, "policy", None), Policy):
+        raise TypeError(f"guard must be a MemoryGuard, but got {type(guard).__name__}.")

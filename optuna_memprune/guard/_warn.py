@@ -1,0 +1,40 @@
+"""Warnings the guard gives its user: pointed at the user's own line, and each given once per guard.
+
+Owns the stack walk past Optuna's and this package's frames; knows nothing of trials or budgets.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import warnings
+
+_logger = logging.getLogger("optuna_memprune.guard")
+
+_OURS = ("optuna", "optuna_memprune")  # top-level packages whose frames a warning skips
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside Optuna and this package."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _OURS:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class OnceWarnings:
+    """The misuse warnings of one guard: each key is warned (and logged) once, from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._given: set[str] = set()
+
+    def once(self, key: str, message: str) -> None:
+        """Warn (pointing at the user's line) and log ``message``, unless ``key`` was warned before."""
+        with self._lock:
+            if key in self._given:
+                return
+            self._given.add(key)
+        _logger.warning(message)
+        warnings.warn(message, UserWarning, stacklevel=user_stacklevel())

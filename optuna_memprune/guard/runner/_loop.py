@@ -1,0 +1,426 @@
+"""The parent's loop of ``optimize()``: ask and check each trial, reserve it on the host's ledger, launch
+it in its own process, and tell the study how it ended, with its record.
+
+Runs in the runner's process only; knows nothing of what runs inside a trial's process beyond the
+message it sends back (``_child``), nor of how the fork server is started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import signal
+import time
+import warnings
+from multiprocessing.connection import wait as wait_any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+import optuna
+from optuna.samplers import BaseSampler
+from optuna.trial import TrialState
+
+from ... import _internals, records
+from ...records import RESOURCES, Decision
+from .._objective import store_rejection
+from .._outcome import trial_outcome
+from .._pruner import GuardedPruner
+from .._sampler import GuardedSampler
+from .._trials import TrialGuardState
+from ._child import Payload, child_main
+from ._forkserver import fork_server
+from ._progress import Status
+from ._reserve import Reservations
+from ._watchdog import TrialProcess
+
+if TYPE_CHECKING:
+    from ...ledger import Entry, Ledger, Request
+    from .._policy import Guard
+
+_logger = logging.getLogger("optuna_memprune.guard")
+
+GRACE_S = 2.0          # SIGTERM to SIGKILL when the runner stops a trial's process tree
+_TICK_S = 0.05         # the runner's loop wakes at least this often
+_RETRIES = 6           # storage calls: attempts, with backoff 0.1 s x 2^k between them
+
+
+@dataclasses.dataclass
+class _Waiting:
+    """A trial asked and checked, waiting for its reservation."""
+
+    trial: optuna.Trial
+    state: TrialGuardState
+    request: "Request"
+    margins: dict[str, float]
+    since: float
+
+
+class Runner:
+    """The parent's loop of ``optimize``: ask, check, reserve, launch, watch, reap, tell."""
+
+    def __init__(self, study: optuna.Study, objective: Callable, guard: "Guard", ledger: "Ledger", *,
+                 n_trials: int | None, timeout: float | None, n_workers: int, catch: tuple,
+                 callbacks: list, on_host_full: str) -> None:
+        self.study, self.objective, self.guard, self.ledger = study, objective, guard, ledger
+        self.policy = guard.policy
+        self.n_trials, self.n_workers, self.catch = n_trials, n_workers, catch
+        self.callbacks, self.on_host_full = callbacks, on_host_full
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.asked = 0
+        self.children: dict[int, TrialProcess] = {}
+        self.waiting: _Waiting | None = None
+        self.fatal: BaseException | None = None
+        self.counts = {"done": 0, "rejected": 0, "pruned": 0, "failed": 0}
+        self.reservations = Reservations(study, guard.policy.budget, ledger)
+        sampler, pruner = study.sampler, study.pruner
+        self.base_sampler: BaseSampler = sampler.base_sampler if isinstance(sampler, GuardedSampler) else sampler
+        self.inner_pruner = pruner.wrapped_pruner if isinstance(pruner, GuardedPruner) else pruner
+        self.ctx = fork_server(objective)
+        self.heartbeats = _internals.heartbeat_enabled(study)
+        self.storage_id = _storage_id(study)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def run(self, on_tick: Callable[[], None] | None) -> None:
+        """Run trials until ``n_trials``, the timeout or ``study.stop()``; ``on_tick()`` at every turn."""
+        study = self.study
+        if _internals.in_optimize_loop(study):
+            raise RuntimeError("Nested invocation of optimize() (or Study.optimize) isn't allowed.")
+        _internals.set_in_optimize_loop(study, True)  # study.stop() works in a callback
+        _internals.clear_stop(study)
+        try:
+            self._loop(on_tick)
+        finally:
+            _internals.set_in_optimize_loop(study, False)
+
+    def status(self) -> Status:
+        """Where the run stands, for the progress bar (the host's figures are left out if unreadable)."""
+        c = self.counts
+        status = Status(running=len(self.children), done=c["done"], rejected=c["rejected"], pruned=c["pruned"],
+                        failed=c["failed"])
+        try:
+            return status._replace(host_ram=self.ledger.in_use().ram, host_capacity=self.ledger.capacity.ram)
+        except Exception:  # noqa: BLE001 - the bar must never stop the study
+            return status
+
+    def _loop(self, on_tick: Callable[[], None] | None) -> None:
+        try:
+            while True:
+                self._reap_finished()
+                if self._may_ask() and self.waiting is None and len(self.children) < self.n_workers:
+                    self._ask()
+                if self.waiting is not None:
+                    self._admit()
+                if on_tick is not None:
+                    on_tick()
+                if not self.children and self.waiting is None and not self._may_ask():
+                    break
+                self._wait()
+        except BaseException:
+            self._abort()
+            raise
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _may_ask(self) -> bool:
+        return (self.fatal is None and not _internals.stop_requested(self.study)
+                and (self.n_trials is None or self.asked < self.n_trials)
+                and (self.deadline is None or time.monotonic() < self.deadline))
+
+    def _wait(self) -> None:
+        handles = [c.conn for c in self.children.values()] + [c.process.sentinel for c in self.children.values()]
+        if handles:
+            wait_any(handles, timeout=_TICK_S)
+        else:
+            time.sleep(_TICK_S if self.waiting is not None else 0)
+        now = time.monotonic()
+        for child in self.children.values():
+            if child.stopped_at is not None and not child.killed and now - child.stopped_at > GRACE_S:
+                child.stop(signal.SIGKILL)
+
+    # -- before launch -----------------------------------------------------------------------------
+
+    def _ask(self) -> None:
+        guard, study = self.guard, self.study
+        if self.heartbeats:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                _retry("failing stale trials", lambda: optuna.storages.fail_stale_trials(study))
+        trial = _retry("asking for a trial", study.ask)
+        self.asked += 1
+        state = guard.trials.open(_internals.trial_id(trial), trial.number)
+        state.enforced = True
+        try:
+            trial.relative_params  # the guarded sampler's lookahead
+        except Exception as exc:
+            self._fail_before_launch(trial, state, f"the sampler failed: {type(exc).__name__}: {exc}")
+            raise
+        if not state.sampled:
+            guard.warnings.once("unguarded-sampler", "study.sampler is not guard.wrap_sampler(...): trials run "
+                                "unchecked, under the watchdog only.")
+            state.uncheck("the study's sampler is not wrapped by this guard")
+        if state.decision is Decision.REJECTED:
+            self._end_rejected(trial, state)
+            return
+        margins = self.reservations.margins()
+        request = self.reservations.request(state.prediction, margins)
+        self.waiting = _Waiting(trial, state, request, margins, time.monotonic())
+
+    def _admit(self) -> None:
+        from ...ledger import describe
+
+        waiting = self.waiting
+        assert waiting is not None
+        ledger, request = self.ledger, waiting.request
+        misfit = ledger.misfit(request)
+        if misfit:
+            self.waiting = None
+            self._end_rejected(waiting.trial, waiting.state,
+                               reason=f"its reservation can never fit host {ledger.host}: {misfit}")
+            return
+        key = json.dumps({"storage": self.storage_id, "study": self.study.study_name,
+                          "trial_id": waiting.state.trial_id,
+                          "number": waiting.trial.number, "decision": waiting.state.decision.value})
+        entry = ledger.try_admit(request, key)
+        self._fail_reaped(ledger.take_reaped())
+        if entry is None:
+            if self.on_host_full == "reject":
+                self.waiting = None
+                self._end_rejected(waiting.trial, waiting.state, reason=(
+                    f"the host was full: its reservation ({describe(request)}) did not fit beside the running "
+                    f"trials' ({describe(ledger.in_use())}) in {describe(ledger.capacity)}"))
+            return
+        self.waiting = None
+        waited = time.monotonic() - waiting.since
+        if waited > 1.0:
+            _logger.info("Trial %d waited %.1f s for its reservation on %s.", waiting.trial.number, waited,
+                         ledger.host)
+        self._launch(waiting, entry)
+
+    def _launch(self, waiting: _Waiting, entry: "Entry") -> None:
+        trial, state = waiting.trial, waiting.state
+        payload = Payload(
+            objective=self.objective, storage=_internals.storage_of(self.study), study_name=self.study.study_name,
+            trial_id=state.trial_id, assignment=dict(state.assignment), space=dict(state.space),
+            sampler=self.base_sampler, pruner=self.inner_pruner, gpu=entry.gpu,
+            environ=dict(os.environ), cwd=os.getcwd(),
+        )
+        receive, send = self.ctx.Pipe(duplex=False)
+        process = self.ctx.Process(target=child_main, args=(payload, send), name=f"memprune-trial-{trial.number}")
+        try:
+            process.start()
+        except Exception as exc:
+            receive.close()
+            self.ledger.release(entry)
+            reason = f"the trial could not be started in its own process: {type(exc).__name__}: {exc}"
+            self._fail_before_launch(trial, state, reason)
+            if "pickle" in str(exc).lower() or isinstance(exc, (TypeError, AttributeError)):
+                raise TypeError(f"{reason}. optimize() needs a picklable objective: a module-level function "
+                                "or a functools.partial of one.") from exc
+            raise
+        finally:
+            send.close()
+        child = TrialProcess(self.policy, trial, state, waiting.margins, entry, process, receive)
+        self.children[state.trial_id] = child
+        child.watch()
+        if self.heartbeats:
+            child.heartbeat = _internals.heartbeat_thread(self.study, state.trial_id)
+            child.heartbeat.start()
+
+    # -- after a trial -----------------------------------------------------------------------------
+
+    def _reap_finished(self) -> None:
+        for trial_id, child in list(self.children.items()):
+            if child.result is None and child.conn.poll():
+                try:
+                    child.result = child.conn.recv()
+                except (EOFError, OSError):
+                    child.result = ("lost",)
+                except Exception as exc:  # noqa: BLE001 - an exception that does not unpickle
+                    child.result = ("fail", None, f"the trial's result could not be read: {exc}", "", False, 0)
+            if child.process.is_alive():
+                continue
+            child.ended = time.monotonic()
+            child.process.join()
+            if child.result is None and child.conn.poll():
+                try:
+                    child.result = child.conn.recv()
+                except Exception:  # noqa: BLE001
+                    child.result = None
+            del self.children[trial_id]
+            try:
+                self._finish(child)
+            finally:
+                child.close()
+                self.ledger.release(child.entry)
+
+    def _finish(self, child: TrialProcess) -> None:
+        policy, trial = self.policy, child.trial
+        result = child.result if child.result and child.result[0] != "lost" else None
+        peak = child.monitor.peak if child.monitor is not None else None
+        child_hwm = result[-1] if result else 0
+        if result and result[-2]:  # the objective called trial.study.stop()
+            self.study.stop()
+        peaks = {"ram": max(peak.rss if peak else 0, child_hwm) or None,
+                 "vram": peak.vram if peak else None, "threads": peak.threads if peak else None}
+        values, failure, failed = None, None, None
+        state = TrialState.FAIL
+        stopped = child.hard_reading is not None and (result is None or result[0] != "complete")
+        if stopped:
+            state = TrialState.PRUNED
+        elif result is None:
+            code = child.process.exitcode
+            failed = (f"its process died from signal {signal.Signals(-code).name}" if code is not None and code < 0
+                      else f"its process exited with code {code} without a result")
+            if code == -signal.SIGKILL:
+                failed += " (sent from outside the runner: the kernel's OOM killer sends SIGKILL)"
+        elif result[0] == "complete":
+            state, values = TrialState.COMPLETE, result[1]
+        elif result[0] == "pruned":
+            state = TrialState.PRUNED
+        else:  # "fail"
+            exc, text, tb = result[1], result[2], result[3]
+            failed = f"the objective raised {text}"
+            caught = exc is not None and isinstance(exc, self.catch)
+            failure = None if caught else (exc if isinstance(exc, BaseException) else RuntimeError(text))
+            if failure is not None and tb:
+                _logger.error("Trial %d failed in its process:\n%s", trial.number, tb)
+        end = trial_outcome(policy, child.state.reason, soft_reading=child.soft_reading,
+                            hard_reading=child.hard_reading, stopped_by="by the runner" if stopped else None,
+                            soft_pruned=bool(result and result[0] == "pruned" and result[2]), failed=failed)
+        frozen = _retry("reading the trial",
+                        lambda: _internals.storage_of(self.study).get_trial(child.state.trial_id))
+        timeline = child.monitor.timeline() if child.monitor is not None else []
+        record = policy.record(child.state, frozen.params, decision=end.decision, reason=end.reason, peaks=peaks,
+                               timeline=timeline, breach=end.breach)
+        # the margin its reservation applied; a trial unchecked at launch reserved the budget instead
+        budgeted = ({r: m for r, m in child.margins.items() if r in policy.budget.resources}
+                    if child.reserved_prediction else {})
+        record = dataclasses.replace(record, margin=budgeted, host=self.ledger.host, gpu=child.entry.gpu)
+        if end.decision is Decision.STOPPED and child.hard_reading is not None:  # crossing reading -> tree gone
+            stop_ms = round((child.ended - child.hard_reading.t) * 1000, 1)
+            record = dataclasses.replace(record, breach={**record.breach, "stop_ms": stop_ms})
+        self._end(trial, child.state, record, state, values)
+        if failure is not None and self.fatal is None:
+            self.fatal = failure
+
+    def _end(self, trial: optuna.Trial, state: TrialGuardState, record: records.TrialRecord,
+             final: TrialState, values: Any = None) -> None:
+        """Write the record, then the final state, then run the callbacks."""
+        try:
+            _retry("writing the record", lambda: records.write_frozen(self.study, state.trial_id, record))
+        except Exception:  # noqa: BLE001 - the final state matters more than the record
+            _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
+        finally:
+            self.guard.trials.close(state.trial_id)
+        if final is TrialState.COMPLETE:
+            _retry("telling the result", lambda: self.study.tell(trial, values, skip_if_finished=True))
+        else:
+            _retry("telling the result", lambda: self.study.tell(trial, state=final, skip_if_finished=True))
+        frozen = _internals.storage_of(self.study).get_trial(state.trial_id)
+        key = {TrialState.COMPLETE: "done", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}[frozen.state]
+        self.counts[key] += 1
+        if record.decision is Decision.REJECTED:
+            self.counts["rejected"] += 1
+        _logger.info("Trial %d finished %s (%s): %s", trial.number, frozen.state.name, record.decision.value,
+                     record.reason)
+        for callback in self.callbacks:
+            callback(self.study, frozen)
+
+    def _end_rejected(self, trial: optuna.Trial, state: TrialGuardState, *, reason: str | None = None) -> None:
+        if reason is not None:
+            state.decision, state.reason = Decision.REJECTED, reason
+        try:
+            store_rejection(self.guard, trial, state, decision=Decision.REJECTED, reason=state.reason)
+        except Exception:  # noqa: BLE001 - the trial still ends PRUNED
+            _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
+        _retry("telling the result", lambda: self.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True))
+        self.counts["rejected"] += 1
+        self.counts["pruned"] += 1
+        frozen = _internals.storage_of(self.study).get_trial(state.trial_id)
+        for callback in self.callbacks:
+            callback(self.study, frozen)
+
+    def _fail_before_launch(self, trial: optuna.Trial, state: TrialGuardState, reason: str) -> None:
+        record = self.policy.record(state, {}, reason=reason)
+        self._end(trial, state, record, TrialState.FAIL)
+
+    def _fail_reaped(self, entries: Iterable["Entry"]) -> None:
+        """Fail the trials of reservations whose runner died (their processes died with it): those of any
+        study in this runner's storage; for another storage only a warning can be given."""
+        for entry in entries:
+            try:
+                key = json.loads(entry.key)
+                trial_id, name = int(key["trial_id"]), str(key["study"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if key.get("storage") != self.storage_id:
+                _logger.warning("The runner of trial %s of study %r (pid %d) died; its study is in another "
+                                "storage, which only its own runners (or heartbeats) can fail it in.",
+                                key.get("number"), name, entry.owner_pid)
+                continue
+            storage = _internals.storage_of(self.study)
+            study = self.study if name == self.study.study_name else optuna.Study(name, storage)
+            frozen = _retry("reading the trial", lambda: storage.get_trial(trial_id))
+            if frozen.state is not TrialState.RUNNING:
+                continue
+            reason = (f"its runner (pid {entry.owner_pid} on host {entry.host}) died while the trial ran; "
+                      f"reaped by pid {os.getpid()}")
+            record = records.TrialRecord(decision=Decision(key.get("decision", "unchecked")), reason=reason,
+                                         host=entry.host, gpu=entry.gpu,
+                                         **{f"budget_{r}": getattr(self.policy.budget, r) for r in RESOURCES})
+            _retry("writing the record", lambda: records.write_frozen(study, trial_id, record))
+            _retry("failing the trial", lambda: study.tell(frozen.number, state=TrialState.FAIL,
+                                                              skip_if_finished=True))
+            _logger.warning("Trial %d failed: %s", frozen.number, reason)
+
+    def _abort(self) -> None:
+        """The runner itself is ending abnormally (Ctrl-C, an error): stop every child, fail its trial."""
+        for child in list(self.children.values()):
+            child.stop(signal.SIGKILL)
+        for child in list(self.children.values()):
+            child.process.join(5)
+            try:
+                record = self.policy.record(child.state, {}, reason=f"{child.state.reason}; the runner stopped "
+                                            "(interrupted or failed) while the trial ran")
+                self._end(child.trial, child.state, record, TrialState.FAIL)
+            except Exception:  # noqa: BLE001 - best effort: the next runner reaps what is left
+                _logger.exception("Trial %d: could not be failed", child.trial.number)
+            finally:
+                child.close()
+                self.ledger.release(child.entry)
+        self.children.clear()
+        if self.waiting is not None:
+            try:
+                self._fail_before_launch(self.waiting.trial, self.waiting.state,
+                                         "the runner stopped while the trial waited for its reservation")
+            except Exception:  # noqa: BLE001
+                _logger.exception("Trial %d: could not be failed", self.waiting.trial.number)
+            self.waiting = None
+
+
+def _retry(what: str, call: Callable[[], Any]) -> Any:
+    """``call()``, retried with backoff on storage errors; each failure is logged, the last raised."""
+    import sqlalchemy.exc
+
+    errors = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError,
+              sqlalchemy.exc.InterfaceError)
+    for attempt in range(_RETRIES):
+        try:
+            return call()
+        except errors as exc:
+            if attempt == _RETRIES - 1:
+                raise
+            delay = 0.1 * 2 ** attempt
+            _logger.warning("Storage error while %s (attempt %d of %d, retrying in %.1f s): %s",
+                            what, attempt + 1, _RETRIES, delay, exc)
+            time.sleep(delay)
+
+
+def _storage_id(study: optuna.Study) -> str | None:
+    """A short fingerprint of where the study's storage keeps its data (so a ledger entry can name it
+    without holding its URL, which may carry a password); None where there is nothing stable to name."""
+    where = _internals.storage_location(study)
+    return None if where is None else hashlib.sha1(where.encode()).hexdigest()[:16]

@@ -1,0 +1,121 @@
+"""optimize(): one child process per trial, admitted by the host ledger, watched and stopped from outside.
+
+Owns the call's argument checks and what lives exactly as long as the call (the ledger it opened, the
+progress bar, the fork server); the loop itself is ``_loop``'s, the trial's process ``_child``'s.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from ... import _internals
+from ...units import check_int, check_number
+from .._guard import MemoryGuard
+from ._forkserver import stop_fork_server
+from ._loop import Runner
+from ._progress import Progress
+
+if TYPE_CHECKING:
+    from ...ledger import HostBudget, Ledger
+
+
+def optimize(
+    study: optuna.Study,
+    objective: Callable[[optuna.Trial], Any],
+    *,
+    guard: MemoryGuard,
+    n_trials: int | None = None,
+    timeout: float | None = None,
+    n_workers: int = 1,
+    catch: Iterable[type[Exception]] | type[Exception] = (),
+    callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] | None = None,
+    host: "HostBudget | Ledger | None" = None,
+    on_host_full: str = "wait",
+    progress: bool | None = None,
+) -> None:
+    """Run ``study`` with each trial in its own child process, at most ``n_workers`` at a time.
+
+    For every trial the parent asks the study, has the guarded sampler check the whole assignment before
+    launch (rejected trials end PRUNED without starting a process), reserves the prediction times the
+    study's learned margin on this host's ledger (waiting while the host is full, or rejecting with
+    ``on_host_full="reject"``), and starts the objective in a child forked from a server that has the
+    objective's module imported (and torch, when this process has it loaded). The parent watches the
+    child's process tree: over the soft line the child's pruner answers True at the next
+    ``should_prune()``; over the budget the tree gets SIGTERM, then SIGKILL after ``GRACE_S``, and the
+    trial ends PRUNED with the reading. Intermediate values and
+    pruning go through the study's storage; the parent writes the record and the final state, so a child
+    killed by the kernel or a crash ends FAIL with the reason and its constraints, never RUNNING.
+
+    Notes:
+        - The study needs a storage other processes can open (``sqlite:///file.db``, PostgreSQL, a
+          journal file): an in-memory study cannot be shared with a child.
+        - ``objective`` must be picklable: a module-level function (or a ``functools.partial`` of one).
+          A script that calls ``optimize`` must guard its entry point with ``if __name__ == "__main__":``.
+        - If this process is killed, its children die with it (the fork server exits and they get
+          SIGKILL), and the next runner on this host reaps its reservations and fails its trials with the
+          reason. With an RDB storage that has heartbeats, workers on other hosts fail them as well.
+        - Over several hosts: run ``optimize`` (or ``memprune worker``) on each with the same
+          PostgreSQL storage; each host keeps its own ledger.
+
+    Args:
+        study: the study; its sampler should be ``guard.wrap_sampler(...)`` and its pruner
+            ``guard.wrap_pruner(...)`` (without them trials run unchecked, under the watchdog only).
+        objective: ``trial -> value(s)``, run in the child.
+        guard: the guard whose footprint, budget and policy apply.
+        n_trials: trials this call runs, rejected ones included (None: until ``timeout`` or
+            ``study.stop()``).
+        timeout: seconds after which no new trial starts (running ones finish).
+        n_workers: children running at the same time, >= 1.
+        catch: exception types of the objective that fail the trial and let the study go on; any other
+            fails the trial and is raised once the running trials have finished.
+        callbacks: ``callback(study, frozen_trial)`` after each trial, in the parent.
+        host: this host's budget (:class:`~optuna_memprune.ledger.HostBudget`, default ``HostBudget()``:
+            all of the memory available now, less 10%) or a :class:`~optuna_memprune.ledger.Ledger`
+            (another host id or ledger database).
+        on_host_full: ``"wait"`` (default) until the reservation fits, or ``"reject"`` the trial.
+        progress: show a progress bar (default: when stderr is a terminal).
+    """
+    if not isinstance(guard, MemoryGuard):
+        raise TypeError(f"guard must be a MemoryGuard, but got {type(guard).__name__}.")
+    if not isinstance(study, optuna.Study):
+        raise TypeError(f"study must be an optuna.Study, but got {type(study).__name__}.")
+    if not callable(objective):
+        raise TypeError(f"objective must be callable, but got {type(objective).__name__}.")
+    if isinstance(_internals.storage_of(study), optuna.storages.InMemoryStorage):
+        raise ValueError("optimize() runs each trial in its own process, which cannot open an in-memory "
+                         "study: create the study with a storage URL (sqlite:///file.db, postgresql+psycopg://...).")
+    check_int(n_trials, "n_trials", minimum=0, optional=True)
+    check_number(timeout, "timeout", minimum=0, optional=True)
+    check_int(n_workers, "n_workers", minimum=1)
+    if on_host_full not in ("wait", "reject"):
+        raise ValueError(f"on_host_full must be 'wait' or 'reject', but got {on_host_full!r}.")
+    catch = (catch,) if isinstance(catch, type) else tuple(catch)
+    if not all(isinstance(c, type) and issubclass(c, BaseException) for c in catch):
+        raise TypeError(f"catch must be exception types, but got {catch!r}.")
+    from ...ledger import HostBudget, Ledger
+
+    if host is None:
+        host = HostBudget()
+    if isinstance(host, HostBudget):
+        ledger = Ledger(host)
+    elif isinstance(host, Ledger):
+        ledger = host
+    else:
+        raise TypeError(f"host must be a HostBudget, a Ledger or None, but got {type(host).__name__}.")
+    runner = Runner(study, objective, guard, ledger, n_trials=n_trials, timeout=timeout, n_workers=n_workers,
+                     catch=catch, callbacks=list(callbacks or ()), on_host_full=on_host_full)
+    show = sys.stderr.isatty() if progress is None else bool(progress)
+    try:
+        if show:
+            with Progress(runner.status, n_trials) as bar:
+                runner.run(bar.update)
+        else:
+            runner.run(None)
+    finally:
+        if host is not ledger:
+            ledger.close()
+        stop_fork_server()

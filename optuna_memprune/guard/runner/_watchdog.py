@@ -1,0 +1,88 @@
+"""One trial's process seen from the parent: its watchdog (soft-line signal, stop at the budget), its
+reservation and what came back from it.
+
+Runs in the runner's process; knows nothing of the study's storage, the record or the ledger's rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+from ...monitor import Monitor, Reading
+from ._child import SOFT_SIGNAL
+
+if TYPE_CHECKING:
+    import optuna
+
+    from ...ledger import Entry
+    from .._policy import Policy
+    from .._trials import TrialGuardState
+
+_logger = logging.getLogger("optuna_memprune.guard")
+
+
+class TrialProcess:
+    """One trial's process: its watchdog, its reservation, what came back."""
+
+    def __init__(self, policy: "Policy", trial: "optuna.Trial", state: "TrialGuardState", margins: dict[str, float],
+                 entry: "Entry", process: Any, conn: Any) -> None:
+        self.trial, self.state, self.margins = trial, state, margins
+        self.reserved_prediction = state.prediction is not None  # else it reserved the budget
+        self.entry, self.process, self.conn = entry, process, conn
+        self.policy = policy
+        self.result: tuple | None = None
+        self.soft_reading: Reading | None = None
+        self.hard_reading: Reading | None = None
+        self.stopped_at: float | None = None
+        self.killed = False
+        self.ended = 0.0
+        self.monitor: Monitor | None = None
+        self.heartbeat: Any = None
+
+    def watch(self) -> None:
+        try:
+            self.monitor = Monitor(self.process.pid, interval=self.policy.interval,
+                                   on_reading=self.on_reading).start()
+        except Exception as exc:  # noqa: BLE001 - gone already (it ends below) or unreadable
+            _logger.warning("Trial %d: its process could not be watched: %s", self.trial.number, exc)
+
+    def on_reading(self, reading: Reading) -> None:
+        """From the watchdog's thread: signal the soft line once, stop the tree at the budget."""
+        policy = self.policy
+        if self.soft_reading is None and policy.over(reading, policy.soft):
+            self.soft_reading = reading
+            _signal(self.process.pid, SOFT_SIGNAL)
+        if self.hard_reading is None and policy.over(reading, 1.0):
+            self.hard_reading = reading
+            self.stop(signal.SIGTERM)
+
+    def stop(self, sig: int) -> None:
+        """Send ``sig`` to every live process of the trial's tree (children first)."""
+        procs = self.monitor.processes() if self.monitor is not None else []
+        if self.stopped_at is None:
+            self.stopped_at = time.monotonic()
+        self.killed = self.killed or sig == signal.SIGKILL
+        for proc in reversed(procs):
+            try:
+                proc.send_signal(sig)
+            except Exception:  # noqa: BLE001 - gone meanwhile
+                pass
+        _signal(self.process.pid, sig)
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.heartbeat is not None:
+            self.heartbeat.join()
+        self.conn.close()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,48 @@
+"""The guard's readers of Optuna's private names (optuna_memprune._internals) against the installed Optuna."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+
+from optuna_memprune import _internals
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_study_and_trial_ids_and_the_cached_trials(tmp_path) -> None:
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
+    study.optimize(lambda t: t.suggest_int("x", 0, 3), n_trials=2)
+    assert isinstance(_internals.study_id(study), int)
+    ids = [_internals.trial_id(t) for t in _internals.cached_trials(study)]
+    assert ids == [_internals.trial_id(t) for t in study.trials] and len(set(ids)) == 2
+
+
+def test_storage_location_names_an_rdb_url_or_a_journal_file(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    assert _internals.storage_location(optuna.create_study(storage=url)) == url
+    journal = JournalStorage(JournalFileBackend(str(tmp_path / "j.log")))
+    assert _internals.storage_location(optuna.create_study(storage=journal)) == str(tmp_path / "j.log")
+    assert _internals.storage_location(optuna.create_study()) is None  # in memory: nothing stable to name
+
+
+def test_in_distribution_checks_range_step_and_choices() -> None:
+    assert _internals.in_distribution(IntDistribution(0, 10, step=2), 4)
+    assert not _internals.in_distribution(IntDistribution(0, 10, step=2), 5)
+    assert not _internals.in_distribution(IntDistribution(0, 10), "a")
+    assert _internals.in_distribution(CategoricalDistribution(["a", "b"]), "b")
+    assert not _internals.in_distribution(CategoricalDistribution(["a", "b"]), "c")
+
+
+def test_the_optimize_loop_flags_are_the_ones_study_stop_uses() -> None:
+    study = optuna.create_study()
+    assert not _internals.in_optimize_loop(study)
+    _internals.set_in_optimize_loop(study, True)
+    study.stop()  # raises unless the loop flag is set
+    assert _internals.stop_requested(study)
+    _internals.clear_stop(study)
+    assert not _internals.stop_requested(study)
+    _internals.set_in_optimize_loop(study, False)
+    assert not _internals.in_optimize_loop(study)
