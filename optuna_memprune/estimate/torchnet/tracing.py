@@ -260,7 +260,7 @@ class Session:
             loss = loss + t.float().mean()
         return loss
 
-    def _training_step(self, counter: Any, batch_size: int) -> None:
+    def _training_step(self, counter: StorageCounter, batch_size: int) -> None:
         for net in self.nets:
             held = None
             for micro in range(self.spec.accumulation_steps):
@@ -299,7 +299,7 @@ class Session:
             counter.phase = Phase.OTHER
             del held
 
-    def _inference_step(self, counter: Any, batch_size: int) -> None:
+    def _inference_step(self, counter: StorageCounter, batch_size: int) -> None:
         counter.phase = Phase.FORWARD
         with torch.no_grad(), self._autocast():
             for net in self.nets:
@@ -308,6 +308,7 @@ class Session:
                 del batch, out
 
     def trace(self, batch_size: int) -> Trace:
+        """One step at ``batch_size`` under a fresh counter, as a ``Trace``."""
         counter = StorageCounter(self.tensor_device, workspaces=not self.spec.cuda)
         # Persistent storages first, in the order a training script allocates them.
         for net in self.nets:
