@@ -28,6 +28,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Iterable, NamedTuple
 
+from ..exceptions import EstimateError
 from ..units import MiB
 
 # --- Rules of c10/cuda/CUDACachingAllocator.cpp (constants keep the source's names in their comments) ---
@@ -165,7 +166,7 @@ class CachingAllocator:
 
     def free(self, block: _Block) -> None:
         if not block.allocated:
-            raise ValueError(f"block at {block.addr} is already free")
+            raise EstimateError(f"block at {block.addr} is already free.")
         block.allocated = False
         self.allocated -= block.size
         self.requested -= block.requested

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..exceptions import EstimateError
 from ..units import format_bytes
+from .checks import check_int, check_number
 from .footprint import Component, Footprint, Kind
 
 __all__ = [
@@ -87,18 +88,12 @@ def layout_nbytes(fields: Iterable[Field]) -> int:
 
 
 def _count(value: Any, name: str, *, minimum: int = 1) -> int:
-    """An int >= minimum; integral floats (``1e6`` from a YAML file) pass, bools do not."""
-    if isinstance(value, bool):
-        raise EstimateError(f"{name} must be an int >= {minimum}, but got {value!r}.")
+    """An int >= minimum; integral floats (``1e6`` from a YAML file) and numpy ints pass, bools do not."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise EstimateError(f"{name} must be an int >= {minimum}, but got {value!r}.") from None
-    if number < minimum:
-        raise EstimateError(f"{name} must be an int >= {minimum}, but got {value!r}.")
-    return number
+    elif not isinstance(value, bool) and hasattr(value, "__index__"):
+        value = operator.index(value)
+    return check_int(value, name, minimum=minimum)
 
 
 def _shape(value: Any, name: str) -> tuple[int, ...]:
@@ -609,8 +604,7 @@ def array(shape: Sequence[int], dtype: Any, *, name: str = "array", touched: flo
     """
     dims = _shape(shape, "shape")
     field = Field(name, dims, _dtype(dtype, "dtype"))
-    if isinstance(touched, bool) or not isinstance(touched, (int, float)) or not 0.0 <= touched <= 1.0:
-        raise EstimateError(f"touched must be a fraction in [0, 1], but got {touched!r}.")
+    check_number(touched, "touched", minimum=0, maximum=1)
     ram = min(_round_up(math.ceil(field.nbytes * touched), PAGE_SIZE), _round_up(field.nbytes, PAGE_SIZE))
     note = f"{'x'.join(map(str, dims))} {field.dtype.name}, {format_bytes(field.nbytes)}"
     if touched < 1.0:

@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any, Iterable
 
 from ..units import format_bytes, parse_bytes
+from .checks import check_int
 
 
 class Kind(str, Enum):
@@ -49,11 +50,7 @@ class Component:
 
     def __post_init__(self) -> None:
         for attr in ("ram", "vram", "threads", "processes"):
-            value = getattr(self, attr)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(
-                    f"Component {self.name!r}: {attr} must be a non-negative int, but got {value!r}."
-                )
+            check_int(getattr(self, attr), f"Component {self.name!r}: {attr}", minimum=0)
         if not isinstance(self.kind, Kind):
             object.__setattr__(self, "kind", Kind(self.kind))
 

@@ -1,8 +1,10 @@
-"""Tests of estimate/torchnet.py: the meta trace against the same step on real CPU tensors, and the API."""
+"""Tests of estimate/torchnet: the meta trace against the same step on real CPU tensors, and the API."""
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +15,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from optuna_memprune.estimate import Footprint, Kind, torch_inference, torch_training  # noqa: E402
+from optuna_memprune import estimate as omp_estimate  # noqa: E402
 from optuna_memprune.estimate import allocator, torchnet  # noqa: E402
 from optuna_memprune.exceptions import EstimateError  # noqa: E402
 
@@ -110,7 +113,7 @@ def _traced(fp: Footprint) -> int:
 
 def _with_workspaces(trace) -> int:
     """The trace's peak with its kernel workspaces sized by this host's coefficients (as a CPU footprint)."""
-    return torchnet._analyse(trace.structure, torchnet._scale_workspaces(trace.structure, trace.sizes)).peak
+    return torchnet.analyse(trace.structure, torchnet.scale_workspaces(trace.structure, trace.sizes)).peak
 
 
 @contextlib.contextmanager
@@ -137,8 +140,8 @@ def test_meta_trace_peak_within_1pct_of_real_cpu(arch, mode):
     optimizer = mode.split("-")[1] if training else None
     kwargs = dict(batch_size=8, input_dtype=input_dtype, optimizer=optimizer, training=training)
     with _no_onednn(arch):
-        meta = torchnet._trace(factory, shape, **kwargs)
-        real = torchnet._trace(factory, shape, device="cpu", **kwargs)
+        meta = torchnet.trace(factory, shape, **kwargs)
+        real = torchnet.trace(factory, shape, device="cpu", **kwargs)
     assert real.peak > 0
     assert _rel(meta.peak, real.peak) <= 0.01, (meta.peak, real.peak)
     assert meta.device in ("meta", "fake") and real.device == "cpu"
@@ -149,18 +152,18 @@ def test_meta_trace_matches_real_cpu_for_gpu_target_foreach_adam(arch):
     # device="cuda" traces on plain meta with foreach=True (torch's CUDA default); same kernels on CPU.
     factory, shape, input_dtype = ARCHS[arch]
     kwargs = dict(batch_size=8, input_dtype=input_dtype, optimizer="adam", target="cuda")
-    meta = torchnet._trace(factory, shape, **kwargs)
-    real = torchnet._trace(factory, shape, device="cpu", **kwargs)
+    meta = torchnet.trace(factory, shape, **kwargs)
+    real = torchnet.trace(factory, shape, device="cpu", **kwargs)
     assert meta.device == "meta"
     assert _rel(meta.peak, real.peak) <= 0.01
 
 
 def test_meta_and_real_cpu_agree_per_category():
     factory, shape, input_dtype = ARCHS["nature_dqn"]
-    meta = torchnet._trace(factory, shape, batch_size=8, input_dtype=input_dtype)
-    real = torchnet._trace(factory, shape, batch_size=8, input_dtype=input_dtype, device="cpu")
-    a = torchnet._analyse(meta.structure, meta.sizes)
-    b = torchnet._analyse(real.structure, real.sizes)
+    meta = torchnet.trace(factory, shape, batch_size=8, input_dtype=input_dtype)
+    real = torchnet.trace(factory, shape, batch_size=8, input_dtype=input_dtype, device="cpu")
+    a = torchnet.analyse(meta.structure, meta.sizes)
+    b = torchnet.analyse(real.structure, real.sizes)
     assert a == b
 
 
@@ -177,7 +180,7 @@ def test_training_footprint_components_add_up_to_the_traced_peak():
     assert names["network optimizer state"] == 8 * n_params + 4 * 10  # exp_avg, exp_avg_sq; 10 step scalars
     # the uint8 batch (32 x 28,224 B) is alive when backward starts: it counts as an activation
     assert names["network activations"] >= 32 * 4 * 84 * 84
-    exact = torchnet._trace(factory, shape, batch_size=32, input_dtype=input_dtype)
+    exact = torchnet.trace(factory, shape, batch_size=32, input_dtype=input_dtype)
     assert _traced(fp) == _with_workspaces(exact) > exact.peak and fp.vram == 0  # convolutions: oneDNN buffers
     kinds = {c.kind for c in fp.components}
     assert {Kind.WEIGHTS, Kind.GRADIENTS, Kind.OPTIMIZER, Kind.ACTIVATIONS} <= kinds
@@ -188,7 +191,7 @@ def test_inference_footprint_has_weights_and_activations_only():
     assert [c.name for c in fp.components if c.kind is not Kind.ALLOCATOR] == ["network weights",
                                                                               "network activations"]
     assert fp.components[1].ram >= 512 * 256 * 4  # one hidden layer's output at least
-    assert _traced(fp) == torchnet._trace(lambda: mlp(256), (16,), batch_size=512, training=False).peak
+    assert _traced(fp) == torchnet.trace(lambda: mlp(256), (16,), batch_size=512, training=False).peak
 
 
 def test_sgd_without_momentum_has_no_optimizer_state():
@@ -226,7 +229,7 @@ def test_module_instance_is_copied_to_meta_not_touched():
 
 def test_multi_input_model():
     fp = torch_training(TwoInputs, [(6,), (3,)], batch_size=16)
-    real = torchnet._trace(TwoInputs, [(6,), (3,)], batch_size=16, device="cpu")
+    real = torchnet.trace(TwoInputs, [(6,), (3,)], batch_size=16, device="cpu")
     assert _rel(_traced(fp), real.peak) <= 0.01
 
 
@@ -237,9 +240,9 @@ def test_multi_input_model():
 def test_linear_batch_scaling_equals_exact_trace(batch_size):
     factory, shape, input_dtype = ARCHS["nature_dqn"]
     fp = torch_training(factory, shape, batch_size=batch_size, input_dtype=input_dtype, cache_key="dqn")
-    entry = next(iter(torchnet._CACHE.values()))
+    entry = torchnet.cached_entries()[0]
     assert entry.linear
-    exact = torchnet._trace(factory, shape, batch_size=batch_size, input_dtype=input_dtype)
+    exact = torchnet.trace(factory, shape, batch_size=batch_size, input_dtype=input_dtype)
     assert _traced(fp) == _with_workspaces(exact)
     # the per-storage linear model reproduces every storage of the exact trace
     structure, sizes = entry.sizes_at(batch_size)
@@ -252,9 +255,9 @@ def test_nonlinear_batch_falls_back_to_exact_traces():
         return nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32)
 
     fp = torch_training(seq_first, (10, 16), batch_size=48)
-    entry = next(iter(torchnet._CACHE.values()))
+    entry = torchnet.cached_entries()[0]
     assert not entry.linear
-    assert _traced(fp) == torchnet._trace(seq_first, (10, 16), batch_size=48).peak
+    assert _traced(fp) == torchnet.trace(seq_first, (10, 16), batch_size=48).peak
 
 
 def test_accumulation_keeps_state_and_shrinks_activations():
@@ -263,8 +266,8 @@ def test_accumulation_keeps_state_and_shrinks_activations():
     for part in ("weights", "gradients", "optimizer state"):
         assert one_big[f"network {part}"] == four_small[f"network {part}"]
     assert four_small["network activations"] < 0.5 * one_big["network activations"]
-    meta = torchnet._trace(lambda: mlp(32), (16,), batch_size=16, accumulation_steps=3)
-    real = torchnet._trace(lambda: mlp(32), (16,), batch_size=16, accumulation_steps=3, device="cpu")
+    meta = torchnet.trace(lambda: mlp(32), (16,), batch_size=16, accumulation_steps=3)
+    real = torchnet.trace(lambda: mlp(32), (16,), batch_size=16, accumulation_steps=3, device="cpu")
     assert _rel(meta.peak, real.peak) <= 0.01
 
 
@@ -283,8 +286,8 @@ def test_frozen_copies_add_weights_only():
     assert 0 <= extra <= 32 * 4 * 84 * 84 + 32 * 6 * 4 + 4096
     two = _by_name(torch_training(factory, shape, frozen=2, **kw))
     assert two["network frozen weights"] == 2 * base["network weights"]
-    meta = torchnet._trace(factory, shape, batch_size=8, input_dtype=input_dtype, frozen=1)
-    real = torchnet._trace(factory, shape, batch_size=8, input_dtype=input_dtype, frozen=1, device="cpu")
+    meta = torchnet.trace(factory, shape, batch_size=8, input_dtype=input_dtype, frozen=1)
+    real = torchnet.trace(factory, shape, batch_size=8, input_dtype=input_dtype, frozen=1, device="cpu")
     assert _rel(meta.peak, real.peak) <= 0.01
 
 
@@ -304,8 +307,8 @@ def test_autocast_keeps_fp32_weights_and_halves_saved_activations():
     assert amp["network weights"] == f32["network weights"]
     assert amp["network gradients"] == f32["network gradients"]
     assert amp["network activations"] < 0.75 * f32["network activations"]
-    meta = torchnet._trace(lambda: mlp(32), (16,), batch_size=16, autocast="bfloat16")
-    real = torchnet._trace(lambda: mlp(32), (16,), batch_size=16, autocast="bfloat16", device="cpu")
+    meta = torchnet.trace(lambda: mlp(32), (16,), batch_size=16, autocast="bfloat16")
+    real = torchnet.trace(lambda: mlp(32), (16,), batch_size=16, autocast="bfloat16", device="cpu")
     assert meta.device == "fake"
     assert _rel(meta.peak, real.peak) <= 0.01
 
@@ -321,8 +324,8 @@ def test_several_networks_updated_in_one_step():
     assert names["network critic frozen weights"] == critic["network weights"]
     assert "network actor frozen weights" not in names
     assert names["network actor optimizer state"] == actor["network optimizer state"]
-    meta = torchnet._trace(nets, (16,), batch_size=16, frozen={"critic": 1})
-    real = torchnet._trace(nets, (16,), batch_size=16, frozen={"critic": 1}, device="cpu")
+    meta = torchnet.trace(nets, (16,), batch_size=16, frozen={"critic": 1})
+    real = torchnet.trace(nets, (16,), batch_size=16, frozen={"critic": 1}, device="cpu")
     assert _rel(meta.peak, real.peak) <= 0.01
     assert _traced(fp) == meta.peak
 
@@ -346,7 +349,7 @@ def test_cache_hit_returns_same_result_without_building():
     third = torch_training(factory, (16,), batch_size=32)
     fourth = torch_training(factory, (16,), batch_size=32)
     assert third == fourth == first
-    assert len(torchnet._CACHE) == 2
+    assert len(torchnet.cached_entries()) == 2
 
 
 def test_cache_distinguishes_specs():
@@ -354,7 +357,7 @@ def test_cache_distinguishes_specs():
     b = torch_training(mlp, (16,), batch_size=8, cache_key="m", optimizer="sgd")
     c = torch_training(mlp, (16,), batch_size=8, cache_key="m", device="cuda")
     assert a != b and a.ram != c.ram
-    assert len(torchnet._CACHE) == 3
+    assert len(torchnet.cached_entries()) == 3
 
 
 def test_threads_share_the_cache_safely():
@@ -417,15 +420,15 @@ def test_shared_module_returned_by_a_factory_is_not_changed():
     fp = torch_training({"q_net": lambda: shared}, (16,), batch_size=8, frozen={"q_net": 1})
     assert fp.ram > 0
     assert all(p.grad is None and p.requires_grad and p.device.type == "meta" for p in shared.parameters())
-    real = torchnet._trace({"q_net": lambda: shared}, (16,), batch_size=8, frozen={"q_net": 1}, device="cpu")
+    real = torchnet.trace({"q_net": lambda: shared}, (16,), batch_size=8, frozen={"q_net": 1}, device="cpu")
     assert _rel(_traced(fp), real.peak) <= 0.01
 
 
 def test_allocator_timeline_repeats_the_step_without_leaking():
     # Two replayed steps: the second frees the first one's gradients; what stays is the persistent state.
     factory, shape, input_dtype = ARCHS["nature_dqn"]
-    trace = torchnet._trace(factory, shape, batch_size=16, input_dtype=input_dtype, target="cuda")
-    events = torchnet._allocator_events(trace.structure, trace.sizes, steps=2)
+    trace = torchnet.trace(factory, shape, batch_size=16, input_dtype=input_dtype, target="cuda")
+    events = torchnet.allocator_events(trace.structure, trace.sizes, steps=2)
     live: dict[int, int] = {}
     for handle, nbytes in events:
         if nbytes >= 0:
@@ -433,7 +436,39 @@ def test_allocator_timeline_repeats_the_step_without_leaking():
             live[handle] = nbytes
         else:
             assert live.pop(handle, None) is not None  # every free frees something allocated
-    persistent = torchnet._analyse(trace.structure, trace.sizes, device_only=True)
+    persistent = torchnet.analyse(trace.structure, trace.sizes, device_only=True)
     assert sum(live.values()) == sum(sum(row) for row in persistent.final)
     peaks = allocator.replay(events)
     assert peaks.peak_allocated >= persistent.peak
+
+
+# --------------------------------------------------------------------------------------------------------
+# The package's layout
+# --------------------------------------------------------------------------------------------------------
+def test_workspaces_module_imports_without_the_rest_of_the_tracer():
+    # the calibration's kernel probe imports it in a fresh interpreter, whose baseline must stay small
+    code = ("import sys; from optuna_memprune.estimate.torchnet import workspaces; "
+            "print(workspaces.WORKSPACE_RULES == ('conv_fwd_in', 'conv_fwd_out', 'conv_bwd_in', 'conv_bwd_out', "
+            "'conv_bwd_grad_in'), workspaces.channel_block() in (8, 16), "
+            "sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('optuna_memprune.estimate.torchnet.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "['workspaces']"]
+
+
+def test_workspace_features_of_a_convolution():
+    from optuna_memprune.estimate.torchnet.workspaces import WORKSPACE_RULES, workspace_features
+
+    aten = torch.ops.aten
+    x, w = torch.empty(2, 32, 10, 10, device="meta"), torch.empty(40, 32, 3, 3, device="meta")
+    y = aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    feats = dict(workspace_features(aten.convolution.default, (x, w, None), {}, y, 16))
+    assert feats == {WORKSPACE_RULES.index("conv_fwd_out"): 2 * 48 * 100 * 4,   # 40 channels padded to 48
+                     WORKSPACE_RULES.index("conv_fwd_in"): 2 * 32 * 100 * 4}
+    assert workspace_features(aten.mm.default, (x, w), {}, y, 16) == []
+
+
+def test_public_names_of_the_package():
+    assert torchnet.torch_training is torch_training and torchnet.torch_inference is torch_inference
+    assert omp_estimate.torch_training is torch_training
+    with pytest.raises(AttributeError):
+        torchnet.no_such_name

@@ -14,7 +14,7 @@ Two regimes:
   keeps only the few small storages below the threshold as heap retention. This checks the workspace model
   tightly.
 - glibc's default: freed heap chunks stay resident and identical runs differ by up to +-30% (see
-  torchnet's ``_HEAP_RETENTION``; e.g. the MLP below measured 103-167 MiB over six steps in repeated runs,
+  ``estimate.heap.RETENTION``; e.g. the MLP below measured 103-167 MiB over six steps in repeated runs,
   predicted 122 MiB). A 10% bound cannot hold for a single run, nor reliably for a median of three; the
   prediction is checked against the median of three runs within 25%, and must beat the traced tensors
   alone, which miss 20-50% here.
@@ -134,7 +134,7 @@ def _predict(arch: str, batch: int) -> tuple[int, dict, int]:
     exec(textwrap.dedent(NETS[arch]), scope)
     args = (scope["build"], scope["SHAPE"])
     fp = torch_training(*args, batch_size=batch, input_dtype=scope["DTYPE"])
-    tensors = torchnet._trace(*args, batch_size=batch, input_dtype=scope["DTYPE"]).peak
+    tensors = torchnet.trace(*args, batch_size=batch, input_dtype=scope["DTYPE"]).peak
     return fp.ram, {c.name: c.ram for c in fp.components}, tensors
 
 
