@@ -27,13 +27,16 @@ What is rebuilt (the workload of xMem's ``exp/`` and ``perf_estimator/`` code):
   sample, taken after CUDA was initialised on the device.
 - Rows whose real run hit the GPU's limit (``real_oom=true``) are scored as a decision (did we predict more
   than the GPU's total memory?), not in the error figures. Peers are scored on the same rows as ours.
+  ``n``: rows; ``supported``: rows we predict (OOM rows included); ``scored``: supported rows without OOM.
 
 What this does not prove: the runs were measured by others, on RTX 3060/4060 and A100 GPUs with torch 2.6 /
 CUDA 12.4, while ours is traced with the torch installed here (CPU build) and no GPU of our own; nothing
 here was measured on a GPU by this project. The ground figure's definition rests on reading xMem's code.
 
 Needs torchvision (model definitions) and transformers (transformer rows; without it they print the reason).
-Run: ``python scripts/bench_vram_published.py [--smoke]`` (``--smoke``: 5 rows).
+Run: ``python scripts/bench_vram_published.py [--smoke] [--components]`` (``--smoke``: the first 5 rows;
+``--components``: our components under each row). Diagnostic lines (signed error per model, optimizer and
+zero_grad reading; ours without the allocator-overhead component) come before the summaries.
 """
 
 from __future__ import annotations
@@ -285,9 +288,15 @@ def print_oom(rows: list[dict], key: str) -> None:
     print(f"OOM decision ({key}): {len(oom)} real-OOM rows, {len(have)} predicted; ours > GPU total: {said} "
           f"(with our default CUDA context added: {with_ctx}); on the same rows xMem {peers['xMem']}, "
           f"DNNMem {peers['DNNMem']}, SchedTune {peers['SchedTune']}")
+    ran = [r for r in rows if r["real_oom"] != "true" and r[key] is not None]     # false alarms: ran, we said OOM
+    alarms = {p: sum(float(r[c]) > total(r) for r in ran if _num(r[c]) is not None)
+              for p, c in (("xMem", "xmem_bytes"), ("DNNMem", "dnnmem_bytes"), ("SchedTune", "schedtune_bytes"))}
+    print(f"  false alarms: of {len(ran)} rows that ran, predicted above the GPU total: ours "
+          f"{sum(r[key] > total(r) for r in ran)}, xMem {alarms['xMem']}, DNNMem {alarms['DNNMem']}, "
+          f"SchedTune {alarms['SchedTune']}")
 
 
-def print_groups(rows: list[dict], key: str, field: str) -> None:
+def print_groups(rows: list[dict], key: str, field: str, suffix: str = "") -> None:
     """Signed error of ours per model or optimizer (non-OOM rows we predict), for the diagnosis."""
     groups: dict[str, list] = {}
     for r in rows:
@@ -295,8 +304,9 @@ def print_groups(rows: list[dict], key: str, field: str) -> None:
             groups.setdefault(r[field], []).append(r)
     for name, rs in sorted(groups.items()):
         signed = [(r[key] - float(r["ground_bytes"])) / float(r["ground_bytes"]) for r in rs]
-        over = statistics.median(r["parts"].get("network allocator overhead", 0) / r[key] for r in rs)
-        print(f"  {name:<28} rows={len(rs):<3} signed err median {100 * statistics.median(signed):+6.1f}% "
+        pk = "parts" if key == "ours" else "parts_alt"
+        over = statistics.median(r[pk].get("network allocator overhead", 0) / r[key] for r in rs)
+        print(f"  {name + suffix:<28} rows={len(rs):<3} signed err median {100 * statistics.median(signed):+6.1f}% "
               f"min {100 * min(signed):+6.1f}% max {100 * max(signed):+6.1f}% | allocator overhead "
               f"{100 * over:4.1f}% of ours")
 
@@ -304,6 +314,7 @@ def print_groups(rows: list[dict], key: str, field: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help=f"only the first {SMOKE_ROWS} rows")
+    ap.add_argument("--components", action="store_true", help="print our components (GB) under each row")
     args = ap.parse_args()
     rows = load_rows(DATA)
     if args.smoke:
@@ -313,7 +324,7 @@ def main() -> None:
     gpu = lambda r: r["gpu_name"].replace("NVIDIA ", "").replace("GeForce ", "")   # noqa: E731
     gb = lambda x: f"{float(x) / GB:6.2f}" if x not in ("", None) else "   n/a"    # noqa: E731
     print("GB = 1e9 B; ours without the CUDA context; err = (ours - ground) / ground; zg = zero_grad_mode read")
-    print(f"{'experiment':<16}{'model':<28}{'optim':<10}{'batch':>5} {'GPU':<16}{'zg':<7}{'ground':>7}"
+    print(f"{'experiment':<23}{'model':<28}{'optim':<10}{'batch':>5} {'GPU':<16}{'zg':<7}{'ground':>7}"
           f"{'ours':>7}{'xMem':>7}{'DNNMem':>7}{'SchedT':>7}   err")
     for r in rows:
         r["context"] = context
@@ -323,8 +334,8 @@ def main() -> None:
             pred, parts = predict(r, zero_at_start)
             key = "ours" if first else "ours_alt"
             r[key], r["parts" if first else "parts_alt"] = pred, parts if pred is not None else {}
-            head = (f"{r['experiment']:<16}{r['model'][:27]:<28}{r['optimizer']:<10}{r['batch_size']:>5} "
-                    f"{gpu(r):<16}{label:<7}{gb(r['ground_bytes'])} ") if first else f"{'':<82}{label:<7}{'':>7} "
+            head = (f"{r['experiment']:<23}{r['model'][:27]:<28}{r['optimizer']:<10}{r['batch_size']:>5} "
+                    f"{gpu(r):<16}{label:<7}{gb(r['ground_bytes'])} ") if first else f"{'':<89}{label:<7}{'':>7} "
             if pred is None:
                 print(f"{head}  -- not predicted: {parts}")
             else:
@@ -332,6 +343,8 @@ def main() -> None:
                 oom = " real OOM: scored as a decision" if r["real_oom"] == "true" else ""
                 print(f"{head}{gb(pred)}{gb(r['xmem_bytes'])}{gb(r['dnnmem_bytes'])}{gb(r['schedtune_bytes'])}"
                       f"  {100 * err:+6.1f}%{oom}")
+                if args.components:
+                    print(f"{'':<30}" + ", ".join(f"{k.replace('network ', '')} {v / GB:.2f}" for k, v in parts.items()))
             first = False
         if "ours_alt" not in r:                 # one reading only: the alternative is the same figure
             r["ours_alt"], r["parts_alt"] = r["ours"], r["parts"]
@@ -340,6 +353,17 @@ def main() -> None:
     print_groups(rows, "ours", "model")
     print("Signed error per optimizer (primary reading):")
     print_groups(rows, "ours", "optimizer")
+    print("Signed error per zero_grad_mode in the data, each reading:")
+    print_groups(rows, "ours", "zero_grad_mode")
+    print_groups([r for r in rows if r["zero_grad_mode"] == "null"],
+                 "ours_alt", "zero_grad_mode", " (read as 0)")
+    print("Diagnostic, not a prediction: ours without the allocator-overhead component (tensor peak + cuBLAS):")
+    for key, parts in (("ours", "parts"), ("ours_alt", "parts_alt")):
+        for r in rows:
+            r[key + "_tensors"] = (None if r[key] is None else
+                                   r[key] - r[parts].get("network allocator overhead", 0))
+        s = summary(rows, key + "_tensors")
+        print(f"  {key:<9} median {_pct(s, 'ours_median')} under {s.get('ours_under', 0)} of {s['scored']}")
     print()
     for key, what in (("ours_alt", "null read as mode 0"), ("ours", "null read as mode 1 (primary)")):
         print(f"-- {what}")
