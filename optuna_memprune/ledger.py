@@ -20,6 +20,7 @@ import psutil
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from .paths import cache_dir
 from .units import format_bytes, parse_bytes
 
 __all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Usage", "Ledger", "owner_alive"]
@@ -315,8 +316,6 @@ class Ledger:
         self.capacity: HostCapacity = budget
         self.host = host
         if url is None:
-            from .estimate.calibration import cache_dir  # light: no torch
-
             directory = cache_dir()
             directory.mkdir(parents=True, exist_ok=True)
             url = "sqlite:///" + str(directory / f"ledger-{re.sub(r'[^A-Za-z0-9._-]', '_', host)}.sqlite")
