@@ -1,7 +1,6 @@
-"""The ``memprune`` command: predict, calibrate, worker and report, with the Optuna CLI's conventions.
+"""The ``memprune`` command (predict, calibrate, worker, report), with the Optuna CLI's conventions.
 
-The only module that prints or configures logging handlers; everything else returns data. Exit status: 0,
-1 for an error while running, 2 for a bad command line, 130 when interrupted.
+The only module that prints or configures logging handlers; exits 0, 1 (runtime), 2 (usage) or 130 (Ctrl-C).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The one reader of Linux's /proc: fields of a process's status and stat files, its children, its peak reset.
+"""The one reader of Linux's /proc: status and stat fields, children, descendants, the peak reset of a process.
 
-Standard library only (the calibration probes import it into otherwise bare interpreters); knows nothing of
-psutil, process trees over time, budgets or estimates.
+Standard library only (calibration probes import it into bare interpreters); knows nothing of psutil or budgets.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Opening an Optuna storage from what a user types: an RDB URL, or a Journal file (``PATH.log``, ``journal:PATH``).
+"""Opening an Optuna storage from what a user types: an RDB URL or a Journal file (PATH.log, journal:PATH).
 
-Owns the accepted forms, how they are shown (no passwords) and their one-line errors; knows nothing of guards,
-records or reports.
+Owns the accepted forms, how they are shown and their one-line errors; knows nothing of guards or reports.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """What the calibration probes measure, as values (StackBaseline, EnvProfile, CpuKernels), and how a probe runs.
 
-Owns the runner of a probe module in a fresh interpreter and the reading of its raw output into values; knows
-nothing of the cache file, of Footprints or of what the probes do inside.
+Knows nothing of the cache file, of Footprints, or of what a probe does inside its interpreter.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The cache of this host's measured baselines: one JSON file per set of versions, read, filled on a miss, saved.
 
-Owns the file, its keys and load/save; the probes that fill it are modules of ``probes`` run through
-``baselines.run_probe``. Knows nothing of Optuna, psutil, recipes or how figures become Footprints.
+Knows nothing of how a probe measures (``probes``, run by ``baselines``), of recipes, Optuna or Footprints.
 """
 
 from __future__ import annotations

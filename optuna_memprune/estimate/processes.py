@@ -1,7 +1,6 @@
 """The process around the training: interpreter + imports baseline, torch threads, env worker processes.
 
-Owns how calibrated figures (calibration.py) become Footprint components; knows nothing of Optuna, psutil
-or any recipe.
+Owns how calibrated figures become Footprint components; knows nothing of Optuna, psutil or any recipe.
 """
 
 from __future__ import annotations

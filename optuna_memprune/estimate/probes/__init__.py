@@ -1,7 +1,6 @@
-"""The calibration probes: modules each run in a fresh interpreter (``python -m ...probes.<name> SPEC``).
+"""The calibration probes, modules each run in a fresh interpreter (``python -m ...probes.<name> SPEC``).
 
-Owns what every probe shares: its spec (JSON, the first argument) and its one ``PROBE`` output line; a probe
-imports json, sys and procfs of the package only, so what it measures is the stack it was asked about.
+Owns their spec argument and their one PROBE line; imports json and sys only, so a probe measures its stack.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Probe: what one env instance and one SubprocVecEnv worker process cost, the env built the way SB3 builds it.
+"""Probe: what one env instance and one SubprocVecEnv worker process cost, the env built as SB3 builds it.
 
-Runs in a fresh interpreter that imports the stack first; SB3's env workers re-run this module as their main
-module, so they import the same stack (and register ALE). Knows nothing of the cache or of Footprints.
+Its env workers re-run this module as their main (same stack, ALE registered); knows nothing of the cache.
 """
 
 from __future__ import annotations

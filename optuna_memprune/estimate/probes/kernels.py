@@ -1,7 +1,6 @@
 """Probe: the buffers oneDNN convolutions allocate inside the op, on reference convolutions, fitted per rule.
 
-Runs in a fresh interpreter; the features come from ``torchnet.workspaces`` (the estimator's own table, so
-probe and estimator cannot drift apart). Knows nothing of the cache or of Footprints.
+Features come from ``torchnet.workspaces`` (so probe and estimator cannot drift); knows nothing of the cache.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Probe: the RSS and threads of a process that imported a stack, set torch's threads and ran a first step.
 
-Runs in a fresh interpreter, one per torch thread count (torch sizes its pools at first use); imports only
-the stack it measures besides procfs, and knows nothing of the cache or of how its figures are combined.
+Imports only that stack besides procfs (one process per torch thread count); knows nothing of the cache.
 """
 
 from __future__ import annotations

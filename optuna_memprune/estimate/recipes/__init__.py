@@ -1,19 +1,6 @@
-"""The recipe registry: ready footprints for popular training stacks, one module each (``recipes.sb3(...)``).
+"""The recipe registry: ready footprints for training stacks, one module each (``recipes.sb3(...)``).
 
-Owns the list of recipes and what is read across them (``memprune predict`` names, stack names, what
-``memprune calibrate`` measures); knows nothing of Optuna or of how any one recipe estimates.
-
-A recipe is one module of this package that exports its estimate function and:
-
-- ``HELP``: one line for ``memprune predict --help``;
-- ``add_arguments(parser)``: its options of ``memprune predict <name>`` (params come as ``name=value``);
-- ``from_args(args, params)``: a title line and the Footprint, from the parsed options and params;
-- ``STACKS``: ``{name: processes.Stack}``, the import stacks its processes load (``process()`` takes the
-  names; ``memprune calibrate`` measures them);
-- ``VERSIONED``: the libraries (distributions) whose versions key its calibrated entries;
-- optionally ``calibrate_env(env_id, calibration)``: what ``memprune calibrate --env`` measures.
-
-Adding a recipe: its module, one line in ``RECIPES``, its tests.
+Owns the list of recipes and what is read across them (CLI, stack names, calibration); knows nothing of Optuna.
 """
 
 from __future__ import annotations
@@ -35,6 +22,16 @@ from .sb3 import ALGOS as SB3_ALGOS
 from .sb3 import sb3
 
 __all__ = ["sb3", "SB3_ALGOS", "RECIPES", "process", "stacks", "calibrate"]
+
+# A recipe is one module of this package that exports its estimate function and what the registry reads:
+#   HELP                      one line for ``memprune predict --help``
+#   add_arguments(parser)     its options of ``memprune predict <name>`` (params come as name=value words)
+#   from_args(args, params)   a title line and the Footprint, from the parsed options and params
+#   STACKS                    {name: processes.Stack}: the import stacks its processes load (``process()``
+#                             takes the names; ``memprune calibrate`` measures them)
+#   VERSIONED                 the libraries (distributions) whose versions key its calibrated entries
+#   calibrate_env(env_id, calibration)   optional: what ``memprune calibrate --env`` measures
+# Adding a recipe: its module, one line in RECIPES, its tests.
 
 #: The recipes, by the name ``memprune predict <name>`` takes.
 RECIPES: dict[str, ModuleType] = {"sb3": sb3_recipe}

@@ -1,8 +1,6 @@
-"""The SB3 recipe: the footprint of a Stable-Baselines3 training run (DQN, QR-DQN, PPO, A2C, SAC, TD3).
+"""The SB3 recipe: a Stable-Baselines3 run's footprint (DQN, QR-DQN, PPO, A2C, SAC, TD3) from rl-zoo3 params.
 
-Builds SB3's own policy classes on the meta device from rl-zoo3-style params, reads the env's spaces once
-(calibrated, cached), and adds buffers, env instances or worker processes and the process baseline; exports
-what the registry reads (CLI arguments, stacks, versioned libraries). Knows nothing of Optuna.
+SB3's own policies built on the meta device, env calibrated once, buffers and process added; knows no Optuna.
 """
 
 from __future__ import annotations
