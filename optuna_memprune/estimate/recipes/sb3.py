@@ -16,7 +16,7 @@ from ..baselines import EnvProfile
 from ..buffers import replay_buffer, rollout_buffer
 from ..calibration import Calibration, load
 from ..checks import check_int
-from ..footprint import Component, Footprint, Kind
+from ..footprint import Footprint
 from ..processes import Stack, env_instances, env_workers, process
 
 #: Libraries whose versions key this recipe's calibrated stacks and env profiles.
