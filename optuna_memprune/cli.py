@@ -1,19 +1,28 @@
-"""The ``memprune`` command: predict, calibrate (and the commands later layers add).
+"""The ``memprune`` command (predict, calibrate, worker, report), with the Optuna CLI's conventions.
 
-The only module that prints or configures logging handlers; everything else returns data.
+The only module that prints or configures logging handlers; exits 0, 1 (runtime), 2 (usage) or 130 (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import logging
+import os
 import sys
 from typing import Any, Sequence
 
+from .exceptions import EstimateError, MemPruneError
+from .storages import ENV_VAR, open_storage
 from .units import format_bytes
-from .exceptions import MemPruneError
+
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
+class UsageError(MemPruneError):
+    """A command line that asks for something impossible: exits 2, as argparse's own errors do."""
 
 
 def _param(text: str) -> tuple[str, Any]:
@@ -51,33 +60,35 @@ def _print_footprint(fp, budget_line: str | None = None) -> None:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from .estimate import recipes
+    from .estimate.recipes import RECIPES
 
     params = dict(args.params)
-    fp = recipes.sb3(args.algo, args.env, params, n_envs=args.n_envs, frame_stack=args.frame_stack,
-                     vec_env=args.vec_env, device=args.device)
-    if args.json:
+    try:
+        title, fp = RECIPES[args.recipe].from_args(args, params)
+    except EstimateError as exc:  # the params or options given do not describe a run
+        raise UsageError(str(exc)) from None
+    if _format(args) == "json":
         print(json.dumps(fp.to_dict(), indent=1))
     else:
-        print(f"sb3 {args.algo} on {args.env} " + " ".join(f"{k}={v}" for k, v in params.items()))
+        print(title)
         _print_footprint(fp)
     return 0
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from .estimate import calibration
+    from .estimate import recipes
 
-    cal, seconds = calibration.calibrate(env_ids=args.env, force=args.force)
-    for key, _ in sorted(cal.data.get("stacks", {}).items()):
-        mods = key.split(":")[1].split(",")
-        base = cal.stack(mods, train=key.endswith(":1"))
+    cal, profiles, seconds = recipes.calibrate(env_ids=args.env, force=args.force)
+    if _format(args) == "json":
+        print(json.dumps({"stacks": [dataclasses.asdict(b) for b in cal.stacks()],
+                          "envs": [dataclasses.asdict(p) for p in profiles],
+                          "seconds": round(seconds, 1), "path": str(cal.path)}, indent=1))
+        return 0
+    for base in cal.stacks():
         print(f"{', '.join(base.imports) or 'python':55s} {format_bytes(base.ram):>11s}  "
               f"threads {base.threads_at(1)} (+{base.threads_per_torch_thread:.1f} per torch thread)")
-    for env_id in args.env:
-        atari = env_id.startswith("ALE/")
-        p = cal.env(env_id, atari=atari, frame_stack=4 if atari else None,
-                    imports=calibration.sb3_imports(atari))
-        print(f"{env_id:55s} env {format_bytes(p.env_ram):>10s} each, worker {format_bytes(p.worker_ram)}")
+    for p in profiles:
+        print(f"{p.env_id:55s} env {format_bytes(p.env_ram):>10s} each, worker {format_bytes(p.worker_ram)}")
     print(f"calibrated in {seconds:.1f} s -> {cal.path}")
     return 0
 
@@ -88,7 +99,7 @@ def _load(spec: str, what: str) -> Any:
 
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
-        raise MemPruneError(f"{what} must be written module:name (e.g. mystudy:objective), but got {spec!r}")
+        raise UsageError(f"{what} must be written module:name (e.g. mystudy:objective), but got {spec!r}")
     if "" not in sys.path:
         sys.path.insert(0, "")
     try:
@@ -100,12 +111,20 @@ def _load(spec: str, what: str) -> Any:
     return obj
 
 
+def _storage_url(args: argparse.Namespace) -> str:
+    url = args.storage or os.environ.get(ENV_VAR)
+    if not url:
+        raise UsageError(f"give the study's storage URL (or set {ENV_VAR})")
+    return url
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     import optuna
 
     import optuna_memprune as omp
     from .ledger import HostBudget, Ledger
 
+    url = _storage_url(args)
     objective = _load(args.objective, "the objective")
     if args.guard:
         guard = _load(args.guard, "--guard")
@@ -115,24 +134,32 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     elif args.footprint:
         try:
             budget = omp.Budget(ram=args.ram, vram=args.vram, threads=args.threads)
-            guard = omp.MemoryGuard(_load(args.footprint, "--footprint"), budget, on_infeasible=args.on_infeasible)
         except (TypeError, ValueError) as exc:
-            raise MemPruneError(str(exc)) from exc
+            raise UsageError(str(exc)) from exc
+        footprint = _load(args.footprint, "--footprint")
+        try:
+            guard = omp.MemoryGuard(footprint, budget, on_infeasible=args.on_infeasible)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(str(exc)) from exc
     else:
-        raise MemPruneError("give the guard: --guard module:name, or --footprint module:name with --ram/--vram/--threads")
+        raise UsageError("give the guard: --guard module:name, or --footprint module:name with --ram/--vram/--threads")
+    try:
+        host = HostBudget(ram=None if args.host_ram == "none" else args.host_ram, gpus=args.host_gpus,
+                          headroom=args.headroom, threads=args.host_threads)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
     samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
     pruners = {"median": optuna.pruners.MedianPruner, "none": optuna.pruners.NopPruner}
     try:
-        host = HostBudget(ram=None if args.host_ram == "none" else args.host_ram, gpus=args.host_gpus, headroom=args.headroom, threads=args.host_threads)
         study = optuna.create_study(
-            storage=args.storage, study_name=args.study, direction=args.direction, load_if_exists=True,
+            storage=open_storage(url), study_name=args.study, direction=args.direction, load_if_exists=True,
             sampler=guard.wrap_sampler(samplers[args.sampler](seed=args.seed)),
             pruner=guard.wrap_pruner(pruners[args.pruner]()),
         )
     except (TypeError, ValueError, ImportError) as exc:
         raise MemPruneError(str(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - the storage's own errors (unreachable server, bad URL)
-        raise MemPruneError(f"could not open study {args.study!r} in {args.storage}: "
+        raise MemPruneError(f"could not open study {args.study!r} in {url}: "
                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     ledger = Ledger(host, url=args.ledger, host=args.host_id)
     try:
@@ -150,14 +177,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from . import report
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = report.load(args.storage, args.study)
+    study = report.load(_storage_url(args), args.study)
     data = report.build(study)
     if args.dashboard_notes:
         changed = report.save_notes(study)
         print(f"optuna-dashboard notes: {changed} of {len(data.trials)} guarded trials written or refreshed",
               file=sys.stderr)
+    fmt = _format(args)
     try:
-        if args.format == "table":
+        if fmt == "table":
             from rich.console import Console
 
             if args.output:
@@ -166,7 +194,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             else:
                 (Console() if sys.stdout.isatty() else Console(width=200)).print(report.render_table(data))
         else:
-            text = report.render_json(data) if args.format == "json" else report.render_html(data)
+            text = report.render_json(data) if fmt == "json" else report.render_html(data)
             if args.output:
                 with open(args.output, "w", encoding="utf-8") as f:
                     f.write(text + "\n")
@@ -175,35 +203,70 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise MemPruneError(f"cannot write the report to {args.output!r}: {exc.strerror or exc}") from None
     if args.output:
-        print(f"{args.format} report of study {data.study_name!r} ({len(data.trials)} guarded trials) -> {args.output}")
+        print(f"{fmt} report of study {data.study_name!r} ({len(data.trials)} guarded trials) -> {args.output}")
     return 0
 
 
+def _format(args: argparse.Namespace) -> str:
+    return getattr(args, "format", None) or "table"
+
+
+def _verbosity() -> argparse.ArgumentParser:
+    """``-v``/``-q``, accepted before and after the command (each level leaves the other's value alone)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="log what the tool does")
+    group.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                       help="print warnings and errors only (no calibration notes)")
+    return parser
+
+
+def _formats(*choices: str, json_alias: bool = False) -> argparse.ArgumentParser:
+    """``-f/--format`` of a command that prints data (``--json``: the same as ``-f json``)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("-f", "--format", choices=choices, default=argparse.SUPPRESS,
+                        help=f"output format (default: {choices[0]})")
+    if json_alias:
+        parser.add_argument("--json", dest="format", action="store_const", const="json",
+                            default=argparse.SUPPRESS, help="the same as --format json")
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="memprune", description="Predict, budget and guard Optuna trials.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the tool does")
+    from . import __version__
+    from .estimate.recipes import RECIPES
+
+    verbosity = _verbosity()
+    parser = argparse.ArgumentParser(prog="memprune", description="Predict, budget and guard Optuna trials.",
+                                     parents=[verbosity])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    pred = sub.add_parser("predict", help="print the predicted footprint of a recipe and params")
-    pred.add_argument("recipe", choices=["sb3"], help="which recipe (sb3: Stable-Baselines3)")
-    pred.add_argument("--algo", required=True, help="dqn, qrdqn, ppo, a2c, sac or td3")
-    pred.add_argument("--env", required=True, help="Gymnasium env id, e.g. ALE/Pong-v5")
-    pred.add_argument("--n-envs", type=int, default=1)
-    pred.add_argument("--frame-stack", type=int, default=None)
-    pred.add_argument("--vec-env", choices=["dummy", "subproc"], default="dummy")
-    pred.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    pred.add_argument("--json", action="store_true", help="print the footprint as JSON")
-    pred.add_argument("params", nargs="*", type=_param, help="name=value params, e.g. buffer_size=100000")
+    predict_formats = _formats("table", "json", json_alias=True)
+    pred = sub.add_parser("predict", parents=[verbosity, predict_formats],
+                          help="print the predicted footprint of a recipe and params")
+    by_recipe = pred.add_subparsers(dest="recipe", required=True, metavar="recipe",
+                                    help=", ".join(RECIPES) + " (memprune predict <recipe> --help)")
+    for name, recipe in RECIPES.items():
+        rp = by_recipe.add_parser(name, parents=[verbosity, predict_formats], help=recipe.HELP)
+        recipe.add_arguments(rp)
+        rp.add_argument("params", nargs="*", type=_param, help="name=value params, e.g. buffer_size=100000")
     pred.set_defaults(func=_cmd_predict)
 
-    cal = sub.add_parser("calibrate", help="measure this host's baselines now and cache them")
+    cal = sub.add_parser("calibrate", parents=[verbosity, _formats("table", "json")],
+                         help="measure this host's baselines now and cache them")
     cal.add_argument("--env", action="append", default=[], help="also profile this env id (repeatable)")
     cal.add_argument("--force", action="store_true", help="forget the cached figures first")
     cal.set_defaults(func=_cmd_calibrate)
-    wk = sub.add_parser("worker", help="run trials of a study, one process each, under the guard and this host's ledger")
+
+    storage_help = (f"the study's storage: a URL (sqlite:///f.db, postgresql+psycopg://...) or a Journal file "
+                    f"(PATH.log, journal:PATH); default ${ENV_VAR}")
+    wk = sub.add_parser("worker", parents=[verbosity],
+                        help="run trials of a study, one process each, under the guard and this host's ledger")
     wk.add_argument("objective", help="the objective as module:function (importable from here)")
-    wk.add_argument("--storage", required=True, help="the study's storage URL (sqlite:///f.db, postgresql+psycopg://...)")
-    wk.add_argument("--study", required=True, help="the study name (created if missing)")
+    wk.add_argument("--storage", default=None, help=storage_help)
+    wk.add_argument("--study-name", "--study", dest="study", required=True, help="the study name (created if missing)")
     wk.add_argument("--direction", choices=["minimize", "maximize"], default="minimize")
     wk.add_argument("--guard", help="module:name of a MemoryGuard (or of a function returning one)")
     wk.add_argument("--footprint", help="module:function params -> Footprint (instead of --guard)")
@@ -226,10 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--on-host-full", choices=["wait", "reject"], default="wait")
     wk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     wk.set_defaults(func=_cmd_worker)
-    rep = sub.add_parser("report", help="review a guarded study: decisions, stopped trials, prediction quality")
-    rep.add_argument("storage", help="the study's storage URL, e.g. sqlite:///studies/demo.db")
-    rep.add_argument("--study", default=None, help="the study name (may be omitted when the storage holds one)")
-    rep.add_argument("--format", choices=["table", "json", "html"], default="table")
+
+    rep = sub.add_parser("report", parents=[verbosity, _formats("table", "json", "html")],
+                         help="review a guarded study: decisions, stopped trials, prediction quality")
+    rep.add_argument("storage", nargs="?", default=None, help=storage_help)
+    rep.add_argument("--study-name", "--study", dest="study", default=None,
+                     help="the study name (may be omitted when the storage holds one)")
     rep.add_argument("-o", "--output", default=None, help="write to this file instead of standard output")
     rep.add_argument("--dashboard-notes", action="store_true",
                      help="also write an optuna-dashboard note on every guarded trial (needs optuna-dashboard)")
@@ -238,23 +303,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    # name=value params may stand between options (argparse would take them as the empty positional first).
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        if args.command != "predict" or any(e.startswith("-") for e in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        try:
-            args.params = list(args.params) + [_param(e) for e in extra]
-        except argparse.ArgumentTypeError as exc:
-            parser.error(str(exc))
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    logging.getLogger("optuna_memprune").setLevel(logging.INFO)  # one-off calibration lines always show
+    """Run ``memprune``; returns the exit status: 0, 1 for an error while running, 2 for a command line that
+    asks for something impossible (argparse's own errors too), 130 when interrupted (Ctrl-C)."""
     try:
+        parser = build_parser()
+        # name=value params may stand between options (argparse would take them as the empty positional first).
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            if args.command != "predict" or any(e.startswith("-") for e in extra):
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            try:
+                args.params = list(args.params) + [_param(e) for e in extra]
+            except argparse.ArgumentTypeError as exc:
+                parser.error(str(exc))
+        verbose, quiet = getattr(args, "verbose", False), getattr(args, "quiet", False)
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+        # one-off calibration lines show unless asked for quiet
+        logging.getLogger("optuna_memprune").setLevel(logging.WARNING if quiet else logging.INFO)
         return args.func(args)
+    except UsageError as exc:
+        print(f"memprune: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except MemPruneError as exc:
         print(f"memprune: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ import psutil
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from .units import check_int, is_int, check_number, format_bytes, parse_bytes
+from .paths import cache_dir
+from .units import check_int, check_number, format_bytes, is_int, parse_bytes
 
 __all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Usage", "Ledger", "owner_alive"]
 
@@ -301,8 +302,6 @@ class Ledger:
         self.capacity: HostCapacity = budget
         self.host = host
         if url is None:
-            from .estimate.calibration import cache_dir  # light: no torch
-
             directory = cache_dir()
             directory.mkdir(parents=True, exist_ok=True)
             url = "sqlite:///" + str(directory / f"ledger-{re.sub(r'[^A-Za-z0-9._-]', '_', host)}.sqlite")

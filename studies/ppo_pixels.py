@@ -32,7 +32,7 @@ from stable_baselines3.common.vec_env import SubprocVecEnv, VecFrameStack  # noq
 
 import optuna_memprune as omp  # noqa: E402
 from optuna_memprune.estimate import process, recipes  # noqa: E402
-from optuna_memprune.estimate.calibration import sb3_imports  # noqa: E402
+from optuna_memprune.estimate.recipes.sb3 import sb3_imports  # noqa: E402
 
 gym.register_envs(ale_py)  # at import: every SubprocVecEnv worker re-imports this script
 

@@ -34,7 +34,7 @@ from torch import nn  # noqa: E402
 
 import optuna_memprune as omp  # noqa: E402
 from optuna_memprune.estimate import array, process, torch_training  # noqa: E402
-from optuna_memprune.estimate.calibration import load as load_calibration, sb3_imports  # noqa: E402
+from optuna_memprune.estimate.recipes.sb3 import env_profile, sb3_imports  # noqa: E402
 from optuna_memprune.estimate.processes import env_instances  # noqa: E402
 
 gym.register_envs(ale_py)
@@ -77,7 +77,7 @@ def _step(model: str, batch: int, device: str) -> omp.Footprint:
 
 def footprint(p: dict, mode: dict) -> omp.Footprint:
     n_envs, batch = p["n_envs"], p["batch_size"]
-    profile = load_calibration().env(ENV_ID, atari=True, frame_stack=None, imports=sb3_imports(atari=True))
+    profile = env_profile(ENV_ID, frame_stack=None)
     host = (process(STACK, torch_threads=THREADS) + env_instances(profile, n_envs)
             + array((mode["steps"], n_envs, *FRAME), "uint8", name="replay frames")
             + array((mode["steps"], n_envs, 3), "float32", name="actions, rewards, dones")

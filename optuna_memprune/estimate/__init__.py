@@ -25,7 +25,7 @@ _LAZY = {
     "rollout_buffer": "buffers",
     "deque_buffer": "buffers",
     "array": "buffers",
-    "process": "processes",
+    "process": "recipes",  # with the recipes' stack names ("sb3", ...)
 }
 
 

@@ -1,43 +1,49 @@
 """The process around the training: interpreter + imports baseline, torch threads, env worker processes.
 
-Owns how calibrated figures (calibration.py) become Footprint components; knows nothing of Optuna or psutil.
+Owns how calibrated figures become Footprint components; knows nothing of Optuna, psutil or any recipe.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
-from .calibration import Calibration, EnvProfile, load, sb3_imports
+from ..exceptions import EstimateError
+from .baselines import EnvProfile
+from .calibration import Calibration, load
+from .checks import check_int
 from .footprint import Component, Footprint, Kind
 
-#: Import sets measured by ``memprune calibrate`` (others are measured on first use).
-DEFAULT_STACKS: tuple[tuple[str, ...], ...] = (
-    ("torch",),
-    sb3_imports(atari=False),
-    sb3_imports(atari=True),
-)
-#: Named stacks a user may pass instead of a tuple of module names.
+
+class Stack(NamedTuple):
+    """What a process imports (module names) and the libraries (distributions) whose versions key its
+    calibrated baseline: a recipe names its stacks with these."""
+
+    imports: tuple[str, ...]
+    versioned: tuple[str, ...] = ()
+
+
+#: Stacks every process may name (recipes add their own: see ``recipes.process``).
 STACKS = {
-    "python": (),
-    "torch": ("torch",),
-    "sb3": DEFAULT_STACKS[1],
-    "sb3-atari": DEFAULT_STACKS[2],
+    "python": Stack(()),
+    "torch": Stack(("torch",)),
 }
 
 
-def _stack(stack: str | Iterable[str]) -> tuple[str, ...]:
+def _stack(stack: str | Iterable[str] | Stack) -> Stack:
+    if isinstance(stack, Stack):
+        return stack
     if isinstance(stack, str):
         if stack not in STACKS:
-            raise ValueError(f"stack must be one of {sorted(STACKS)} or a tuple of module names, but got {stack!r}.")
+            raise EstimateError(f"stack must be one of {sorted(STACKS)} or a tuple of module names, but got {stack!r}.")
         return STACKS[stack]
     mods = tuple(stack)
     if not all(isinstance(m, str) and m for m in mods):
-        raise ValueError(f"stack must be module names, but got {stack!r}.")
-    return mods
+        raise EstimateError(f"stack must be module names, but got {stack!r}.")
+    return Stack(mods)
 
 
 def process(
-    stack: str | Iterable[str] = "torch",
+    stack: str | Iterable[str] | Stack = "torch",
     *,
     torch_threads: int | None = None,
     training: bool = True,
@@ -47,8 +53,9 @@ def process(
     """The baseline of the trial's process, as measured on this host.
 
     Args:
-        stack: what the process imports: ``"python"``, ``"torch"``, ``"sb3"``, ``"sb3-atari"``, or a tuple
-            of module names. Measured once per environment (see ``memprune calibrate``).
+        stack: what the process imports: ``"python"``, ``"torch"``, a tuple of module names, or a
+            :class:`Stack` (``recipes.process`` also takes the recipes' stack names, ``"sb3"``, ...).
+            Measured once per environment (see ``memprune calibrate``).
         torch_threads: ``torch.set_num_threads`` of the trial; ``None`` means torch's default on this host.
         training: include the one-off cost of torch's first optimizer and backward (about 100 MB here).
         extra_threads: threads the user's code starts itself (data loaders in threads, loggers, ...).
@@ -56,14 +63,11 @@ def process(
     The baseline is the process's VmHWM after imports and a tiny training step at one torch thread; each
     further torch thread adds the measured thread count and RSS.
     """
-    mods = _stack(stack)
-    if torch_threads is not None and (isinstance(torch_threads, bool) or not isinstance(torch_threads, int)
-                                      or torch_threads < 1):
-        raise ValueError(f"torch_threads must be a positive int, but got {torch_threads!r}.")
-    if isinstance(extra_threads, bool) or not isinstance(extra_threads, int) or extra_threads < 0:
-        raise ValueError(f"extra_threads must be a non-negative int, but got {extra_threads!r}.")
+    mods, versioned = _stack(stack)
+    check_int(torch_threads, "torch_threads", minimum=1, optional=True)
+    check_int(extra_threads, "extra_threads", minimum=0)
     cal = calibration or load()
-    base = cal.stack(mods, train=training)
+    base = cal.stack(mods, train=training, versioned=versioned)
     if "torch" not in mods:
         return Footprint((Component("interpreter + imports", Kind.BASELINE, base.ram, 0,
                                     max(1, base.threads_at(0)) + extra_threads,

@@ -6,12 +6,12 @@ Knows nothing of Optuna, budgets or what a reading means for a trial: callers ac
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
 from typing import Any, Callable, Sequence
 
+from ..units import check_int, check_number
 from ._nvml import resolve_gpu
 from ._proc import open_tree
 from ._types import ProcessGone, Reading
@@ -130,14 +130,10 @@ class Monitor:
         on_reading: Callable[[Reading], None] | None = None,
         max_timeline: int = 512,
     ) -> None:
-        if isinstance(pid, bool) or (pid is not None and (not isinstance(pid, int) or pid <= 0)):
-            raise ValueError(f"pid must be a positive int or None (this process), but got {pid!r}.")
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
-            math.isfinite(interval) and interval > 0
-        ):
-            raise ValueError(f"interval must be a positive number of seconds, but got {interval!r}.")
-        if isinstance(max_timeline, bool) or not isinstance(max_timeline, int) or 0 < max_timeline < 4 \
-                or max_timeline < 0:
+        check_int(pid, "pid", minimum=1, optional=True)
+        check_number(interval, "interval", minimum=0, open_min=True)
+        check_int(max_timeline, "max_timeline", minimum=0)
+        if 0 < max_timeline < 4:
             raise ValueError(f"max_timeline must be 0 or an int >= 4, but got {max_timeline!r}.")
         if on_reading is not None and not callable(on_reading):
             raise ValueError(f"on_reading must be callable or None, but got {on_reading!r}.")
@@ -293,8 +289,7 @@ class Monitor:
     def timeline(self, max_points: int = 200) -> list[tuple[float, int, int, int | None]]:
         """``(t, rss, threads, vram)`` points, ``t`` in seconds since the first reading rounded to ms,
         downsampled to at most ``max_points`` (>= 2) keeping each column's maxima (see :func:`downsample`)."""
-        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 2:
-            raise ValueError(f"max_points must be an int >= 2, but got {max_points!r}.")
+        check_int(max_points, "max_points", minimum=2)
         with self._lock:
             points = list(self._points)
         t0 = self._t0 or 0.0

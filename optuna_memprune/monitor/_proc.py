@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from .. import procfs
+from ..procfs import KiB, READ_SIZE, field, is_zombie, read_at
+from ..units import check_int
 from ._nvml import resolve_gpu
 from ._types import MonitorError, ProcessGone, Reading
 
@@ -21,9 +24,7 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_memprune.monitor")
 
-KiB = 1024
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_READ_SIZE = 16384  # /proc/<pid>/status is about 1.4 KB; the fields read come before the long masks
 
 # How often a full discovery (every thread's `children` file of every member) runs regardless, as a
 # backstop for the cheap per-reading discovery (main thread's children + the pids created since the last
@@ -33,37 +34,6 @@ _SWEEP_EVERY_S = 2.0
 _MIN_SCAN = 32
 # The /proc backend needs /proc/<pid>/task/<tid>/children (Linux 3.5+, CONFIG_PROC_CHILDREN).
 _HAS_PROC = sys.platform.startswith("linux") and os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
-
-
-def _field(data: bytes, key: bytes) -> int:
-    """Integer after ``key`` (``b"\\nVmRSS:"``) in a /proc key-value file; 0 when the key is absent."""
-    i = data.find(key)
-    if i < 0:
-        return 0
-    i += len(key)
-    j = data.find(b"\n", i)
-    return int(data[i:j].split()[0])
-
-
-def _read_at(dfd: int, name: str) -> bytes:
-    fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
-    try:
-        return os.read(fd, _READ_SIZE)
-    finally:
-        os.close(fd)
-
-
-def _read_path(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, _READ_SIZE)
-    finally:
-        os.close(fd)
-
-
-def _is_zombie(status: bytes) -> bool:
-    i = status.find(b"\nState:")
-    return i >= 0 and status[i + 7 : i + 10].strip()[:1] in (b"Z", b"X")
 
 
 class _Member:
@@ -149,7 +119,7 @@ class _ProcTree:
             return None
         fds = [dfd]
         try:
-            stat = _read_at(dfd, "stat")
+            stat = read_at(dfd, "stat")
             fds.append(os.open("status", os.O_RDONLY, dir_fd=dfd))
             fds.append(os.open(f"task/{pid}/children", os.O_RDONLY, dir_fd=dfd))
         except BaseException as err:
@@ -158,15 +128,15 @@ class _ProcTree:
             if isinstance(err, (FileNotFoundError, ProcessLookupError)):
                 return None
             raise
-        start = int(stat[stat.rfind(b")") + 2 :].split()[19])
+        start = int(procfs.stat_fields(stat)[19])
         return _Member(pid, start, *fds)
 
     @staticmethod
     def _children_of(member: _Member, tid: int) -> list[int]:
         try:
             if tid == member.pid:
-                return [int(c) for c in os.pread(member.children_fd, _READ_SIZE, 0).split()]
-            return [int(c) for c in _read_at(member.dfd, f"task/{tid}/children").split()]
+                return procfs.children(os.pread(member.children_fd, READ_SIZE, 0))
+            return procfs.children(read_at(member.dfd, f"task/{tid}/children"))
         except OSError:  # thread or process gone
             return []
 
@@ -194,11 +164,11 @@ class _ProcTree:
             if pid in known:
                 continue
             try:
-                status = _read_path(f"/proc/{pid}/status")
+                status = procfs.read(f"/proc/{pid}/status")
             except OSError:  # never used, already gone, or not ours to read
                 continue
-            if _field(status, b"\nTgid:") == pid:  # a process, not a thread of one
-                parent_of[pid] = _field(status, b"\nPPid:")
+            if field(status, b"\nTgid:") == pid:  # a process, not a thread of one
+                parent_of[pid] = field(status, b"\nPPid:")
         found: set[int] = set()
         grew = True
         while grew:
@@ -250,7 +220,7 @@ class _ProcTree:
         live: list[_Member] = []
         for pid, m in list(self._members.items()):
             try:
-                status = os.pread(m.status_fd, _READ_SIZE, 0)
+                status = os.pread(m.status_fd, READ_SIZE, 0)
             except OSError:
                 status = b""
             if not status:  # exited and reaped
@@ -260,14 +230,14 @@ class _ProcTree:
                 del self._members[pid]
                 self._threads.pop(pid, None)
                 continue
-            if _is_zombie(status):
+            if is_zombie(status):
                 if pid == self.root_pid:
                     raise ProcessGone(pid, f"process {pid} has exited (zombie, not yet reaped)")
                 continue
-            n = _field(status, b"\nThreads:")
+            n = field(status, b"\nThreads:")
             self._threads[pid] = n
-            rss += _field(status, b"\nVmRSS:")
-            hwm += _field(status, b"\nVmHWM:")
+            rss += field(status, b"\nVmRSS:")
+            hwm += field(status, b"\nVmHWM:")
             threads += n
             live.append(m)
         pss_total = None
@@ -283,11 +253,11 @@ class _ProcTree:
         total, readable = 0, False
         for m in members:
             try:
-                data = _read_at(m.dfd, "smaps_rollup")
+                data = read_at(m.dfd, "smaps_rollup")
             except OSError:  # gone, kernel too old, or another user's process
                 continue
             if data:
-                total += _field(data, b"\nPss:")
+                total += field(data, b"\nPss:")
                 readable = True
         return total * KiB if readable else None
 
@@ -411,8 +381,7 @@ def open_tree(pid: int | None = None, *, backend: str | None = None) -> Any:
     """
     if pid is None:
         pid = os.getpid()
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        raise ValueError(f"pid must be a positive int or None (this process), but got {pid!r}.")
+    check_int(pid, "pid", minimum=1)
     if backend is None:
         backend = "proc" if _HAS_PROC else "psutil"
     if backend == "proc":

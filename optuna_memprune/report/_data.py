@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import MemPruneError
 from ..records import RESOURCES, Decision, TrialRecord, read
+from ..storages import StorageError, open_storage, shown
 
 if TYPE_CHECKING:
     import optuna
@@ -145,47 +146,28 @@ class ReportData:
 def load(url: str, study_name: str | None = None) -> "optuna.Study":
     """The study ``study_name`` in the storage at ``url`` (may be omitted when the storage holds one study).
 
-    Opens the storage read-only in spirit: a missing SQLite file is an error, not a new empty file, and no
-    tables are created. Every failure is a ``ReportError`` with one line that names what was wrong.
+    ``url`` is an RDB URL or a Journal file (``PATH.log``, ``journal:PATH``). Opens the storage read-only in
+    spirit: a missing file is an error, not a new empty file, and no tables are created. Every failure is a
+    ``ReportError`` with one line that names what was wrong.
     """
     import optuna
-    from sqlalchemy.engine import make_url
 
     try:
-        parsed = make_url(url)
-        shown = parsed.render_as_string(hide_password=True)
-    except Exception as exc:  # noqa: BLE001 - any parse failure is the user's URL
-        raise ReportError(f"not a storage URL: {url!r} ({_first_line(exc)})") from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        from pathlib import Path
-
-        if not Path(parsed.database).is_file():
-            raise ReportError(f"no SQLite file at {parsed.database!r} (from {shown})")
-    try:
-        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
-        names = optuna.get_all_study_names(storage)
-    except Exception as exc:  # noqa: BLE001 - drivers raise their own types; the message is what matters
-        raise ReportError(f"cannot read the Optuna storage at {shown}: {_first_line(exc)}") from None
+        storage = open_storage(url, existing=True)
+    except StorageError as exc:
+        raise ReportError(str(exc)) from None
+    names = optuna.get_all_study_names(storage)
+    where = shown(url)
     if not names:
-        raise ReportError(f"the storage at {shown} holds no studies")
+        raise ReportError(f"the storage at {where} holds no studies")
     if study_name is None:
         if len(names) > 1:
-            raise ReportError(f"the storage at {shown} holds {len(names)} studies; name one with --study: "
+            raise ReportError(f"the storage at {where} holds {len(names)} studies; name one with --study: "
                               + ", ".join(sorted(names)))
         study_name = names[0]
     elif study_name not in names:
-        raise ReportError(f"no study {study_name!r} in {shown}; it holds: " + ", ".join(sorted(names)))
+        raise ReportError(f"no study {study_name!r} in {where}; it holds: " + ", ".join(sorted(names)))
     return optuna.load_study(study_name=study_name, storage=storage)
-
-
-def _first_line(exc: BaseException) -> str:
-    """``Type: first line of the message``, with the driver's own error when Optuna wrapped one."""
-    def line(e: BaseException) -> str:
-        text = str(e).strip().splitlines()
-        return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-    cause = exc.__cause__ or exc.__context__
-    return line(exc) + (f" ({line(cause)})" if cause is not None else "")
 
 
 def build(study: "optuna.Study") -> ReportData:

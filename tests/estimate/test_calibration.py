@@ -1,13 +1,15 @@
 """Calibration and the process estimator, checked against real fresh processes on this host."""
 
+import ast
 import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from optuna_memprune.estimate import calibration, process
+from optuna_memprune.estimate import baselines, calibration, process
 from optuna_memprune.exceptions import CalibrationError
 
 
@@ -69,3 +71,68 @@ def test_a_failing_probe_raises_calibration_error_with_the_reason(tmp_path, monk
 def test_process_rejects_bad_input_naming_it(kwargs, word):
     with pytest.raises(ValueError, match=word):
         process(**kwargs)
+
+
+PROBES = Path(calibration.__file__).parent / "probes"
+
+
+def test_probe_modules_import_only_the_standard_library_and_procfs_at_module_level():
+    """What a probe loads before it measures is the stack it was asked about: its own module level imports
+    the standard library, the package's /proc reader and the probes' shared helpers only."""
+    allowed_relative = {"procfs", None}  # ``from ...procfs import``, ``from . import``
+    for path in sorted(PROBES.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+                assert all(n in sys.stdlib_module_names for n in names), (path.name, names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    assert node.module in allowed_relative, (path.name, node.module)
+                else:
+                    top = node.module.split(".")[0]
+                    assert top in sys.stdlib_module_names | {"__future__"}, (path.name, node.module)
+
+
+def test_the_stack_probe_has_loaded_nothing_heavy_when_it_measures():
+    code = textwrap.dedent("""
+        import json, runpy, sys
+        sys.argv = ["probe", json.dumps({"imports": [], "train": False, "threads": 1})]
+        runpy.run_module("optuna_memprune.estimate.probes.stack", run_name="__main__")
+        third_party = {"torch", "numpy", "optuna", "psutil", "sqlalchemy", "rich", "pynvml"}
+        ours = ("optuna_memprune.monitor", "optuna_memprune.guard", "optuna_memprune.ledger",
+                "optuna_memprune.estimate.calibration", "optuna_memprune.estimate.recipes",
+                "optuna_memprune.estimate.torchnet")
+        print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in third_party or m.startswith(ours))))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    probe_line, loaded = out.strip().splitlines()
+    assert probe_line.startswith("PROBE") and json.loads(loaded) == []
+
+
+def test_a_recipes_versions_key_its_entries(tmp_path, monkeypatch):
+    """An entry asked for with ``versioned`` libraries is measured anew when one of their versions changes;
+    the file (keyed by python, torch, numpy) and the other entries stay."""
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path))
+    cal = calibration.load()
+    plain = cal.stack(())
+    keyed = cal.stack((), versioned=("pytest",))
+    assert len(cal.data["stacks"]) == 2 and abs(keyed.ram - plain.ram) < 0.5 * plain.ram
+    real = calibration.metadata.version
+    monkeypatch.setattr(calibration.metadata, "version", lambda d: "99.0" if d == "pytest" else real(d))
+    assert calibration.load().path == cal.path  # not a file-level key
+    cal.stack((), versioned=("pytest",))
+    cal.stack(())
+    assert len(cal.data["stacks"]) == 3  # only the versioned entry was measured again
+
+
+def test_kernel_probe_fits_the_rules_of_torchnets_workspace_table(tmp_path, monkeypatch):
+    from optuna_memprune.estimate.torchnet.workspaces import WORKSPACE_RULES, channel_block
+
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path))
+    kernels = calibration.load().cpu_kernels()
+    raw = json.loads(calibration.load().path.read_text())["cpu_kernels"]
+    assert "error" not in raw, raw
+    assert kernels.measured and kernels.rules == WORKSPACE_RULES and kernels.block == channel_block()
+    assert len(raw["rows"]) == 2 * len(baselines.KERNEL_CONVS)
+    assert all(0 <= c < 3 for c in kernels.coefficients) and kernels.coefficient("conv_fwd_out") > 0

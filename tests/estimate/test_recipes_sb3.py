@@ -104,3 +104,41 @@ def test_accuracy_smoke_on_real_training_runs():
     assert int(fields["ram_under5"]) <= 1, out.stdout
     within, n = map(int, fields["threads_within1"].split("/"))
     assert within >= 0.8 * n, out.stdout
+
+
+def test_every_recipe_exports_what_the_registry_reads():
+    import argparse
+
+    from optuna_memprune.estimate.processes import Stack
+
+    assert recipes.RECIPES["sb3"] is recipes.sb3_recipe and recipes.sb3 is recipes.sb3_recipe.sb3
+    for name, recipe in recipes.RECIPES.items():
+        assert isinstance(recipe.HELP, str) and recipe.HELP, name
+        assert recipe.VERSIONED and all(isinstance(d, str) for d in recipe.VERSIONED), name
+        assert recipe.STACKS and all(isinstance(s, Stack) and s.imports for s in recipe.STACKS.values()), name
+        parser = argparse.ArgumentParser()
+        recipe.add_arguments(parser)
+        assert callable(recipe.from_args) and parser._actions, name
+    assert set(recipes.stacks()) == {"python", "torch", "sb3", "sb3-atari"}
+
+
+def test_process_takes_the_recipes_stack_names():
+    from optuna_memprune.estimate import process
+    from optuna_memprune.estimate.processes import process as process_of
+
+    named = process("sb3-atari", torch_threads=1)
+    assert named == process_of(recipes.sb3_recipe.STACKS["sb3-atari"], torch_threads=1)
+    assert "ale_py" in named.components[0].note
+    with pytest.raises(EstimateError, match=r"'sb3-atari'.*but got 'tensorflow'"):
+        process("tensorflow")
+
+
+def test_the_recipe_and_process_share_one_calibrated_entry_keyed_by_the_recipes_versions():
+    from optuna_memprune.estimate import calibration
+
+    fp = recipes.sb3("dqn", PONG, {"buffer_size": 1000}, frame_stack=4)
+    stacks = calibration.load().data["stacks"]
+    atari = ",".join(sorted(recipes.sb3_recipe.STACKS["sb3-atari"].imports))
+    keys = [k for k in stacks if k.startswith(f"stack:{atari}:1:")]
+    assert len(keys) == 1  # keyed by the SB3 libraries' versions as well as the file's
+    assert _kind(fp, Kind.BASELINE) == stacks[keys[0]]["points"][0][1]["warm"]["VmHWM"]

@@ -243,19 +243,20 @@ def test_study_stop_from_a_callback_or_the_objective_ends_the_run(tmp_path: Path
     assert len(study.trials) == 3 and study.trials[-1].state is TrialState.COMPLETE
 
 
-@pytest.mark.parametrize("args, message", [
-    (["nowhere:objective", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB"],
+@pytest.mark.parametrize("args, code, message", [
+    (["nowhere:objective", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB"], 1,
      "the objective 'nowhere:objective' could not be loaded"),
-    (["_runner_objectives:hold", "--footprint", "_runner_objectives:footprint", "--ram", "lots"], "lots"),
-    (["_runner_objectives:hold"], "give the guard"),
+    (["_runner_objectives:hold", "--footprint", "_runner_objectives:footprint", "--ram", "lots"], 2, "lots"),
+    (["_runner_objectives:hold"], 2, "give the guard"),
     (["_runner_objectives:hold", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB",
-      "--storage", "nosuchdb://x"], "could not open study 's' in nosuchdb://x"),
+      "--storage", "nosuchdb://x"], 1, "could not open study 's' in nosuchdb://x"),
 ])
-def test_worker_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list, message: str) -> None:
+def test_worker_cli_bad_input_is_one_line_exit_1_at_run_time_and_2_for_usage(tmp_path: Path, args: list, code: int,
+                                                                             message: str) -> None:
     storage = ["--storage", f"sqlite:///{tmp_path / 's.db'}"] if "--storage" not in args else []
     proc = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "worker", *args, *storage, "--study", "s"],
                           cwd=HERE, capture_output=True, text=True)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert proc.returncode == code and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
 
 

@@ -127,8 +127,8 @@ def two_studies(tmp_path_factory: pytest.TempPathFactory) -> str:
     ("no-guarded-trials", "study 'plain' has no guarded trials (1 trials, none with a memprune record)"),
     ("unwritable-output", "cannot write the report to "),
 ])
-def test_errors_are_one_line_and_exit_2(case: str, expected: str, two_studies: str, guarded_url: str,
-                                        tmp_path: Path, capsys) -> None:
+def test_runtime_errors_are_one_line_and_exit_1(case: str, expected: str, two_studies: str, guarded_url: str,
+                                               tmp_path: Path, capsys) -> None:
     junk = tmp_path / "junk.db"
     junk.write_text("not a database\n")
     argv = {
@@ -141,7 +141,7 @@ def test_errors_are_one_line_and_exit_2(case: str, expected: str, two_studies: s
         "unwritable-output": [guarded_url, "-o", str(tmp_path / "no-such-dir" / "r.txt")],
     }[case]
     code, out, err = _run(capsys, *argv)
-    assert code == 2 and out == ""
+    assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("memprune: error: ") and expected in err, err
     assert "Traceback" not in err
     assert not (tmp_path / "absent.db").exists()  # reading never creates a storage

@@ -1,11 +1,91 @@
-"""Ready footprints for popular training stacks: ``recipes.sb3(algo, env_id, params, ...)``.
+"""The recipe registry: ready footprints for training stacks, one module each (``recipes.sb3(...)``).
 
-Each recipe turns a library's own params into a Footprint with the estimators; it knows nothing of Optuna.
+Owns the list of recipes and what is read across them (CLI, stack names, calibration); knows nothing of Optuna.
 """
 
 from __future__ import annotations
 
+import time
+from importlib.util import find_spec
+from types import ModuleType
+from typing import Iterable, Sequence
+
+from ...exceptions import EstimateError
+from ..baselines import EnvProfile
+from ..calibration import Calibration, load
+from ..footprint import Footprint
+from ..processes import STACKS as PROCESS_STACKS
+from ..processes import Stack
+from ..processes import process as _process
+from . import sb3 as sb3_recipe
 from .sb3 import ALGOS as SB3_ALGOS
 from .sb3 import sb3
 
-__all__ = ["sb3", "SB3_ALGOS"]
+__all__ = ["sb3", "SB3_ALGOS", "RECIPES", "process", "stacks", "calibrate"]
+
+# A recipe is one module of this package that exports its estimate function and what the registry reads:
+#   HELP                      one line for ``memprune predict --help``
+#   add_arguments(parser)     its options of ``memprune predict <name>`` (params come as name=value words)
+#   from_args(args, params)   a title line and the Footprint, from the parsed options and params
+#   STACKS                    {name: processes.Stack}: the import stacks its processes load (``process()``
+#                             takes the names; ``memprune calibrate`` measures them)
+#   VERSIONED                 the libraries (distributions) whose versions key its calibrated entries
+#   calibrate_env(env_id, calibration)   optional: what ``memprune calibrate --env`` measures
+# Adding a recipe: its module, one line in RECIPES, its tests.
+
+#: The recipes, by the name ``memprune predict <name>`` takes.
+RECIPES: dict[str, ModuleType] = {"sb3": sb3_recipe}
+
+
+def stacks() -> dict[str, Stack]:
+    """Every stack a process may name: ``"python"``, ``"torch"`` and each recipe's (``"sb3"``, ...)."""
+    out = dict(PROCESS_STACKS)
+    for recipe in RECIPES.values():
+        out.update(recipe.STACKS)
+    return out
+
+
+def process(
+    stack: str | Iterable[str] | Stack = "torch",
+    *,
+    torch_threads: int | None = None,
+    training: bool = True,
+    extra_threads: int = 0,
+    calibration: Calibration | None = None,
+) -> Footprint:
+    """The baseline of the trial's process, as measured on this host (``processes.process``), where
+    ``stack`` may also name a recipe's stack: ``"sb3"``, ``"sb3-atari"``.
+
+    Example:
+        >>> fp = process("sb3-atari", torch_threads=2)   # doctest: +SKIP
+    """
+    if isinstance(stack, str):
+        named = stacks()
+        if stack not in named:
+            raise EstimateError(f"stack must be one of {sorted(named)} or a tuple of module names, "
+                                f"but got {stack!r}.")
+        stack = named[stack]
+    return _process(stack, torch_threads=torch_threads, training=training, extra_threads=extra_threads,
+                    calibration=calibration)
+
+
+def calibrate(*, env_ids: Sequence[str] = (), force: bool = False
+              ) -> tuple[Calibration, list[EnvProfile], float]:
+    """Measure now torch's stack and every recipe's (those importable here), the CPU kernels (with torch),
+    and each of ``env_ids`` with every recipe that profiles envs.
+
+    Returns the calibration, the env profiles and the seconds it took; ``force`` forgets the cache first.
+    """
+    start = time.perf_counter()
+    cal = load()
+    if force:
+        cal.forget()
+    wanted = [PROCESS_STACKS["torch"]] + [s for recipe in RECIPES.values() for s in recipe.STACKS.values()]
+    for stack in wanted:
+        if all(find_spec(m) is not None for m in stack.imports):
+            cal.stack(stack.imports, versioned=stack.versioned)
+    if find_spec("torch") is not None:
+        cal.cpu_kernels()
+    profiles = [recipe.calibrate_env(env_id, cal) for env_id in env_ids for recipe in RECIPES.values()
+                if hasattr(recipe, "calibrate_env")]
+    return cal, profiles, time.perf_counter() - start

@@ -1,21 +1,41 @@
-"""Footprint of a Stable-Baselines3 training run (DQN, QR-DQN, PPO, A2C, SAC, TD3) from rl-zoo3-style params.
+"""The SB3 recipe: a Stable-Baselines3 run's footprint (DQN, QR-DQN, PPO, A2C, SAC, TD3) from rl-zoo3 params.
 
-Builds SB3's own policy classes on the meta device, reads the env's spaces once (calibrated, cached), and
-adds buffers, env instances or worker processes and the process baseline; knows nothing of Optuna.
+SB3's own policies built on the meta device, env calibrated once, buffers and process added; knows no Optuna.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
 import threading
 from typing import Any, Mapping
 
-from ..buffers import replay_buffer, rollout_buffer
-from ..calibration import Calibration, EnvProfile, load, sb3_imports
-from ..footprint import Component, Footprint, Kind
-from ..processes import env_instances, env_workers, process
 from ...exceptions import EstimateError
+from ..baselines import EnvProfile
+from ..buffers import replay_buffer, rollout_buffer
+from ..calibration import Calibration, load
+from ..checks import check_int
+from ..footprint import Footprint
+from ..processes import Stack, env_instances, env_workers, process
+
+#: Libraries whose versions key this recipe's calibrated stacks and env profiles.
+VERSIONED = ("stable-baselines3", "sb3-contrib", "gymnasium", "ale-py", "opencv-python-headless")
+
+
+def sb3_imports(atari: bool) -> tuple[str, ...]:
+    """What a process training SB3 imports (Atari adds ALE and OpenCV): the stack its baseline is."""
+    return ("torch", "stable_baselines3", "gymnasium") + (("ale_py", "cv2") if atari else ())
+
+
+#: The stacks this recipe's processes load, by the names ``process()`` takes; ``memprune calibrate``
+#: measures each of them.
+STACKS = {
+    "sb3": Stack(sb3_imports(atari=False), VERSIONED),
+    "sb3-atari": Stack(sb3_imports(atari=True), VERSIONED),
+}
+#: One line for ``memprune predict --help``.
+HELP = "Stable-Baselines3 (dqn, qrdqn, ppo, a2c, sac, td3) with rl-zoo3-style params"
 
 #: algo -> (family, the defaults SB3 uses for the memory params when a trial leaves them out)
 ALGOS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -41,18 +61,29 @@ _NET_ARCH = {  # rl-zoo3's names for net_arch choices
 _build_lock = threading.Lock()
 
 
-def _env_profile(env_id: str, frame_stack: int | None, cal: Calibration) -> EnvProfile:
-    atari = env_id.startswith("ALE/") or "NoFrameskip" in env_id
-    return cal.env(env_id, atari=atari, frame_stack=frame_stack, imports=sb3_imports(atari))
+def is_atari(env_id: str) -> bool:
+    """Whether SB3 builds ``env_id`` with its Atari wrappers (84x84 grey)."""
+    return env_id.startswith("ALE/") or "NoFrameskip" in env_id
+
+
+def env_profile(env_id: str, frame_stack: int | None, calibration: Calibration | None = None) -> EnvProfile:
+    """``env_id`` as SB3 builds it (its spaces, one instance, one worker process), measured once per host."""
+    atari = is_atari(env_id)
+    stack = STACKS["sb3-atari" if atari else "sb3"]
+    return (calibration or load()).env(env_id, atari=atari, frame_stack=frame_stack, imports=stack.imports,
+                                       versioned=stack.versioned)
+
+
+def calibrate_env(env_id: str, calibration: Calibration | None = None) -> EnvProfile:
+    """What ``memprune calibrate --env`` measures: ``env_id`` as the zoo trains it (Atari: 4 frames stacked)."""
+    return env_profile(env_id, 4 if is_atari(env_id) else None, calibration)
 
 
 def _positive_int(params: Mapping[str, Any], name: str, default: Any) -> int:
     value = params.get(name, default)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise EstimateError(f"param {name!r} must be a positive int, but got {value!r}.")
-    return value
+    return check_int(value, f"param {name!r}", minimum=1)
 
 
 def _net_arch(value: Any) -> Any:
@@ -101,14 +132,13 @@ def sb3(
         raise EstimateError(f"vec_env must be 'dummy' or 'subproc', but got {vec_env!r}.")
     if device not in ("cpu", "cuda"):
         raise EstimateError(f"device must be 'cpu' or 'cuda', but got {device!r}.")
-    if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs < 1:
-        raise EstimateError(f"n_envs must be a positive int, but got {n_envs!r}.")
+    check_int(n_envs, "n_envs", minimum=1)
     unknown = set(params) - _KNOWN_PARAMS
     if unknown:
         raise EstimateError(f"unknown SB3 param(s) {sorted(unknown)} for {algo}; known: {sorted(_KNOWN_PARAMS)}.")
     family, defaults = ALGOS[algo]
     cal = calibration or load()
-    profile = _env_profile(env_id, frame_stack, cal)
+    profile = env_profile(env_id, frame_stack, cal)
     obs, act = profile.observation_space, profile.action_space
     if obs["type"] != "Box" or act["type"] not in ("Discrete", "Box", "MultiDiscrete", "MultiBinary"):
         raise EstimateError(f"{env_id}: observation space {obs['type']} / action space {act['type']} "
@@ -126,9 +156,9 @@ def sb3(
     act_dtype = act["dtype"] or "int64"
 
     torch_threads = params.get("torch_threads")
-    stack = sb3_imports(profile.atari)
+    stack = STACKS["sb3-atari" if profile.atari else "sb3"]
     if algo == "qrdqn":
-        stack += ("sb3_contrib",)
+        stack = Stack(stack.imports + ("sb3_contrib",), stack.versioned)
     parts = [process(stack, torch_threads=torch_threads, calibration=cal)]
     parts.append(env_instances(profile, n_envs) if vec_env == "dummy" else env_workers(profile, n_envs))
 
@@ -152,6 +182,23 @@ def sb3(
                                     n_envs=n_envs, batch_size=None if algo == "a2c" else batch, device=device))
     parts.append(_train_step(algo, nets, obs_shape, obs["dtype"], act_shape, batch, device))
     return sum(parts, Footprint())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``memprune predict sb3`` (the params come as ``name=value`` words)."""
+    parser.add_argument("--algo", required=True, help="dqn, qrdqn, ppo, a2c, sac or td3")
+    parser.add_argument("--env", required=True, help="Gymnasium env id, e.g. ALE/Pong-v5")
+    parser.add_argument("--n-envs", type=int, default=1)
+    parser.add_argument("--frame-stack", type=int, default=None)
+    parser.add_argument("--vec-env", choices=["dummy", "subproc"], default="dummy")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+
+
+def from_args(args: argparse.Namespace, params: dict[str, Any]) -> tuple[str, Footprint]:
+    """``memprune predict sb3``: a title line and the footprint of the parsed options and params."""
+    fp = sb3(args.algo, args.env, params, n_envs=args.n_envs, frame_stack=args.frame_stack,
+             vec_env=args.vec_env, device=args.device)
+    return f"sb3 {args.algo} on {args.env} " + " ".join(f"{k}={v}" for k, v in params.items()), fp
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,96 @@
+"""The one reader of Linux's /proc: status and stat fields, children, descendants, the peak reset of a process.
+
+Standard library only (calibration probes import it into bare interpreters); knows nothing of psutil or budgets.
+"""
+
+from __future__ import annotations
+
+import os
+
+KiB = 1024
+#: Bytes read from a /proc file: ``status`` is about 1.4 KB, and the fields read come before its long masks.
+READ_SIZE = 16384
+
+
+def field(data: bytes, key: bytes) -> int:
+    """Integer after ``key`` (``b"\\nVmRSS:"``) in a /proc key-value file; 0 when the key is absent."""
+    i = data.find(key)
+    if i < 0:
+        return 0
+    i += len(key)
+    j = data.find(b"\n", i)
+    return int(data[i:j].split()[0])
+
+
+def read(path: str) -> bytes:
+    """The first ``READ_SIZE`` bytes of a /proc file, in one read (/proc files are generated per read)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, READ_SIZE)
+    finally:
+        os.close(fd)
+
+
+def read_at(dfd: int, name: str) -> bytes:
+    """``read`` of ``name`` relative to an open ``/proc/<pid>`` directory descriptor (bound to that process)."""
+    fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+    try:
+        return os.read(fd, READ_SIZE)
+    finally:
+        os.close(fd)
+
+
+def is_zombie(status: bytes) -> bool:
+    """Whether a ``status`` file's State is Z (zombie) or X (dead)."""
+    i = status.find(b"\nState:")
+    return i >= 0 and status[i + 7 : i + 10].strip()[:1] in (b"Z", b"X")
+
+
+def stat_fields(stat: bytes) -> list[bytes]:
+    """The fields of a ``stat`` file after the command name: index 0 is field 3 (state), 1 the parent pid,
+    19 the start time in clock ticks since boot (field 22). The name may hold spaces and parentheses."""
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def children(data: bytes) -> list[int]:
+    """The pids in a ``task/<tid>/children`` file."""
+    return [int(c) for c in data.split()]
+
+
+def status(pid: int | str = "self") -> dict[str, int] | None:
+    """``VmHWM`` and ``VmRSS`` in bytes and ``Threads`` of a process, as far as its status file has them;
+    None when it cannot be read (gone, or not ours)."""
+    try:
+        data = read(f"/proc/{pid}/status")
+    except OSError:
+        return None
+    out = {}
+    for name, scale in (("VmHWM", KiB), ("VmRSS", KiB), ("Threads", 1)):
+        key = f"\n{name}:".encode()
+        if key in data:
+            out[name] = field(data, key) * scale
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (children, their children, ...), from one pass over every ``stat``."""
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                ppid = int(stat_fields(read(f"/proc/{name}/stat"))[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def reset_peak() -> None:
+    """Reset this process's VmHWM to its present RSS (``clear_refs`` 5, Linux >= 4.0); OSError where not."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")

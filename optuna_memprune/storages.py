@@ -1,0 +1,96 @@
+"""Opening an Optuna storage from what a user types: an RDB URL or a Journal file (PATH.log, journal:PATH).
+
+Owns the accepted forms, how they are shown and their one-line errors; knows nothing of guards or reports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .exceptions import MemPruneError
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
+#: The environment variable Optuna's own CLI reads when no storage is given.
+ENV_VAR = "OPTUNA_STORAGE"
+_JOURNAL = "journal:"
+
+
+class StorageError(MemPruneError):
+    """A storage that cannot be opened: a URL that is none, a missing file, a file that holds no storage."""
+
+
+def journal_path(url: str) -> str | None:
+    """The file of a Journal storage (``journal:PATH``, or a path ending in ``.log``); None for an RDB URL."""
+    if url.startswith(_JOURNAL):
+        return url[len(_JOURNAL):]
+    if url.endswith(".log") and "://" not in url:
+        return url
+    return None
+
+
+def open_storage(url: str, *, existing: bool = False) -> "BaseStorage":
+    """The Optuna storage at ``url``: ``JournalStorage(JournalFileBackend(path))`` for a Journal file (as
+    rl-zoo3 opens one), else what ``optuna.create_study(storage=url)`` would open.
+
+    ``existing=True`` opens it to read only: a missing file (SQLite or Journal) is an error, not a new empty
+    one, no tables are created, and the study names are read once, so that a file that is no storage fails
+    here. Every such failure is a ``StorageError`` with one line that names what was wrong.
+    """
+    import optuna
+
+    path = journal_path(url)
+    if path is not None:
+        if existing and not Path(path).is_file():
+            raise StorageError(f"no Journal file at {path!r} (from {url})")
+        from optuna.storages.journal import JournalFileBackend
+
+        try:
+            storage = optuna.storages.JournalStorage(JournalFileBackend(path))
+            if existing:
+                optuna.get_all_study_names(storage)
+        except Exception as exc:  # noqa: BLE001 - any failure to replay the log is the file's
+            raise StorageError(f"cannot read the Optuna storage at {url}: {first_line(exc)}") from None
+        return storage
+    if not existing:
+        return optuna.storages.get_storage(url)
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+        shown = parsed.render_as_string(hide_password=True)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the user's URL
+        raise StorageError(f"not a storage URL: {url!r} ({first_line(exc)})") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        if not Path(parsed.database).is_file():
+            raise StorageError(f"no SQLite file at {parsed.database!r} (from {shown})")
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        optuna.get_all_study_names(storage)
+    except Exception as exc:  # noqa: BLE001 - drivers raise their own types; the message is what matters
+        raise StorageError(f"cannot read the Optuna storage at {shown}: {first_line(exc)}") from None
+    return storage
+
+
+def shown(url: str) -> str:
+    """``url`` as it may be printed: an RDB URL's password hidden; anything else as given."""
+    if journal_path(url) is not None:
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL: nothing to hide
+        return url
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, with the driver's own error when Optuna wrapped one."""
+    def line(e: BaseException) -> str:
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+    cause = exc.__cause__ or exc.__context__
+    return line(exc) + (f" ({line(cause)})" if cause is not None else "")
