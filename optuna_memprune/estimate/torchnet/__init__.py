@@ -31,10 +31,6 @@ _LAZY = {
     "analyse": ("analysis", "analyse"),
     "allocator_events": ("analysis", "allocator_events"),
     "cached_entries": ("cache", "entries"),
-    # Old names read by calibration.py's kernel probe (code in a string) until it imports torchnet.workspaces;
-    # delete both with that change.
-    "_channel_block": ("workspaces", "channel_block"),
-    "_workspace_features": ("workspaces", "workspace_features"),
 }
 
 
