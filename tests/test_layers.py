@@ -253,3 +253,11 @@ def test_estimate_and_monitor_never_import_each_other_or_optuna():
                         parts = name.split(".")
                         assert not any(p in banned for p in parts if p), \
                             f"{path.relative_to(PKG)} imports {name}"
+
+
+def test_architecture_doc_names_every_layer_module():
+    doc = (PKG.parent / "docs" / "ARCHITECTURE.md").read_text()
+    missing = [f"{n}" for layer in LAYERS for n in layer
+               if (PKG / f"{n}.py").exists() or (PKG / n).is_dir()
+               if f"`{n}.py`" not in doc and f"`{n}/`" not in doc]
+    assert not missing, f"docs/ARCHITECTURE.md does not name: {missing}"
