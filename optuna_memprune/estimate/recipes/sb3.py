@@ -92,7 +92,7 @@ def check_env(env_id: object) -> str:
             importlib.import_module(module)
         except ImportError as exc:
             raise EstimateError(f"unknown env id {env_id!r}: its module {module!r} cannot be imported "
-                                f"({exc})") from None
+                                f"({exc}).") from None
     if name in gym.registry:
         return env_id
     try:  # an id without a version means its latest version, as gymnasium.make reads it
@@ -179,7 +179,10 @@ def sb3(
             transitions at the peak; otherwise it is assumed full), and the rest of the zoo's names
             (accepted; they do not change memory).
         n_envs: parallel envs (``n_envs`` of the zoo's yml file).
-        frame_stack: ``VecFrameStack`` depth, or None.
+        frame_stack: ``VecFrameStack`` depth (a positive int), or None.
+
+    Every count is checked against its kind's ceiling (``checks.CEILINGS``) and the env id against Gymnasium's
+    registry before anything is measured; a total over 1 PiB is an error (beyond any real machine).
         vec_env: ``"dummy"`` (envs in the trial's process) or ``"subproc"`` (one worker process each).
         device: ``"cpu"`` (networks in RAM) or ``"cuda"`` (networks in VRAM through the allocator model).
 
