@@ -15,7 +15,7 @@ import sys
 from typing import Any, Sequence
 
 from .exceptions import EstimateError, MemPruneError
-from .storages import ENV_VAR, open_storage
+from .storages import ENV_VAR, check_writable, first_line, open_storage, shown
 from .units import format_bytes
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -78,7 +78,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .estimate import recipes
 
-    cal, profiles, seconds = recipes.calibrate(env_ids=args.env, force=args.force)
+    try:
+        cal, profiles, seconds = recipes.calibrate(env_ids=args.env, force=args.force)
+    except EstimateError as exc:  # an --env the recipes cannot profile (checked before any probe)
+        raise UsageError(str(exc)) from None
     if _format(args) == "json":
         print(json.dumps({"stacks": [dataclasses.asdict(b) for b in cal.stacks()],
                           "envs": [dataclasses.asdict(p) for p in profiles],
@@ -177,10 +180,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from . import report
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = report.load(_storage_url(args), args.study)
+    url = _storage_url(args)
+    if args.dashboard_notes:
+        check_writable(url)  # the notes are written into the storage: say why it cannot be, before reading
+    study = report.load(url, args.study)
     data = report.build(study)
     if args.dashboard_notes:
-        changed = report.save_notes(study)
+        try:
+            changed = report.save_notes(study)
+        except MemPruneError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the storage's own errors (a server gone, a locked file)
+            raise MemPruneError(f"cannot write the dashboard notes into {shown(url)}: {first_line(exc)}") from None
         print(f"optuna-dashboard notes: {changed} of {len(data.trials)} guarded trials written or refreshed",
               file=sys.stderr)
     fmt = _format(args)

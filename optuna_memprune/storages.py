@@ -5,6 +5,7 @@ Owns the accepted forms, how they are shown and their one-line errors; knows not
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,8 @@ def open_storage(url: str, *, existing: bool = False) -> "BaseStorage":
     """
     import optuna
 
+    if not existing:
+        check_writable(url)
     path = journal_path(url)
     if path is not None:
         if existing and not Path(path).is_file():
@@ -74,6 +77,38 @@ def open_storage(url: str, *, existing: bool = False) -> "BaseStorage":
     return storage
 
 
+def check_writable(url: str) -> None:
+    """``StorageError`` naming the cause when the file of a SQLite or Journal ``url`` cannot be written: the
+    file is read-only, or its directory is (SQLite writes its journal beside the file, Journal storage its
+    lock file), or is missing. Checked before anything is written, so the cause is the one reported (a write
+    that fails later reaches the user as Optuna's guess, "exceeding max length"). Nothing for a server URL."""
+    path = journal_path(url)
+    kind = "Journal file"
+    if path is None:
+        kind = "SQLite file"
+        try:
+            from sqlalchemy.engine import make_url
+
+            parsed = make_url(url)
+        except Exception:  # noqa: BLE001 - not a URL: opening it reports that
+            return
+        if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:") or \
+                parsed.database.startswith("file:"):
+            return
+        path = parsed.database
+    file = Path(path)
+    directory = file.parent
+    if file.exists() and not os.access(file, os.W_OK):
+        raise StorageError(f"the {kind} {path!r} is read-only (from {shown(url)}): make it writable, or copy "
+                           "it to a writable place and use the copy")
+    if not directory.is_dir():
+        raise StorageError(f"cannot create the {kind} {path!r} (from {shown(url)}): no directory {str(directory)!r}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        beside = "its journal" if kind == "SQLite file" else "its lock file"
+        raise StorageError(f"the directory of the {kind} {path!r} is read-only (from {shown(url)}): the storage "
+                           f"writes {beside} beside the file; make the directory writable, or use a copy elsewhere")
+
+
 def shown(url: str) -> str:
     """``url`` as it may be printed: an RDB URL's password hidden; anything else as given."""
     if journal_path(url) is not None:
@@ -93,4 +128,6 @@ def first_line(exc: BaseException) -> str:
         return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
 
     cause = exc.__cause__ or exc.__context__
+    if cause is not None and type(exc).__name__ == "StorageInternalError":
+        return line(cause)  # Optuna's own words guess at the cause ("exceeding max length"); the driver knows
     return line(exc) + (f" ({line(cause)})" if cause is not None else "")

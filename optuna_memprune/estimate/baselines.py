@@ -6,10 +6,13 @@ Knows nothing of the cache file, of Footprints, or of what a probe does inside i
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,24 +40,61 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def run_probe(name: str, spec: dict[str, Any], *, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
-    """Run ``python -m optuna_memprune.estimate.probes.<name> SPEC`` and return its result.
+    """Run ``python -m optuna_memprune.estimate.probes.<name> SPEC`` and return its result (``run_probes``)."""
+    return run_probes(name, [spec], timeout=timeout)[0]
 
-    The environment is this process's (the same allocator and threading settings the trials will see); the
-    working directory a fresh empty one. Raises CalibrationError with the probe's last lines when it fails.
+
+def run_probes(name: str, specs: Sequence[dict[str, Any]], *, timeout: float = PROBE_TIMEOUT_S
+               ) -> list[dict[str, Any]]:
+    """Run the probe ``name`` once per spec, all at the same time, and return their results in order.
+
+    Each probe is ``python -m optuna_memprune.estimate.probes.<name> SPEC`` in a fresh interpreter with this
+    process's environment (the same allocator and threading settings the trials will see), a fresh empty
+    working directory, and a session of its own. Whatever stops the wait (Ctrl-C, a signal turned into an
+    exception, a timeout) kills every probe and its children first: none outlives the call. Raises
+    CalibrationError with the probe's last lines when one fails.
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+    deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="memprune-probe-") as tmp:
+        procs: list[tuple[subprocess.Popen, Path]] = []
         try:
-            proc = subprocess.run([sys.executable, "-m", f"{__package__}.probes.{name}", json.dumps(spec)],
-                                  capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp)
-        except subprocess.TimeoutExpired as exc:
-            raise CalibrationError(f"calibration probe {spec} timed out after {timeout:.0f} s") from exc
-    for line in proc.stdout.splitlines():
+            for i, spec in enumerate(specs):
+                out = Path(tmp, f"out{i}")
+                with out.open("w") as f:  # a file, not a pipe: a chatty probe never blocks on a full pipe
+                    procs.append((subprocess.Popen(
+                        [sys.executable, "-m", f"{__package__}.probes.{name}", json.dumps(spec)],
+                        stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True), out))
+            results = []
+            for (proc, out), spec in zip(procs, specs):
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise CalibrationError(f"calibration probe {spec} timed out after {timeout:.0f} s") from None
+                results.append(_result(spec, proc.returncode, out.read_text(errors="replace")))
+            return results
+        finally:
+            for proc, _ in procs:
+                _kill(proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill a probe's session (the probe and what it started: env workers, forkserver) unless it has ended."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+
+
+def _result(spec: dict[str, Any], returncode: int, output: str) -> dict[str, Any]:
+    for line in output.splitlines():
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-    raise CalibrationError(f"calibration probe {spec} failed (exit {proc.returncode}): " + " | ".join(tail))
+    tail = output.strip().splitlines()[-5:]
+    raise CalibrationError(f"calibration probe {spec} failed (exit {returncode}): " + " | ".join(tail))
 
 
 @dataclass(frozen=True)
@@ -78,15 +118,22 @@ class StackBaseline:
 
     @classmethod
     def from_raw(cls, imports: tuple[str, ...], train: bool, raw: dict[str, Any]) -> StackBaseline:
-        """The baseline from the stack probe's results, one per torch thread count (``raw["points"]``)."""
-        points = raw["points"]
-        first = points[0][1]
-        t0, t1 = _fit([(n, p["warm"]["Threads"]) for n, p in points])
-        _, r1 = _fit([(n, p["warm"]["VmHWM"]) for n, p in points])
+        """The baseline from the stack probe's results, one per torch thread count (``raw["points"]``).
+
+        Raises ValueError naming the field when ``raw`` is not what the probe writes (a hand-edited cache)."""
+        n_points = len(_at(raw, "points", kind=list))
+        if not n_points:
+            raise ValueError("points is empty")
+        points = [(_at(raw, "points", i, 0), _at(raw, "points", i, 1, "warm", "Threads"),
+                   _at(raw, "points", i, 1, "warm", "VmHWM")) for i in range(n_points)]
+        first = _at(raw, "points", 0, 1, kind=dict)
+        t0, t1 = _fit([(n, threads) for n, threads, _ in points])
+        _, r1 = _fit([(n, hwm) for n, _, hwm in points])
+        default = _at(first, "default_torch_threads") if "default_torch_threads" in first else 1
         return cls(
-            imports=imports, train=train, ram=first["warm"]["VmHWM"],
+            imports=imports, train=train, ram=points[0][2],
             threads_base=t0, threads_per_torch_thread=t1, ram_per_torch_thread=max(0, int(r1)),
-            default_torch_threads=int(first.get("default_torch_threads", 1)),
+            default_torch_threads=max(1, default),
         )
 
 
@@ -109,19 +156,22 @@ class EnvProfile:
 
     @classmethod
     def from_raw(cls, env_id: str, atari: bool, frame_stack: int | None, raw: dict[str, Any]) -> EnvProfile:
-        """The profile from the env probe's result."""
-        one = raw["one"]["VmHWM"] - raw["before"]["VmHWM"]
-        each = max(0, (raw["four"]["VmHWM"] - raw["one"]["VmHWM"]) // 3)
+        """The profile from the env probe's result (ValueError naming the field where it is not one)."""
+        _at(raw, kind=dict)
+        one = _at(raw, "one", "VmHWM") - _at(raw, "before", "VmHWM")
+        each = max(0, (_at(raw, "four", "VmHWM") - _at(raw, "one", "VmHWM")) // 3)
         sub = raw.get("subproc") or {"workers": [], "helpers": []}
-        workers = sub["workers"] or [{"VmHWM": 0, "Threads": 0}]
+        workers = [(_at(sub, "workers", i, "VmHWM"), _at(sub, "workers", i, "Threads"))
+                   for i in range(len(_at(sub, "workers", kind=list)))] or [(0, 0)]
+        helpers = [(_at(sub, "helpers", i, "VmHWM"), _at(sub, "helpers", i, "Threads"))
+                   for i in range(len(_at(sub, "helpers", kind=list)))]
         return cls(
             env_id=env_id, atari=atari, frame_stack=frame_stack,
-            observation_space=raw["observation_space"], action_space=raw["action_space"],
+            observation_space=_space(raw, "observation_space"), action_space=_space(raw, "action_space"),
             first_env_ram=max(one, each), env_ram=each,
-            worker_ram=max(w["VmHWM"] for w in workers), worker_threads=max(w["Threads"] for w in workers),
-            helper_ram=sum(h["VmHWM"] for h in sub["helpers"]),
-            helper_threads=sum(h["Threads"] for h in sub["helpers"]),
-            helper_processes=len(sub["helpers"]),
+            worker_ram=max(w[0] for w in workers), worker_threads=max(w[1] for w in workers),
+            helper_ram=sum(h[0] for h in helpers), helper_threads=sum(h[1] for h in helpers),
+            helper_processes=len(helpers),
         )
 
 
@@ -145,11 +195,48 @@ class CpuKernels:
     @classmethod
     def from_raw(cls, raw: dict[str, Any]) -> CpuKernels:
         """The coefficients from the kernel probe's result; the defaults where it reported an error."""
-        if "error" in raw:
+        if "error" in _at(raw, kind=dict):
             return cls(rules=tuple(DEFAULT_KERNEL_COEF), coefficients=tuple(DEFAULT_KERNEL_COEF.values()),
                        block=0, measured=False)
-        return cls(rules=tuple(raw["rules"]), coefficients=tuple(float(c) for c in raw["coef"]),
-                   block=int(raw["block"]))
+        n = len(_at(raw, "rules", kind=list))
+        if len(_at(raw, "coef", kind=list)) != n:
+            raise ValueError(f"coef has {len(raw['coef'])} values for {n} rules")
+        return cls(rules=tuple(_at(raw, "rules", i, kind=str) for i in range(n)),
+                   coefficients=tuple(float(_at(raw, "coef", i, kind=float)) for i in range(n)),
+                   block=_at(raw, "block"))
+
+
+def _at(raw: Any, *path: str | int, kind: type = int) -> Any:
+    """``raw[path[0]][path[1]]...`` if it is a ``kind`` (an int: not a bool, not negative; a float: any finite
+    number), else ValueError naming the path: a cache entry edited by hand or by another version fails here,
+    as one error, and never later inside an estimate."""
+    value = raw
+    for i, key in enumerate(path):
+        if isinstance(key, int) and not (isinstance(value, list) and 0 <= key < len(value)) or \
+                isinstance(key, str) and not (isinstance(value, dict) and key in value):
+            raise ValueError(f"no {'/'.join(map(str, path[:i + 1]))}")
+        value = value[key]
+    if kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        expected = {int: "a non-negative int", float: "a number", dict: "an object"}.get(kind, f"a {kind.__name__}")
+        raise ValueError(f"{'/'.join(map(str, path)) or 'the entry'} is {value!r}, not {expected}")
+    return value
+
+
+def _space(raw: Any, name: str) -> dict[str, Any]:
+    """A space as the env probe describes it (``probes.env.describe``): a type, a shape of ints, a dtype."""
+    space = _at(raw, name, kind=dict)
+    _at(space, "type", kind=str)
+    for i in range(len(_at(space, "shape", kind=list))):
+        _at(space, "shape", i)
+    if space.get("dtype") is not None:
+        _at(space, "dtype", kind=str)
+    return space
 
 
 def _fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

@@ -5,20 +5,24 @@ Knows nothing of how a probe measures (``probes``, run by ``baselines``), of rec
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import platform
+import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
-from ..paths import cache_dir
-from .baselines import KERNEL_CONVS, THREAD_POINTS, CpuKernels, EnvProfile, StackBaseline, run_probe
+from ..exceptions import CalibrationError
+from ..paths import ENV_VAR, cache_dir, writable_dir
+from .baselines import KERNEL_CONVS, THREAD_POINTS, CpuKernels, EnvProfile, StackBaseline, run_probe, run_probes
+
+T = TypeVar("T")
 
 __all__ = ["Calibration", "CpuKernels", "EnvProfile", "StackBaseline", "cache_dir", "load", "versions"]
 
@@ -53,29 +57,89 @@ def _stack_key(imports: tuple[str, ...], train: bool, versioned: Iterable[str]) 
     return key + (f":{_key(versions(versioned, platform_too=False))}" if versioned else "")
 
 
+#: The sections of the cache file that hold one entry per key (the rest hold one value each).
+KEYED = ("stacks", "envs")
+_MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+
+
 @dataclass
 class Calibration:
     """This host's measured baselines, loaded from (and saved to) the cache file for these versions.
 
     Each getter returns the cached figures, measuring them now (a probe in a fresh interpreter, seconds) and
-    saving the file when they were never measured. ``versioned`` names the libraries (distributions) whose
-    versions key an entry beyond the file's: a new version of any of them measures that entry anew.
+    saving the file when they were never measured, or when the cached entry is malformed (a hand-edited file:
+    a warning says so). ``versioned`` names the libraries (distributions) whose versions key an entry beyond
+    the file's: a new version of any of them measures that entry anew.
+
+    Several processes may share the file: each save merges this process's entries into what is on disk, under
+    a lock file beside it (``fcntl.flock``), and replaces the file atomically; a concurrent reader never sees
+    half a file and no process's entries are lost.
     """
 
     path: Path
     data: dict[str, Any] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _writable: bool = field(default=False, repr=False, compare=False)
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)  # atomic: concurrent readers never see half a file
+        """Write this process's entries, merged with the file's current ones (the file's win where both have
+        a key: it is the newer measurement), atomically under the lock."""
+        with self._lock:
+            self._write()
 
     def forget(self) -> None:
-        """Drop every measured figure (the next getters measure anew)."""
+        """Drop every measured figure, here and in the file (the next getters measure anew)."""
         with self._lock:
             self.data = {"schema": SCHEMA, "versions": versions()}
+            self._write(replace=True)
+
+    def _write(self, entry: tuple[str, str | None, Any] | None = None, *, replace: bool = False) -> None:
+        """Merge ``self.data`` (and ``entry``: section, key or None, value) into the file under the lock."""
+        self._check_writable()
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        try:
+            with open(lock_path, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+                merged = self.data if replace else _merge(_parse(self.path, warn=False), self.data)
+                if entry is not None:
+                    section, key, value = entry
+                    if key is None:
+                        merged[section] = value
+                    else:
+                        merged.setdefault(section, {})[key] = value
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+                try:
+                    with os.fdopen(fd, "w") as f:
+                        f.write(json.dumps(merged, indent=1, sort_keys=True))
+                    os.replace(tmp, self.path)  # atomic: concurrent readers never see half a file
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
+        except OSError as exc:
+            raise CalibrationError(f"cannot write the calibration cache {str(self.path)!r}: "
+                                   f"{exc.strerror or exc}; set {ENV_VAR} to a writable directory.") from None
+        self.data = merged
+
+    def _check_writable(self) -> None:
+        """The cache directory can be written (checked once, before the first probe: a probe's seconds are
+        never spent on a figure that cannot be kept)."""
+        if not self._writable:
+            writable_dir(self.path.parent)
+            self._writable = True
+
+    def _cached(self, section: str, key: str | None, build: Callable[[Any], T]) -> T | None:
+        """The cached entry built into its value; None when absent or malformed (then a warning says so)."""
+        raw = self.data.get(section)
+        if key is not None:
+            raw = raw.get(key) if isinstance(raw, dict) else None
+        if raw is None:
+            return None
+        try:
+            return build(raw)
+        except _MALFORMED as exc:
+            _logger.warning("The calibration entry %s in %s is malformed (%s): measuring it again.",
+                            key or section, self.path, exc)
+            return None
 
     def stack(self, imports: Iterable[str], *, train: bool = True, versioned: Iterable[str] = ()) -> StackBaseline:
         """The baseline of a process importing ``imports``; measured now (and cached) if never measured."""
@@ -83,26 +147,34 @@ class Calibration:
         if "torch" not in imports:
             train = False
         key = _stack_key(imports, train, versioned)
+
+        def build(raw: Any) -> StackBaseline:
+            return StackBaseline.from_raw(imports, train, raw)
+
         with self._lock:
-            raw = self.data.setdefault("stacks", {}).get(key)
-            if raw is None:
-                _logger.info("Calibrating the baseline of a process importing %s (one-off, a few seconds).",
-                             ", ".join(imports) or "nothing")
-                points = THREAD_POINTS if "torch" in imports else (1,)
-                with ThreadPoolExecutor(max_workers=2) as pool:
-                    probes = list(pool.map(lambda n: run_probe("stack", {
-                        "imports": list(imports), "train": train, "threads": n}), points))
-                raw = {"points": [[n, p] for n, p in zip(points, probes)]}
-                self.data["stacks"][key] = raw
-                self.save()
-        return StackBaseline.from_raw(imports, train, raw)
+            found = self._cached("stacks", key, build)
+            if found is not None:
+                return found
+            self._check_writable()
+            _logger.info("Calibrating the baseline of a process importing %s (one-off, a few seconds).",
+                         ", ".join(imports) or "nothing")
+            points = THREAD_POINTS if "torch" in imports else (1,)
+            probes = run_probes("stack", [{"imports": list(imports), "train": train, "threads": n} for n in points])
+            raw = {"points": [[n, p] for n, p in zip(points, probes)]}
+            value = build(raw)
+            self._write(("stacks", key, raw))
+        return value
 
     def stacks(self) -> list[StackBaseline]:
-        """Every stack measured so far, in key order."""
+        """Every well-formed stack measured so far, in key order."""
         out = []
-        for key, raw in sorted(self.data.get("stacks", {}).items()):
-            mods, train = key.split(":")[1:3]
-            out.append(StackBaseline.from_raw(tuple(m for m in mods.split(",") if m), train == "1", raw))
+        stacks = self.data.get("stacks")
+        for key, raw in sorted(stacks.items() if isinstance(stacks, dict) else ()):
+            try:
+                mods, train = key.split(":")[1:3]
+                out.append(StackBaseline.from_raw(tuple(m for m in mods.split(",") if m), train == "1", raw))
+            except _MALFORMED:
+                continue
         return out
 
     def cpu_kernels(self) -> CpuKernels:
@@ -112,16 +184,17 @@ class Calibration:
         its inputs and outputs (see ``probes.kernels``), fitted per op kind on torchnet's workspace features.
         """
         with self._lock:
-            raw = self.data.get("cpu_kernels")
-            if raw is None:
+            kernels = self._cached("cpu_kernels", None, CpuKernels.from_raw)
+            if kernels is None:
+                self._check_writable()
                 _logger.info("Calibrating CPU kernel workspaces (one-off, a few seconds).")
                 raw = run_probe("kernels", {"convs": [list(c) for c in KERNEL_CONVS]})
-                self.data["cpu_kernels"] = raw
-                self.save()
-        if "error" in raw:
+                kernels = CpuKernels.from_raw(raw)
+                self._write(("cpu_kernels", None, raw))
+        if not kernels.measured:
             _logger.warning("CPU kernel workspaces not measured here (%s): using the default coefficients.",
-                            raw["error"])
-        return CpuKernels.from_raw(raw)
+                            self.data["cpu_kernels"].get("error"))
+        return kernels
 
     def env(self, env_id: str, *, atari: bool, frame_stack: int | None, imports: Iterable[str],
             subproc: bool = True, versioned: Iterable[str] = ()) -> EnvProfile:
@@ -131,14 +204,20 @@ class Calibration:
                 "imports": list(imports), "steps": 200, "subproc": bool(subproc)}
         versioned = sorted(set(versioned))
         key = "env:" + _key(spec) + (f":{_key(versions(versioned, platform_too=False))}" if versioned else "")
+
+        def build(raw: Any) -> EnvProfile:
+            return EnvProfile.from_raw(env_id, atari, frame_stack, raw)
+
         with self._lock:
-            raw = self.data.setdefault("envs", {}).get(key)
-            if raw is None:
-                _logger.info("Calibrating environment %s (one-off, about 10 s).", env_id)
-                raw = run_probe("env", spec)
-                self.data["envs"][key] = raw
-                self.save()
-        return EnvProfile.from_raw(env_id, atari, frame_stack, raw)
+            found = self._cached("envs", key, build)
+            if found is not None:
+                return found
+            self._check_writable()
+            _logger.info("Calibrating environment %s (one-off, about 10 s).", env_id)
+            raw = run_probe("env", spec)
+            value = build(raw)
+            self._write(("envs", key, raw))
+        return value
 
 
 _CURRENT: Calibration | None = None
@@ -158,12 +237,40 @@ def load(path: Path | str | None = None) -> Calibration:
 
 
 def _read(path: Path) -> Calibration:
-    try:
-        data = json.loads(path.read_text())
-        if data.get("schema") != SCHEMA:
-            data = {}
-    except (OSError, ValueError):
-        data = {}
+    data = _parse(path, warn=True)
     data.setdefault("schema", SCHEMA)
     data.setdefault("versions", versions())
     return Calibration(path, data)
+
+
+def _parse(path: Path, *, warn: bool) -> dict[str, Any]:
+    """The file's content if it is a cache file of this schema, its keyed sections those that are dicts;
+    else ``{}`` (a missing file silently; otherwise with a warning when ``warn``: it is measured again)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        if warn and not isinstance(exc, (NotADirectoryError, PermissionError)):
+            _logger.warning("The calibration cache %s is unreadable (%s): measuring again.", path, exc)
+        return {}
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        if warn:
+            _logger.warning("The calibration cache %s is not one of schema %d: measuring again.", path, SCHEMA)
+        return {}
+    for section in KEYED:
+        if section in data and not isinstance(data[section], dict):
+            if warn:
+                _logger.warning("The calibration cache %s has a malformed %r section: measuring it again.",
+                                path, section)
+            del data[section]
+    return data
+
+
+def _merge(disk: dict[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
+    """``disk`` with ``mine``'s entries added where it has none (its own entries are the newer)."""
+    merged = {**mine, **disk}
+    for section in KEYED:
+        ours, theirs = mine.get(section), disk.get(section)
+        merged[section] = {**(ours if isinstance(ours, dict) else {}), **(theirs if isinstance(theirs, dict) else {})}
+    return merged

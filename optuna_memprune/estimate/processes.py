@@ -10,7 +10,7 @@ from typing import Iterable, NamedTuple
 from ..exceptions import EstimateError
 from .baselines import EnvProfile
 from .calibration import Calibration, load
-from .checks import check_int
+from .checks import check_count
 from .footprint import Component, Footprint, Kind
 
 
@@ -64,8 +64,8 @@ def process(
     further torch thread adds the measured thread count and RSS.
     """
     mods, versioned = _stack(stack)
-    check_int(torch_threads, "torch_threads", minimum=1, optional=True)
-    check_int(extra_threads, "extra_threads", minimum=0)
+    check_count(torch_threads, "torch_threads", "processes", optional=True)
+    check_count(extra_threads, "extra_threads", "processes", minimum=0)
     cal = calibration or load()
     base = cal.stack(mods, train=training, versioned=versioned)
     if "torch" not in mods:

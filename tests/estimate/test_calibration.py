@@ -67,7 +67,8 @@ def test_a_failing_probe_raises_calibration_error_with_the_reason(tmp_path, monk
 
 
 @pytest.mark.parametrize("kwargs,word", [({"stack": "tensorflow"}, "stack"), ({"torch_threads": 0}, "torch_threads"),
-                                         ({"extra_threads": -1}, "extra_threads")])
+                                         ({"extra_threads": -1}, "extra_threads"),
+                                         ({"torch_threads": 2**23}, "torch_threads .*PID_MAX_LIMIT")])
 def test_process_rejects_bad_input_naming_it(kwargs, word):
     with pytest.raises(ValueError, match=word):
         process(**kwargs)

@@ -75,6 +75,11 @@ def test_subproc_envs_are_worker_processes():
     (lambda: recipes.sb3("sac", "CartPole-v1", {}), "Box action space"),
     (lambda: recipes.sb3("ppo", PONG, {}, vec_env="threads"), "vec_env"),
     (lambda: recipes.sb3("ppo", PONG, {}, n_envs=0), "n_envs"),
+    (lambda: recipes.sb3("dqn", "CartPole-v1", {}, frame_stack=-2), "frame_stack must be a positive int"),
+    (lambda: recipes.sb3("dqn", "NoSuchEnv-v0", {}), "unknown env id 'NoSuchEnv-v0'"),
+    (lambda: recipes.sb3("dqn", PONG, {"buffer_size": 10**99}), r"buffer_size.*2\*\*50.*1e\+99"),
+    (lambda: recipes.sb3("ppo", PONG, {"net_arch": {"pi": [64], "vf": [2**30]}}), "net_arch.*2\\*\\*24"),
+    (lambda: recipes.sb3("dqn", "CartPole-v1", {"buffer_size": 10**15}), "over 1 PiB"),
 ])
 def test_bad_input_names_what_was_wrong(call, word):
     with pytest.raises(EstimateError, match=word):
@@ -119,6 +124,8 @@ def test_every_recipe_exports_what_the_registry_reads():
         parser = argparse.ArgumentParser()
         recipe.add_arguments(parser)
         assert callable(recipe.from_args) and parser._actions, name
+        if hasattr(recipe, "calibrate_env"):  # env ids are checked before any probe is started for them
+            assert callable(recipe.check_env), name
     assert set(recipes.stacks()) == {"python", "torch", "sb3", "sb3-atari"}
 
 

@@ -31,6 +31,7 @@ __all__ = ["sb3", "SB3_ALGOS", "RECIPES", "process", "stacks", "calibrate"]
 #                             takes the names; ``memprune calibrate`` measures them)
 #   VERSIONED                 the libraries (distributions) whose versions key its calibrated entries
 #   calibrate_env(env_id, calibration)   optional: what ``memprune calibrate --env`` measures
+#   check_env(env_id)         with calibrate_env: EstimateError for an env id it cannot profile (no probe run)
 # Adding a recipe: its module, one line in RECIPES, its tests.
 
 #: The recipes, by the name ``memprune predict <name>`` takes.
@@ -74,9 +75,14 @@ def calibrate(*, env_ids: Sequence[str] = (), force: bool = False
     """Measure now torch's stack and every recipe's (those importable here), the CPU kernels (with torch),
     and each of ``env_ids`` with every recipe that profiles envs.
 
-    Returns the calibration, the env profiles and the seconds it took; ``force`` forgets the cache first.
+    Returns the calibration, the env profiles and the seconds it took; ``force`` forgets the cache first. An env
+    id no recipe can profile is an ``EstimateError`` before anything is measured.
     """
     start = time.perf_counter()
+    profilers = [recipe for recipe in RECIPES.values() if hasattr(recipe, "calibrate_env")]
+    for env_id in env_ids:
+        for recipe in profilers:
+            recipe.check_env(env_id)
     cal = load()
     if force:
         cal.forget()
@@ -86,6 +92,5 @@ def calibrate(*, env_ids: Sequence[str] = (), force: bool = False
             cal.stack(stack.imports, versioned=stack.versioned)
     if find_spec("torch") is not None:
         cal.cpu_kernels()
-    profiles = [recipe.calibrate_env(env_id, cal) for env_id in env_ids for recipe in RECIPES.values()
-                if hasattr(recipe, "calibrate_env")]
+    profiles = [recipe.calibrate_env(env_id, cal) for env_id in env_ids for recipe in profilers]
     return cal, profiles, time.perf_counter() - start

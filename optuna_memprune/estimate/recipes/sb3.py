@@ -6,7 +6,9 @@ SB3's own policies built on the meta device, env calibrated once, buffers and pr
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
+import importlib
 import math
 import threading
 from typing import Any, Mapping
@@ -15,7 +17,7 @@ from ...exceptions import EstimateError
 from ..baselines import EnvProfile
 from ..buffers import replay_buffer, rollout_buffer
 from ..calibration import Calibration, load
-from ..checks import check_int
+from ..checks import check_count, check_total
 from ..footprint import Footprint
 from ..processes import Stack, env_instances, env_workers, process
 
@@ -66,8 +68,49 @@ def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or "NoFrameskip" in env_id
 
 
+def check_env(env_id: object) -> str:
+    """``env_id`` if Gymnasium knows it (ALE's envs registered first for an Atari id, the module of a
+    ``module:Env-v0`` id imported), else ``EstimateError`` "unknown env id" with close matches: checked before
+    any probe is started for it."""
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise EstimateError(f"env_id must be a Gymnasium env id such as 'CartPole-v1', but got {env_id!r}.")
+    try:
+        import gymnasium as gym
+    except ImportError:
+        raise EstimateError("the sb3 recipe needs gymnasium: pip install stable-baselines3") from None
+    if is_atari(env_id):
+        try:
+            import ale_py
+        except ImportError:
+            raise EstimateError(f"env id {env_id!r} is an Atari env: pip install ale-py") from None
+        gym.register_envs(ale_py)
+    from gymnasium.envs.registration import find_highest_version, parse_env_id
+
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise EstimateError(f"unknown env id {env_id!r}: its module {module!r} cannot be imported "
+                                f"({exc}).") from None
+    if name in gym.registry:
+        return env_id
+    try:  # an id without a version means its latest version, as gymnasium.make reads it
+        namespace, base, version = parse_env_id(name)
+        if version is None and find_highest_version(namespace, base) is not None:
+            return env_id
+    except gym.error.Error:  # not even shaped like an id
+        pass
+    close = difflib.get_close_matches(name, list(gym.registry), n=3)
+    raise EstimateError(f"unknown env id {env_id!r}: not in Gymnasium's registry"
+                        + (f" (close matches: {', '.join(map(repr, close))})" if close else "") + ".")
+
+
 def env_profile(env_id: str, frame_stack: int | None, calibration: Calibration | None = None) -> EnvProfile:
     """``env_id`` as SB3 builds it (its spaces, one instance, one worker process), measured once per host."""
+    check_env(env_id)
+    if frame_stack is not None:
+        check_count(frame_stack, "frame_stack", "dimension")
     atari = is_atari(env_id)
     stack = STACKS["sb3-atari" if atari else "sb3"]
     return (calibration or load()).env(env_id, atari=atari, frame_stack=frame_stack, imports=stack.imports,
@@ -79,11 +122,30 @@ def calibrate_env(env_id: str, calibration: Calibration | None = None) -> EnvPro
     return env_profile(env_id, 4 if is_atari(env_id) else None, calibration)
 
 
+#: The memory params (those that size an array or a tensor) and the kind of value each is (``checks.CEILINGS``).
+_COUNTS = {"buffer_size": "items", "n_steps": "items", "total_timesteps": "items", "n_timesteps": "items",
+           "batch_size": "dimension", "n_quantiles": "dimension", "features_dim": "dimension",
+           "torch_threads": "processes"}
+
+
+def _check_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The memory params checked (each an int within its kind's ceiling; ``net_arch`` widths too), the rest as
+    given; before any probe runs."""
+    out = dict(params)
+    for name, kind in _COUNTS.items():
+        if out.get(name) is not None:
+            out[name] = check_count(out[name], f"param {name!r}", kind)
+    arch = _net_arch(out.get("net_arch"))
+    layers = arch if isinstance(arch, list) else [w for v in (arch or {}).values()
+                                                  for w in (v if isinstance(v, list) else [v])]
+    for width in layers:
+        check_count(width, "param 'net_arch' layer width", "dimension")
+    out["net_arch"] = arch
+    return out
+
+
 def _positive_int(params: Mapping[str, Any], name: str, default: Any) -> int:
-    value = params.get(name, default)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return check_int(value, f"param {name!r}", minimum=1)
+    return check_count(params.get(name, default), f"param {name!r}", _COUNTS[name])
 
 
 def _net_arch(value: Any) -> Any:
@@ -117,7 +179,10 @@ def sb3(
             transitions at the peak; otherwise it is assumed full), and the rest of the zoo's names
             (accepted; they do not change memory).
         n_envs: parallel envs (``n_envs`` of the zoo's yml file).
-        frame_stack: ``VecFrameStack`` depth, or None.
+        frame_stack: ``VecFrameStack`` depth (a positive int), or None.
+
+    Every count is checked against its kind's ceiling (``checks.CEILINGS``) and the env id against Gymnasium's
+    registry before anything is measured; a total over 1 PiB is an error (beyond any real machine).
         vec_env: ``"dummy"`` (envs in the trial's process) or ``"subproc"`` (one worker process each).
         device: ``"cpu"`` (networks in RAM) or ``"cuda"`` (networks in VRAM through the allocator model).
 
@@ -132,10 +197,11 @@ def sb3(
         raise EstimateError(f"vec_env must be 'dummy' or 'subproc', but got {vec_env!r}.")
     if device not in ("cpu", "cuda"):
         raise EstimateError(f"device must be 'cpu' or 'cuda', but got {device!r}.")
-    check_int(n_envs, "n_envs", minimum=1)
+    check_count(n_envs, "n_envs", "processes")
     unknown = set(params) - _KNOWN_PARAMS
     if unknown:
         raise EstimateError(f"unknown SB3 param(s) {sorted(unknown)} for {algo}; known: {sorted(_KNOWN_PARAMS)}.")
+    params = _check_params(params)
     family, defaults = ALGOS[algo]
     cal = calibration or load()
     profile = env_profile(env_id, frame_stack, cal)
@@ -162,7 +228,7 @@ def sb3(
     parts = [process(stack, torch_threads=torch_threads, calibration=cal)]
     parts.append(env_instances(profile, n_envs) if vec_env == "dummy" else env_workers(profile, n_envs))
 
-    net_arch = _net_arch(params.get("net_arch"))
+    net_arch = params.get("net_arch")
     nets = _networks(algo, obs, act, obs_shape, net_arch, params)
     if family == "offpolicy":
         batch = _positive_int(params, "batch_size", defaults["batch_size"])
@@ -177,11 +243,16 @@ def sb3(
     else:
         n_steps = _positive_int(params, "n_steps", defaults["n_steps"])
         rollout = n_steps * n_envs
-        batch = _positive_int(params, "batch_size", rollout if algo == "a2c" else defaults["batch_size"])
+        batch = rollout if algo == "a2c" and "batch_size" not in params else \
+            _positive_int(params, "batch_size", defaults["batch_size"])
         parts.append(rollout_buffer(obs_shape, obs["dtype"], act_shape, act_dtype, n_steps=n_steps,
                                     n_envs=n_envs, batch_size=None if algo == "a2c" else batch, device=device))
     parts.append(_train_step(algo, nets, obs_shape, obs["dtype"], act_shape, batch, device))
-    return sum(parts, Footprint())
+    fp = sum(parts, Footprint())
+    hint = "buffer_size, n_steps, batch_size, n_envs, frame_stack and net_arch"
+    check_total(fp.ram, f"the predicted RAM of {algo} on {env_id}", hint)
+    check_total(fp.vram, f"the predicted VRAM of {algo} on {env_id}", hint)
+    return fp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
