@@ -64,3 +64,21 @@ class Reservations:
         if not self._ledger.capacity.gpus:
             figures["vram"] = 0  # a host without GPUs runs the trial on its CPU
         return Request(ram=figures["ram"], vram=figures["vram"], threads=figures["threads"])
+
+
+def check_budget_fits(budget: "Budget", ledger: "Ledger") -> None:
+    """ValueError when the per-trial budget can never fit the host's capacity.
+
+    A trial unchecked at launch reserves its whole budget, and a checked one at most that: a budget over
+    the host's capacity would reject every unchecked trial, and so never learn the search space, while a
+    watchdog that stops trials only at the budget would leave them to the kernel's OOM killer. The user
+    meant another machine (or another host capacity), which only they can say.
+    """
+    request = Reservations(None, budget, ledger).request(None, {})  # type: ignore[arg-type]
+    misfit = ledger.misfit(request)
+    if misfit:
+        raise ValueError(
+            f"the per-trial {budget} can never fit host {ledger.host!r}: {misfit} (what all its trials may "
+            "reserve; by default 90% of the memory available at the start); lower the budget, or give the "
+            "host's real capacity with host=HostBudget(ram=...) (memprune worker --host-ram)."
+        )
