@@ -611,7 +611,8 @@ def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Ent
     Raises :class:`LedgerError` when the database cannot be read.
     """
     host = socket.gethostname() if host is None else host
-    url = default_url(host) if url is None else url
+    default = url is None
+    url = default_url(host) if default else url
     path = _sqlite_path(url)
     if path is not None and not os.path.isfile(path):
         return [], []
@@ -629,7 +630,7 @@ def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Ent
                 reaped = [_reaped_of(r) for r in rows]
             return entries, reaped
     except DBAPIError as exc:
-        raise _cannot_open(url, exc, default=False) from None
+        raise _cannot_open(url, exc, default) from None
     finally:
         engine.dispose()
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
@@ -174,47 +172,50 @@ def test_a_runner_of_another_storage_leaves_a_dead_runners_trial_to_a_runner_of_
     assert "running" not in report_json(c_url)
 
 
-# -- 2. a per-trial budget larger than the host ----------------------------------------------------------
+# -- 2. a per-trial budget larger than the machine, or than the host's capacity ----------------------------------------------------------
 
 
-def test_a_budget_larger_than_the_host_is_refused_before_any_trial(tmp_path: Path) -> None:
+def test_a_budget_larger_than_the_machine_is_refused_before_any_trial(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
-    study = optuna.create_study(storage=url, study_name="s")
-    hold = functools.partial(objectives.hold, seconds=0.0)
-    too_big = 4 * psutil.virtual_memory().total
-    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram=too_big))
-    with pytest.raises(ValueError) as default_host:  # the default host: 90% of the memory available now
-        omp.optimize(study, hold, guard=guard, n_trials=2)
-    message = str(default_host.value)
-    assert message.startswith(f"the per-trial {guard.budget} can never fit host {HOST!r}: ram "), message
-    assert message.endswith("lower the budget, or give the host's real capacity with host=HostBudget(ram=...) "
-                            "(memprune worker --host-ram).")
-    cases = [(omp.Budget(ram="8GiB"), HostBudget(ram="4GiB", gpus=None, headroom=0.0),
-              "ram 8.00 GiB > capacity 4.00 GiB"),
-             (omp.Budget(ram="1GiB", threads=64), HostBudget(ram="4GiB", gpus=None, threads=8),
-              "threads 64 > capacity 8"),
-             (omp.Budget(ram="1GiB", vram="16GiB"), HostBudget(ram="4GiB", gpus=["8GiB"], headroom=0.0),
-              "vram 16.00 GiB > the largest GPU's capacity 8.00 GiB")]
-    for budget, host, misfit in cases:
-        guard = omp.MemoryGuard(objectives.footprint, budget)
-        with pytest.raises(ValueError, match=re.escape(f"the per-trial {budget} can never fit host {HOST!r}: {misfit} (")):
-            omp.optimize(study, hold, guard=guard, n_trials=2, host=host)
-    assert study.trials == []
-    # a budget that fits runs, and a host without GPUs runs a VRAM budget's trials on its CPU
-    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB", vram="16GiB"))
-    study = optuna.create_study(storage=url, study_name="t", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()),
+    total = psutil.virtual_memory().total
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram=4 * total))
+    study = optuna.create_study(storage=url, study_name="s", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()),
                                 pruner=guard.wrap_pruner(None))
-    omp.optimize(study, hold, guard=guard, n_trials=1, host=HostBudget(ram="4GiB", gpus=None))
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE]
-    # the worker: exit 2, and no study created
+    host = HostBudget(ram="4GiB", gpus=None, headroom=0.0)
+    expected = (f"the per-trial {guard.budget} is more than this machine has: RAM {omp.format_bytes(4 * total)} > "
+                f"{omp.format_bytes(total)} in all (host {HOST!r} may reserve 4.00 GiB for all its trials); lower the "
+                "budget (one meant for a bigger machine?).")
+    with pytest.raises(ValueError) as refused:
+        omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=2, host=host)
+    assert str(refused.value) == expected and study.trials == []
+    # the worker: exit 2, the same line, and no study created
     one_line_error(memprune("worker", "_runner_objectives:hold", "--footprint", "_runner_objectives:footprint",
-                            "--ram", "8GiB", "--host-ram", "4GiB", "--headroom", "0",
-                            "--storage", f"sqlite:///{tmp_path / 'w.db'}", "--study", "s"), 2,
-                   f"the per-trial Budget(ram=8.00 GiB) can never fit host {HOST!r}: ram 8.00 GiB > capacity 4.00 GiB "
-                   "(what all its trials may reserve; by default 90% of the memory available at the start); lower "
-                   "the budget, or give the host's real capacity with host=HostBudget(ram=...) (memprune worker "
-                   "--host-ram).")
+                            "--ram", str(4 * total), "--host-ram", "4GiB", "--headroom", "0",
+                            "--storage", f"sqlite:///{tmp_path / 'w.db'}", "--study", "s"), 2, expected)
     assert not (tmp_path / "w.db").exists()
+
+
+@pytest.mark.parametrize("budget, host, misfit", [
+    (omp.Budget(ram="1GiB"), HostBudget(ram="700MiB", gpus=None, headroom=0.0), "ram 1.00 GiB > capacity 700.00 MiB"),
+    (omp.Budget(ram="1GiB", threads=64), HostBudget(ram="4GiB", gpus=None, threads=16), "threads 64 > capacity 16"),
+])
+def test_a_budget_over_the_hosts_capacity_is_capped_for_unchecked_trials_with_a_warning(
+        tmp_path: Path, budget: omp.Budget, host: HostBudget, misfit: str) -> None:
+    guard = omp.MemoryGuard(objectives.footprint, budget)  # no search space: trial 0 runs unchecked
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s",
+                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=1)),
+                                pruner=guard.wrap_pruner(None))
+    study.enqueue_trial({"mb": 8})
+    study.enqueue_trial({"mb": 8})
+    with pytest.warns(UserWarning) as warned:
+        omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=2, host=host)
+    assert [str(w.message) for w in warned] == [
+        f"The per-trial {budget} is more than host {HOST!r} may reserve for all its trials ({misfit}): a trial "
+        "unchecked at launch reserves the host's whole capacity instead (it runs alone) and is still stopped at its "
+        "budget. Give the host's real capacity (host=HostBudget(...); memprune worker --host-ram, --host-threads, "
+        "--host-gpus) or lower the budget."]
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    assert [omp.read_record(t.user_attrs).decision.value for t in study.trials] == ["unchecked", "admitted"]
 
 
 # -- 4. a slow footprint: the trial's end is written first; a runner killed meanwhile leaves nothing -------

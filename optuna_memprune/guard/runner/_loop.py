@@ -14,7 +14,7 @@ import signal
 import time
 import warnings
 from multiprocessing.connection import wait as wait_any
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 import optuna
 from optuna.samplers import BaseSampler

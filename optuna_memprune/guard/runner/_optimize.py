@@ -85,8 +85,9 @@ def optimize(
         progress: show a progress bar (default: when stderr is a terminal).
 
     Raises:
-        ValueError: before any trial, for a bad argument, or a per-trial budget that can never fit the
-            host's capacity (a trial unchecked at launch reserves its whole budget).
+        ValueError: before any trial, for a bad argument, or a per-trial RAM budget over this machine's
+            RAM. A budget within the machine but over the host's capacity is warned about: a trial
+            unchecked at launch, which reserves its whole budget, reserves the host's capacity instead.
         LedgerError: the host ledger's database cannot be opened (the message names the file).
     """
     if not isinstance(guard, MemoryGuard):
@@ -117,11 +118,13 @@ def optimize(
     else:
         raise TypeError(f"host must be a HostBudget, a Ledger or None, but got {type(host).__name__}.")
     try:
-        check_budget_fits(guard.budget, ledger)
+        over_host = check_budget_fits(guard.budget, ledger)
     except ValueError:
         if host is not ledger:
             ledger.close()
         raise
+    if over_host:
+        guard.warnings.once("budget-over-host", over_host)
     runner = Runner(study, objective, guard, ledger, n_trials=n_trials, timeout=timeout, n_workers=n_workers,
                      catch=catch, callbacks=list(callbacks or ()), on_host_full=on_host_full)
     show = sys.stderr.isatty() if progress is None else bool(progress)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from typing import TYPE_CHECKING, NamedTuple
 
 from optuna.trial import TrialState
