@@ -162,23 +162,24 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     ledger = Ledger(host, url=args.ledger, host=args.host_id)  # LedgerError: one line naming the file
     try:
-        try:
-            check_budget_fits(guard.budget, ledger)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
-        pruners = {"median": optuna.pruners.MedianPruner, "none": optuna.pruners.NopPruner}
-        try:
-            study = optuna.create_study(
-                storage=open_storage(url), study_name=args.study, direction=args.direction, load_if_exists=True,
-                sampler=guard.wrap_sampler(samplers[args.sampler](seed=args.seed)),
-                pruner=guard.wrap_pruner(pruners[args.pruner]()),
-            )
-        except (TypeError, ValueError, ImportError) as exc:
-            raise MemPruneError(str(exc)) from exc
-        except Exception as exc:  # noqa: BLE001 - the storage's own errors (unreachable server, bad URL)
-            raise MemPruneError(f"could not open study {args.study!r} in {url}: "
-                                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        check_budget_fits(guard.budget, ledger)
+    except ValueError as exc:
+        ledger.close()
+        raise UsageError(str(exc)) from None
+    samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+    pruners = {"median": optuna.pruners.MedianPruner, "none": optuna.pruners.NopPruner}
+    try:
+        study = optuna.create_study(
+            storage=open_storage(url), study_name=args.study, direction=args.direction, load_if_exists=True,
+            sampler=guard.wrap_sampler(samplers[args.sampler](seed=args.seed)),
+            pruner=guard.wrap_pruner(pruners[args.pruner]()),
+        )
+    except (TypeError, ValueError, ImportError) as exc:
+        raise MemPruneError(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - the storage's own errors (unreachable server, bad URL)
+        raise MemPruneError(f"could not open study {args.study!r} in {url}: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    try:
         omp.optimize(study, objective, guard=guard, n_trials=args.n_trials, timeout=args.timeout,
                      n_workers=args.n_workers, host=ledger, on_host_full=args.on_host_full,
                      progress=args.progress)
