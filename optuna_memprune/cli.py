@@ -125,15 +125,27 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import optuna
 
     import optuna_memprune as omp
+    from .guard.runner import check_budget_fits
     from .ledger import HostBudget, Ledger
+    from .units import check_int, check_number
 
+    # Everything is checked before the study is created: a bad command line leaves nothing in the storage.
     url = _storage_url(args)
+    try:
+        for name, value in (("--n-trials", args.n_trials), ("--n-workers", args.n_workers)):
+            if value is not None:
+                check_int(value, name, minimum=1 if name == "--n-workers" else 0)
+        if args.timeout is not None:
+            check_number(args.timeout, "--timeout", minimum=0, expected="a non-negative number of seconds")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     objective = _load(args.objective, "the objective")
+    if not callable(objective) or not _takes(objective, 1):
+        what = _kind(objective) if not callable(objective) else "a function that does not take one trial"
+        raise UsageError(f"the objective {args.objective!r} is {what}: give the module:function that takes a "
+                         "trial and returns its value")
     if args.guard:
-        guard = _load(args.guard, "--guard")
-        guard = guard() if callable(guard) and not isinstance(guard, omp.MemoryGuard) else guard
-        if not isinstance(guard, omp.MemoryGuard):
-            raise MemPruneError(f"--guard {args.guard!r} is not a MemoryGuard (or a function returning one)")
+        guard = _worker_guard(args.guard, omp.MemoryGuard)
     elif args.footprint:
         try:
             budget = omp.Budget(ram=args.ram, vram=args.vram, threads=args.threads)
@@ -143,7 +155,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         try:
             guard = omp.MemoryGuard(footprint, budget, on_infeasible=args.on_infeasible)
         except (TypeError, ValueError) as exc:
-            raise UsageError(str(exc)) from exc
+            raise UsageError(f"--footprint {args.footprint!r}: {exc}") from exc
     else:
         raise UsageError("give the guard: --guard module:name, or --footprint module:name with --ram/--vram/--threads")
     try:
@@ -151,6 +163,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                           headroom=args.headroom, threads=args.host_threads)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
+    ledger = Ledger(host, url=args.ledger, host=args.host_id)  # LedgerError: one line naming the file
+    try:
+        check_budget_fits(guard.budget, ledger)
+    except ValueError as exc:
+        ledger.close()
+        raise UsageError(str(exc)) from None
     samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
     pruners = {"median": optuna.pruners.MedianPruner, "none": optuna.pruners.NopPruner}
     try:
@@ -164,7 +182,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - the storage's own errors (unreachable server, bad URL)
         raise MemPruneError(f"could not open study {args.study!r} in {url}: "
                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    ledger = Ledger(host, url=args.ledger, host=args.host_id)
     try:
         omp.optimize(study, objective, guard=guard, n_trials=args.n_trials, timeout=args.timeout,
                      n_workers=args.n_workers, host=ledger, on_host_full=args.on_host_full,
@@ -172,6 +189,48 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     finally:
         ledger.close()
     return 0
+
+
+def _kind(obj: Any) -> str:
+    """``a module``, ``an int``: what a module:name turned out to be."""
+    import inspect
+
+    name = "module" if inspect.ismodule(obj) else type(obj).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _takes(function: Any, n: int) -> bool:
+    """Whether ``function`` can be called with ``n`` positional arguments (True where no signature is known)."""
+    import inspect
+
+    try:
+        inspect.signature(function).bind(*[None] * n)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (some builtins): calling it will say
+        pass
+    return True
+
+
+def _worker_guard(spec: str, guard_type: type) -> Any:
+    """``--guard module:name``: a MemoryGuard, or a function of no arguments that returns one."""
+    guard = _load(spec, "--guard")
+    if isinstance(guard, guard_type):
+        return guard
+    if not callable(guard):
+        raise UsageError(f"--guard {spec!r} is {_kind(guard)}: give a MemoryGuard, or a function of no arguments "
+                         "that returns one")
+    if not _takes(guard, 0):
+        raise UsageError(f"--guard {spec!r} is a function that takes arguments (a footprint function? give it as "
+                         "--footprint with --ram/--vram/--threads): --guard takes a MemoryGuard, or a function "
+                         "of no arguments that returns one")
+    try:
+        guard = guard()
+    except Exception as exc:  # noqa: BLE001 - the user's function; one line says what it raised
+        raise MemPruneError(f"--guard {spec!r} raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(guard, guard_type):
+        raise UsageError(f"--guard {spec!r} returned {_kind(guard)}, not a MemoryGuard")
+    return guard
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -19,10 +19,12 @@ import psutil
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from .exceptions import MemPruneError
 from .paths import cache_dir
 from .units import check_int, check_number, format_bytes, is_int, parse_bytes
 
-__all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Usage", "Ledger", "owner_alive"]
+__all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Reaped", "Usage", "Ledger", "LedgerError", "owner_alive",
+           "default_url", "read_host"]
 
 _logger = logging.getLogger("optuna_memprune.ledger")
 
@@ -33,6 +35,8 @@ _START_TOLERANCE_S = 0.01
 #: On Linux psutil's create_time is /proc/stat's btime (whole seconds, moved by a wall-clock step) plus the
 #: start since boot; a whole-second difference up to this size is the same process after a clock step.
 _CLOCK_STEP_S = 10
+#: A reaped entry nobody settled (no process of its trial's storage ran since) is forgotten after this long.
+_REAPED_KEPT_S = 30 * 24 * 3600.0
 
 _metadata = sa.MetaData()
 _hosts = sa.Table(
@@ -52,6 +56,28 @@ _entries = sa.Table(
     sa.Column("threads", sa.Integer, nullable=False),
     sa.Column("created", sa.Float, nullable=False),
 )
+# Entries reaped from dead owners, kept until a process that can end their trials settles them: the
+# process whose admission reaped an entry may not be able to (its trial lives in another study database).
+_reaped = sa.Table(
+    "memprune_ledger_reaped", _metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("entry_id", sa.Integer, nullable=False),
+    sa.Column("host", sa.String(255), nullable=False, index=True),
+    sa.Column("owner_pid", sa.Integer, nullable=False),
+    sa.Column("owner_start", sa.Float, nullable=False),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("ram", sa.BigInteger, nullable=False),
+    sa.Column("vram", sa.BigInteger, nullable=False),
+    sa.Column("gpu", sa.Integer, nullable=True),
+    sa.Column("threads", sa.Integer, nullable=False),
+    sa.Column("created", sa.Float, nullable=False),
+    sa.Column("reaped", sa.Float, nullable=False),      # time.time() when its owner was found dead
+    sa.Column("reaped_by", sa.Integer, nullable=False),  # the pid whose transaction reaped it
+)
+
+
+class LedgerError(MemPruneError):
+    """The ledger's database cannot be opened: a corrupted file, a directory that cannot be written."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +210,19 @@ class Entry:
     created: float
 
 
+class Reaped(NamedTuple):
+    """An entry whose owner died, reaped from the host's reservations and kept until :meth:`Ledger.settle`.
+
+    ``id`` is the row's own id (not the entry's); ``reaped`` is ``time.time()`` when it was reaped and
+    ``reaped_by`` the pid of the process whose transaction reaped it.
+    """
+
+    id: int
+    entry: Entry
+    reaped: float
+    reaped_by: int
+
+
 class Usage(NamedTuple):
     """The sum of a host's reservations: bytes of RAM, threads, bytes per GPU index."""
 
@@ -230,6 +269,40 @@ def _entry(row: Any) -> Entry:
                  ram=row.ram, vram=row.vram, gpu=row.gpu, threads=row.threads, created=row.created)
 
 
+def _reaped_of(row: Any) -> Reaped:
+    entry = Entry(id=row.entry_id, host=row.host, owner_pid=row.owner_pid, owner_start=row.owner_start, key=row.key,
+                  ram=row.ram, vram=row.vram, gpu=row.gpu, threads=row.threads, created=row.created)
+    return Reaped(id=row.id, entry=entry, reaped=row.reaped, reaped_by=row.reaped_by)
+
+
+def default_url(host: str | None = None) -> str:
+    """The default ledger database of ``host`` (default: this host's name): a SQLite file in the cache dir."""
+    host = socket.gethostname() if host is None else host
+    return "sqlite:///" + str(cache_dir() / f"ledger-{re.sub(r'[^A-Za-z0-9._-]', '_', host)}.sqlite")
+
+
+def _sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL, None for another database or an in-memory one."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
+
+
+def _cannot_open(url: str, exc: BaseException, default: bool) -> LedgerError:
+    """The one-line error for a ledger database that cannot be opened, saying what to do about it."""
+    cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+    elsewhere = "set MEMPRUNE_CACHE_DIR to another directory" if default else "give another ledger URL"
+    path = _sqlite_path(url)
+    if path is None:
+        where = sa.engine.make_url(url).render_as_string(hide_password=True)
+        return LedgerError(f"cannot open the host ledger database {where}: {cause}")
+    if "not a database" in cause or "malformed" in cause:
+        return LedgerError(f"the host ledger {path} is not a readable SQLite database ({cause}): delete it (it "
+                           f"holds only the reservations of this host's running trials) or {elsewhere}")
+    return LedgerError(f"cannot open the host ledger {path} ({cause}): make its directory writable or {elsewhere}")
+
+
 def _engine(url: str) -> sa.Engine:
     if sa.engine.make_url(url).get_backend_name() != "sqlite":
         # Statements after the host-row lock must see rows committed while we waited for it.
@@ -274,8 +347,12 @@ class Ledger:
         - Reaped entries are the trials of dead processes, which the caller must end. :meth:`reap` returns
           what it removed; what :meth:`try_admit` and :meth:`admit` removed is kept on this object until
           :meth:`take_reaped` returns it. Whichever process's transaction reaps an entry gets it, not
-          necessarily the one that admitted it.
+          necessarily the one that admitted it, nor one that can end its trial; so every reaped entry is
+          also kept in the database (:meth:`reaped`, no longer counted in the sums) until a process that
+          ended its trial calls :meth:`settle`, or for 30 days.
         - :meth:`entries` and :meth:`in_use` read the committed rows, dead owners included until reaped.
+        - A database that cannot be opened (a corrupted file, a directory that cannot be written) raises
+          :class:`LedgerError` with one line naming the file and what to do.
         - Processes of one host that use different capacities all check the same sums against their own.
         - GPU indices are NVML's (PCI bus order); CUDA numbers devices fastest-first unless
           ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set for the trial.
@@ -301,16 +378,26 @@ class Ledger:
             raise ValueError(f"host must be a non-empty str of at most 255 characters, but got {host!r}.")
         self.capacity: HostCapacity = budget
         self.host = host
-        if url is None:
+        default = url is None
+        if default:
             directory = cache_dir()
-            directory.mkdir(parents=True, exist_ok=True)
-            url = "sqlite:///" + str(directory / f"ledger-{re.sub(r'[^A-Za-z0-9._-]', '_', host)}.sqlite")
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                what = "is a file, not a directory" if directory.is_file() else f"cannot be created ({exc.strerror or exc})"
+                raise LedgerError(f"the cache directory {directory} of the host ledger {what}: set MEMPRUNE_CACHE_DIR "
+                                  "to a writable directory") from None
+            url = default_url(host)
         self.url = url
         self._engine = _engine(url)
         self._pid = os.getpid()
         self._reaped: list[Entry] = []
         self._lock = threading.Lock()
-        self._create_tables()
+        try:
+            self._create_tables()
+        except (DBAPIError, OSError) as exc:
+            self._engine.dispose()
+            raise _cannot_open(url, exc, default) from None
 
     # -- admission -------------------------------------------------------------------------------------
 
@@ -388,9 +475,24 @@ class Ledger:
     # -- dead owners -----------------------------------------------------------------------------------
 
     def reap(self) -> list[Entry]:
-        """Remove this host's entries whose owner process is gone and return them (not kept for take_reaped)."""
+        """Remove this host's entries whose owner process is gone and return them (not kept for take_reaped;
+        kept in :meth:`reaped` until settled)."""
         with self._connect() as conn, conn.begin():
             return self._reap(conn)
+
+    def reaped(self) -> list[Reaped]:
+        """This host's reaped entries not yet settled, oldest first: the trials of dead owners that a
+        process able to end them has not ended yet."""
+        with self._connect(read=True) as conn, conn.begin():
+            rows = conn.execute(_reaped.select().where(_reaped.c.host == self.host).order_by(_reaped.c.id))
+            return [_reaped_of(r) for r in rows]
+
+    def settle(self, reaped: Reaped) -> bool:
+        """Forget a reaped entry once its trial is ended; False when another process settled it first."""
+        if not isinstance(reaped, Reaped):
+            raise TypeError(f"reaped must be a Reaped, but got {reaped!r}.")
+        with self._connect() as conn, conn.begin():
+            return conn.execute(_reaped.delete().where(_reaped.c.id == reaped.id)).rowcount > 0
 
     def take_reaped(self) -> list[Entry]:
         """Return, and forget, the entries that :meth:`try_admit` and :meth:`admit` of this object reaped."""
@@ -447,8 +549,15 @@ class Ledger:
         self._lock_host(conn)
         rows = conn.execute(_entries.select().where(_entries.c.host == self.host).order_by(_entries.c.id))
         dead = [_entry(r) for r in rows if not owner_alive(r.owner_pid, r.owner_start)]
+        now = time.time()
         if dead:
             conn.execute(_entries.delete().where(_entries.c.id.in_([e.id for e in dead])))
+            conn.execute(_reaped.insert(), [
+                dict(entry_id=e.id, host=e.host, owner_pid=e.owner_pid, owner_start=e.owner_start, key=e.key,
+                     ram=e.ram, vram=e.vram, gpu=e.gpu, threads=e.threads, created=e.created, reaped=now,
+                     reaped_by=os.getpid()) for e in dead])
+        conn.execute(_reaped.delete().where(_reaped.c.host == self.host, _reaped.c.reaped < now - _REAPED_KEPT_S))
+        if dead:
             _logger.info("Reaped %d entries of dead processes on host %s: %s",
                          len(dead), self.host, ", ".join(e.key for e in dead))
         return dead
@@ -493,6 +602,37 @@ class Ledger:
             largest = format_bytes(max(cap.gpus))
             return f"vram {format_bytes(request.vram)} > the largest GPU's capacity {largest}"
         return ""
+
+
+def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Entry], list[Reaped]]:
+    """A host's entries and unsettled reaped entries, read without creating anything: ``([], [])`` when the
+    database (default: this host's file in the cache dir) or its tables do not exist.
+
+    Raises :class:`LedgerError` when the database cannot be read.
+    """
+    host = socket.gethostname() if host is None else host
+    default = url is None
+    url = default_url(host) if default else url
+    path = _sqlite_path(url)
+    if path is not None and not os.path.isfile(path):
+        return [], []
+    engine = sa.create_engine(url, connect_args={"timeout": _SQLITE_BUSY_TIMEOUT_S} if path else {})
+    try:
+        with engine.connect() as conn:
+            tables = sa.inspect(conn).get_table_names()
+            if _entries.name not in tables:
+                return [], []
+            rows = conn.execute(_entries.select().where(_entries.c.host == host).order_by(_entries.c.id))
+            entries = [_entry(r) for r in rows]
+            reaped = []
+            if _reaped.name in tables:
+                rows = conn.execute(_reaped.select().where(_reaped.c.host == host).order_by(_reaped.c.id))
+                reaped = [_reaped_of(r) for r in rows]
+            return entries, reaped
+    except DBAPIError as exc:
+        raise _cannot_open(url, exc, default) from None
+    finally:
+        engine.dispose()
 
 
 def describe(x: Request | Usage | HostCapacity) -> str:

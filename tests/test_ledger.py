@@ -15,7 +15,8 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
-from optuna_memprune.ledger import Entry, HostBudget, HostCapacity, Ledger, Request, Usage, owner_alive
+from optuna_memprune.ledger import (Entry, HostBudget, HostCapacity, Ledger, LedgerError, Reaped, Request, Usage,
+                                    owner_alive, read_host)
 
 GiB = 1024**3
 RACER = str(Path(__file__).resolve().parent / "_ledger_racer.py")
@@ -218,6 +219,48 @@ def test_zombies_dead_pids_and_other_start_times_count_as_gone(url: str) -> None
     if sys.platform.startswith("linux"):  # a wall-clock step moves psutil's create_time by whole seconds
         assert owner_alive(os.getpid(), me - 2) and owner_alive(os.getpid(), me + 1.005)
     assert owner_alive(os.getpid(), mine.owner_start)
+
+
+def test_reaped_entries_are_kept_out_of_the_sums_until_settled(url: str) -> None:
+    cap = json.dumps({"ram": 10, "gpus": [], "threads": None})
+    child = _racer("hold", url, "h", cap, "trial-7", "8")
+    try:
+        held = Entry(**json.loads(child.stdout.readline()))
+    finally:
+        child.kill()
+        child.wait()
+    ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
+    other = Ledger(HostCapacity(ram=10), url=url, host="elsewhere")
+    assert ledger.reaped() == [] and [e.key for e in ledger.reap()] == ["trial-7"]
+    (kept,) = ledger.reaped()
+    assert isinstance(kept, Reaped) and kept.entry == held and kept.reaped_by == os.getpid()
+    assert ledger.in_use() == Usage(0, 0, ()) and ledger.entries() == [] and other.reaped() == []
+    assert ledger.reap() == [] and ledger.reaped() == [kept]  # reaped once, kept once
+    assert ledger.settle(kept) and not ledger.settle(kept) and ledger.reaped() == []
+    with pytest.raises(TypeError, match="reaped must be a Reaped"):
+        ledger.settle(held)
+
+
+def test_read_host_creates_nothing_and_a_corrupted_file_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "cache"))
+    assert read_host(host="h") == ([], []) and not (tmp_path / "cache").exists()
+    ledger = Ledger(HostCapacity(ram=10), host="h")
+    entry = ledger.try_admit(Request(ram=3), "k")
+    assert read_host(host="h") == ([entry], []) and read_host(host="other") == ([], [])
+    ledger.close()
+    path = tmp_path / "cache" / "ledger-h.sqlite"
+    path.write_bytes(b"garbage" * 1000)
+    for wal in tmp_path.glob("cache/*-wal"):
+        wal.unlink()
+    message = (f"the host ledger {path} is not a readable SQLite database (file is not a database): delete it (it "
+               "holds only the reservations of this host's running trials) or set MEMPRUNE_CACHE_DIR to another "
+               "directory")
+    with pytest.raises(LedgerError) as corrupted:
+        Ledger(HostCapacity(ram=10), host="h")
+    assert str(corrupted.value) == message
+    with pytest.raises(LedgerError) as unread:
+        read_host(host="h")
+    assert str(unread.value) == message
 
 
 # -- racing ----------------------------------------------------------------------------------------------

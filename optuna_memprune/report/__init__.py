@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 
 from ._dashboard import save_notes, trial_note
-from ._data import GuardedTrial, Margin, Quality, ReportData, ReportError, build, load
+from ._data import GuardedTrial, Margin, Quality, ReportData, ReportError, RunningTrial, build, load
 from ._html import render as render_html
 from ._table import render as render_table
 
 __all__ = [
-    "ReportData", "GuardedTrial", "Quality", "Margin", "ReportError",
+    "ReportData", "GuardedTrial", "RunningTrial", "Quality", "Margin", "ReportError",
     "load", "build", "render_table", "render_json", "render_html", "save_notes", "trial_note",
 ]
 

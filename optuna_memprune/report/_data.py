@@ -1,7 +1,8 @@
 """Study -> ReportData: the plain data every report renderer draws (counts, trials, prediction quality).
 
-Reads trials through Optuna's public API and records through ``records.read`` only; knows nothing
-of tables, HTML or plots, and prints nothing.
+Reads trials through Optuna's public API, records through ``records.read`` only and the runners of
+RUNNING trials through ``guard.runner.runner_states`` (this host's ledger, read only); knows nothing of
+tables, HTML or plots, and prints nothing.
 """
 
 from __future__ import annotations
@@ -68,6 +69,29 @@ class GuardedTrial:
 
 
 @dataclass(frozen=True)
+class RunningTrial:
+    """A trial still RUNNING in the storage, and what this host's ledger says of its runner.
+
+    ``runner_alive`` is None when no runner in this host's ledger holds the trial (it runs in process, on
+    another host or under another ledger), False when its runner died and no runner of its storage has
+    failed it yet; ``note`` says so in words.
+    """
+
+    number: int
+    params: dict[str, Any]
+    runner_pid: int | None
+    runner_host: str | None
+    runner_alive: bool | None
+    note: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        runner = None if self.runner_pid is None else {"pid": self.runner_pid, "host": self.runner_host,
+                                                       "alive": self.runner_alive}
+        return {"number": self.number, "state": "RUNNING", "params": self.params, "runner": runner,
+                "note": self.note}
+
+
+@dataclass(frozen=True)
 class Quality:
     """How one resource's predictions compared with the peaks of the trials that ran to the end.
 
@@ -100,7 +124,8 @@ class ReportData:
 
     ``trials`` are the guarded trials in number order; ``timeline_trials`` the numbers of those whose
     memory timelines the HTML draws (the stopped ones, then the admitted ones with the highest peaks);
-    ``largest_admitted`` the admitted trial with the largest predicted RAM (its footprint is broken down).
+    ``largest_admitted`` the admitted trial with the largest predicted RAM (its footprint is broken down);
+    ``running`` every trial still RUNNING (guarded or not) with what this host's ledger says of its runner.
     """
 
     study_name: str
@@ -114,6 +139,7 @@ class ReportData:
     soft: float
     timeline_trials: list[int] = field(default_factory=list)
     largest_admitted: int | None = None
+    running: list[RunningTrial] = field(default_factory=list)
 
     @property
     def notable(self) -> list[GuardedTrial]:
@@ -129,7 +155,7 @@ class ReportData:
         if self.largest_admitted is not None:
             t = self.trial(self.largest_admitted)
             largest = {"trial": t.number, "breakdown": t.record.breakdown}
-        return _finite({
+        out = {
             "schema": SCHEMA,
             "study": {"name": self.study_name, "directions": self.directions, "n_trials": self.n_trials,
                       "n_guarded": len(self.trials)},
@@ -140,7 +166,10 @@ class ReportData:
             "margin": None if self.margin is None else {"trial": self.margin.trial, **self.margin.factors},
             "timelines": {str(n): [list(p) for p in self.trial(n).record.timeline] for n in self.timeline_trials},
             "largest_admitted": largest,
-        })
+        }
+        if self.running:  # the key is there only when some trial is RUNNING
+            out["running"] = [t.to_json_dict() for t in self.running]
+        return _finite(out)
 
 
 def load(url: str, study_name: str | None = None) -> "optuna.Study":
@@ -172,6 +201,8 @@ def load(url: str, study_name: str | None = None) -> "optuna.Study":
 
 def build(study: "optuna.Study") -> ReportData:
     """The report data of a study; raises ``ReportError`` when no trial of it carries a record."""
+    from optuna.trial import TrialState
+
     frozen = study.get_trials(deepcopy=False)
     trials = []
     for t in sorted(frozen, key=lambda t: t.number):
@@ -179,9 +210,11 @@ def build(study: "optuna.Study") -> ReportData:
         if record is not None:
             trials.append(GuardedTrial(t.number, t.state.name, None if t.values is None else list(t.values),
                                        dict(t.params), record))
+    running = _running(study, sorted((t for t in frozen if t.state is TrialState.RUNNING), key=lambda t: t.number))
     if not trials:
+        still = "; RUNNING: " + "; ".join(f"#{t.number} ({t.note})" for t in running) if running else ""
         raise ReportError(f"study {study.study_name!r} has no guarded trials ({len(frozen)} trials, none with "
-                          "a memprune record): run it with MemoryGuard's wrappers first")
+                          f"a memprune record{still}): run it with MemoryGuard's wrappers first")
     last = trials[-1].record
     return ReportData(
         study_name=study.study_name,
@@ -195,7 +228,31 @@ def build(study: "optuna.Study") -> ReportData:
         soft=last.soft,
         timeline_trials=_timeline_trials(trials),
         largest_admitted=_largest_admitted(trials),
+        running=running,
     )
+
+
+def _running(study: "optuna.Study", frozen: list) -> list[RunningTrial]:
+    """The RUNNING trials, with what this host's ledger says of their runners."""
+    if not frozen:
+        return []
+    from ..guard.runner import runner_states
+    from ..ledger import LedgerError
+
+    try:
+        states, unread = runner_states(study), ""
+    except LedgerError as exc:
+        states, unread = {}, f"this host's ledger could not be read: {exc}"
+    out = []
+    for t in frozen:
+        state = states.get(t.number)
+        if state is None:
+            out.append(RunningTrial(t.number, dict(t.params), None, None, None, unread or (
+                "no runner of this host's ledger holds it (it runs in process, on another host or under "
+                "another ledger)")))
+        else:
+            out.append(RunningTrial(t.number, dict(t.params), state.pid, state.host, state.alive, state.note))
+    return out
 
 
 def rel_error(pred: int, peak: int) -> float:

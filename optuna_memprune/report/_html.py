@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision
 from . import _format as fmt
-from ._table import margin_line
+from ._table import margin_line, running_word
 
 if TYPE_CHECKING:
     from ._data import GuardedTrial, ReportData
@@ -56,7 +56,7 @@ def render(data: "ReportData") -> str:
             sections.append(f'<section class="plot" id="plot-{plot_id}"><h2>{_e(title)}</h2>{body}'
                             f'<p class="caption">{_e(caption) if svg is not None else ""}</p></section>')
     return _PAGE.format(title=_e(f"memprune report: {data.study_name}"), summary=_summary(data),
-                        plots="\n".join(sections), notable=_notable(data))
+                        plots="\n".join(sections), notable=_notable(data) + _running(data))
 
 
 # -- the plots: each returns (svg or None, caption or why there is nothing to draw). The gids of the drawn
@@ -271,6 +271,16 @@ def _notable(data: "ReportData") -> str:
         f"<table><tr><th>#</th><th>state</th><th>decision</th><th>params</th><th>predicted</th><th>peak</th>"
         f"<th>budget</th><th>reason</th></tr>{rows}</table></section>"
     )
+
+
+def _running(data: "ReportData") -> str:
+    """The trials still RUNNING, and whether their runner is alive (nothing when none is)."""
+    if not data.running:
+        return ""
+    rows = "".join(f'<tr><td class="num">{t.number}</td><td>RUNNING</td><td>{running_word(t)}</td>'
+                   f"<td>{_e(fmt.params(t.params))}</td><td>{_e(t.note)}</td></tr>" for t in data.running)
+    return (f'<section id="running"><h2>Running trials</h2><table><tr><th>#</th><th>state</th><th>runner</th>'
+            f"<th>params</th><th>note</th></tr>{rows}</table></section>")
 
 
 def _figures(t: "GuardedTrial", kind: str) -> str:

@@ -12,14 +12,16 @@ from . import _format as fmt
 
 if TYPE_CHECKING:
     from rich.console import Group
+    from rich.table import Table
 
-    from ._data import GuardedTrial, ReportData
+    from ._data import GuardedTrial, ReportData, RunningTrial
 
 NO_MARGIN = "no learned margin (in-process study)"
 
 
 def render(data: "ReportData") -> "Group":
-    """The terminal report: header, counts by decision, the notable trials, prediction quality, margin."""
+    """The terminal report: header, counts by decision, the notable trials, the RUNNING ones (if any),
+    prediction quality, margin."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -65,7 +67,27 @@ def render(data: "ReportData") -> "Group":
                             f"{fmt.pct(q.worst_rel_error)} (#{q.worst_trial})", str(q.under_predicted))
 
     note = Text("over the trials that ran to the end (COMPLETE); error = (peak - pred) / peak, + = under-predicted")
-    return Group(header, Text(), counts, Text(), notable, Text(), quality, note, Text(), Text(margin_line(data)))
+    running = [Text(), _running(data)] if data.running else []
+    return Group(header, Text(), counts, Text(), notable, *running, Text(), quality, note, Text(),
+                 Text(margin_line(data)))
+
+
+def _running(data: "ReportData") -> "Table":
+    """The trials still RUNNING in the storage, and whether their runner is alive."""
+    from rich.table import Table
+
+    table = Table(title="running trials", title_justify="left", box=None, pad_edge=False)
+    for head, justify in (("#", "right"), ("state", "left"), ("runner", "left"), ("params", "left"),
+                          ("note", "left")):
+        table.add_column(head, justify=justify, no_wrap=head in ("#", "state", "runner"))
+    for t in data.running:
+        table.add_row(str(t.number), "RUNNING", running_word(t), fmt.params(t.params), t.note)
+    return table
+
+
+def running_word(t: "RunningTrial") -> str:
+    """``alive``, ``dead`` or ``unknown``: the runner of a RUNNING trial, in one word."""
+    return {True: "alive", False: "dead", None: "unknown"}[t.runner_alive]
 
 
 def margin_line(data: "ReportData") -> str:

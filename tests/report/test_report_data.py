@@ -113,3 +113,24 @@ def test_json_stays_standard_when_an_objective_returned_nan(tmp_path) -> None:
     record = TrialRecord(Decision.ADMITTED, pred_ram=1, peak_ram=1)
     study.add_trial(create_trial(state=TrialState.COMPLETE, value=float("inf"), user_attrs=record.attrs()))
     assert json.loads(report.render_json(report.build(study)))["trials"][0]["values"] == [None]
+
+
+def test_running_trials_are_shown_and_their_runner_is_said_unknown_without_a_ledger(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "cache"))  # no host ledger here
+    storage = f"sqlite:///{tmp_path / 'running.db'}"
+    study = optuna.create_study(study_name="r", storage=storage)
+    trial = study.ask({"x": IntDistribution(0, 9)})  # RUNNING, no record: its process died before writing one
+    with pytest.raises(report.ReportError) as none_guarded:
+        report.build(study)
+    unknown = ("no runner of this host's ledger holds it (it runs in process, on another host or under another "
+               "ledger)")
+    assert str(none_guarded.value) == (f"study 'r' has no guarded trials (1 trials, none with a memprune record; "
+                                       f"RUNNING: #0 ({unknown})): run it with MemoryGuard's wrappers first")
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=TrialRecord(Decision.ADMITTED).attrs()))
+    data = report.build(study)
+    assert [t.number for t in data.trials] == [1] and not (tmp_path / "cache").exists()
+    assert data.to_json_dict()["running"] == [{"number": 0, "state": "RUNNING", "params": {"x": trial.params["x"]},
+                                               "runner": None, "note": unknown}]
+    assert '<section id="running">' in report.render_html(data)
+    study.tell(trial, 2.0)
+    assert "running" not in report.build(study).to_json_dict()  # the key is there only while a trial runs

@@ -8,22 +8,20 @@ message it sends back (``_child``), nor of how the fork server is started.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import signal
 import time
 import warnings
 from multiprocessing.connection import wait as wait_any
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 import optuna
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
 from ... import _internals, records
-from ...records import RESOURCES, Decision
+from ...records import Decision
 from .._objective import store_rejection
 from .._outcome import trial_outcome
 from .._pruner import GuardedPruner
@@ -31,8 +29,11 @@ from .._sampler import GuardedSampler
 from .._trials import TrialGuardState
 from ._child import Payload, child_main
 from ._forkserver import fork_server
+from ._owners import ASKED, LAUNCHED, DeadRunners, TrialKey
 from ._progress import Status
 from ._reserve import Reservations
+from ._storage import retry as _retry
+from ._storage import storage_id
 from ._watchdog import TrialProcess
 
 if TYPE_CHECKING:
@@ -43,7 +44,6 @@ _logger = logging.getLogger("optuna_memprune.guard")
 
 GRACE_S = 2.0          # SIGTERM to SIGKILL when the runner stops a trial's process tree
 _TICK_S = 0.05         # the runner's loop wakes at least this often
-_RETRIES = 6           # storage calls: attempts, with backoff 0.1 s x 2^k between them
 
 
 @dataclasses.dataclass
@@ -55,6 +55,7 @@ class _Waiting:
     request: "Request"
     margins: dict[str, float]
     since: float
+    hold: "Entry | None"  # the empty entry that names the trial on the ledger until its reservation does
 
 
 class Runner:
@@ -79,7 +80,8 @@ class Runner:
         self.inner_pruner = pruner.wrapped_pruner if isinstance(pruner, GuardedPruner) else pruner
         self.ctx = fork_server(objective)
         self.heartbeats = _internals.heartbeat_enabled(study)
-        self.storage_id = _storage_id(study)
+        self.storage_id = storage_id(study)
+        self.dead_runners = DeadRunners(study, ledger, guard.policy.budget)
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -107,6 +109,8 @@ class Runner:
 
     def _loop(self, on_tick: Callable[[], None] | None) -> None:
         try:
+            self.ledger.reap()
+            self.dead_runners.end_trials()
             while True:
                 self._reap_finished()
                 if self._may_ask() and self.waiting is None and len(self.children) < self.n_workers:
@@ -150,12 +154,15 @@ class Runner:
                 _retry("failing stale trials", lambda: optuna.storages.fail_stale_trials(study))
         trial = _retry("asking for a trial", study.ask)
         self.asked += 1
+        hold = self._hold(trial)  # from here a runner that finds this one dead fails the trial
+        self.dead_runners.end_trials()
         state = guard.trials.open(_internals.trial_id(trial), trial.number)
         state.enforced = True
         try:
             trial.relative_params  # the guarded sampler's lookahead
         except Exception as exc:
             self._fail_before_launch(trial, state, f"the sampler failed: {type(exc).__name__}: {exc}")
+            self._release(hold)
             raise
         if not state.sampled:
             guard.warnings.once("unguarded-sampler", "study.sampler is not guard.wrap_sampler(...): trials run "
@@ -163,10 +170,32 @@ class Runner:
             state.uncheck("the study's sampler is not wrapped by this guard")
         if state.decision is Decision.REJECTED:
             self._end_rejected(trial, state)
+            self._release(hold)
             return
         margins = self.reservations.margins()
         request = self.reservations.request(state.prediction, margins)
-        self.waiting = _Waiting(trial, state, request, margins, time.monotonic())
+        self.waiting = _Waiting(trial, state, request, margins, time.monotonic(), hold)
+
+    def _key(self, trial: optuna.Trial, decision: Decision, phase: str) -> str:
+        return TrialKey(self.storage_id, self.study.study_name, _internals.trial_id(trial), trial.number,
+                        decision.value, phase).dumps()
+
+    def _hold(self, trial: optuna.Trial) -> "Entry | None":
+        """An empty entry naming the trial on the ledger while it is checked and waits for its reservation."""
+        from ...ledger import Request
+
+        try:
+            return self.ledger.try_admit(Request(), self._key(trial, Decision.UNCHECKED, ASKED))
+        except Exception:  # noqa: BLE001 - only a dead runner's trial depends on it
+            _logger.warning("Trial %d: could not be named on the host ledger", trial.number, exc_info=True)
+            return None
+
+    def _release(self, entry: "Entry | None") -> None:
+        if entry is not None:
+            try:
+                self.ledger.release(entry)
+            except Exception:  # noqa: BLE001 - the entry is reaped once this runner is gone
+                _logger.warning("Releasing ledger entry %d failed", entry.id, exc_info=True)
 
     def _admit(self) -> None:
         from ...ledger import describe
@@ -179,25 +208,28 @@ class Runner:
             self.waiting = None
             self._end_rejected(waiting.trial, waiting.state,
                                reason=f"its reservation can never fit host {ledger.host}: {misfit}")
+            self._release(waiting.hold)
             return
-        key = json.dumps({"storage": self.storage_id, "study": self.study.study_name,
-                          "trial_id": waiting.state.trial_id,
-                          "number": waiting.trial.number, "decision": waiting.state.decision.value})
-        entry = ledger.try_admit(request, key)
-        self._fail_reaped(ledger.take_reaped())
+        entry = ledger.try_admit(request, self._key(waiting.trial, waiting.state.decision, LAUNCHED))
+        if ledger.take_reaped():
+            self.dead_runners.end_trials()
         if entry is None:
             if self.on_host_full == "reject":
                 self.waiting = None
                 self._end_rejected(waiting.trial, waiting.state, reason=(
                     f"the host was full: its reservation ({describe(request)}) did not fit beside the running "
                     f"trials' ({describe(ledger.in_use())}) in {describe(ledger.capacity)}"))
+                self._release(waiting.hold)
             return
         self.waiting = None
         waited = time.monotonic() - waiting.since
         if waited > 1.0:
             _logger.info("Trial %d waited %.1f s for its reservation on %s.", waiting.trial.number, waited,
                          ledger.host)
-        self._launch(waiting, entry)
+        try:
+            self._launch(waiting, entry)
+        finally:
+            self._release(waiting.hold)  # the reservation names the trial now
 
     def _launch(self, waiting: _Waiting, entry: "Entry") -> None:
         trial, state = waiting.trial, waiting.state
@@ -287,13 +319,14 @@ class Runner:
             failure = None if caught else (exc if isinstance(exc, BaseException) else RuntimeError(text))
             if failure is not None and tb:
                 _logger.error("Trial %d failed in its process:\n%s", trial.number, tb)
+        frozen = _retry("reading the trial",
+                        lambda: _internals.storage_of(self.study).get_trial(child.state.trial_id))
+        params = _without_prediction(child.state, frozen.params)
         end = trial_outcome(policy, child.state.reason, soft_reading=child.soft_reading,
                             hard_reading=child.hard_reading, stopped_by="by the runner" if stopped else None,
                             soft_pruned=bool(result and result[0] == "pruned" and result[2]), failed=failed)
-        frozen = _retry("reading the trial",
-                        lambda: _internals.storage_of(self.study).get_trial(child.state.trial_id))
         timeline = child.monitor.timeline() if child.monitor is not None else []
-        record = policy.record(child.state, frozen.params, decision=end.decision, reason=end.reason, peaks=peaks,
+        record = policy.record(child.state, params, decision=end.decision, reason=end.reason, peaks=peaks,
                                timeline=timeline, breach=end.breach)
         # the margin its reservation applied; a trial unchecked at launch reserved the budget instead
         budgeted = ({r: m for r, m in child.margins.items() if r in policy.budget.resources}
@@ -347,35 +380,6 @@ class Runner:
         record = self.policy.record(state, {}, reason=reason)
         self._end(trial, state, record, TrialState.FAIL)
 
-    def _fail_reaped(self, entries: Iterable["Entry"]) -> None:
-        """Fail the trials of reservations whose runner died (their processes died with it): those of any
-        study in this runner's storage; for another storage only a warning can be given."""
-        for entry in entries:
-            try:
-                key = json.loads(entry.key)
-                trial_id, name = int(key["trial_id"]), str(key["study"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            if key.get("storage") != self.storage_id:
-                _logger.warning("The runner of trial %s of study %r (pid %d) died; its study is in another "
-                                "storage, which only its own runners (or heartbeats) can fail it in.",
-                                key.get("number"), name, entry.owner_pid)
-                continue
-            storage = _internals.storage_of(self.study)
-            study = self.study if name == self.study.study_name else optuna.Study(name, storage)
-            frozen = _retry("reading the trial", lambda: storage.get_trial(trial_id))
-            if frozen.state is not TrialState.RUNNING:
-                continue
-            reason = (f"its runner (pid {entry.owner_pid} on host {entry.host}) died while the trial ran; "
-                      f"reaped by pid {os.getpid()}")
-            record = records.TrialRecord(decision=Decision(key.get("decision", "unchecked")), reason=reason,
-                                         host=entry.host, gpu=entry.gpu,
-                                         **{f"budget_{r}": getattr(self.policy.budget, r) for r in RESOURCES})
-            _retry("writing the record", lambda: records.write_frozen(study, trial_id, record))
-            _retry("failing the trial", lambda: study.tell(frozen.number, state=TrialState.FAIL,
-                                                              skip_if_finished=True))
-            _logger.warning("Trial %d failed: %s", frozen.number, reason)
-
     def _abort(self) -> None:
         """The runner itself is ending abnormally (Ctrl-C, an error): stop every child, fail its trial."""
         for child in list(self.children.values()):
@@ -398,29 +402,15 @@ class Runner:
                                          "the runner stopped while the trial waited for its reservation")
             except Exception:  # noqa: BLE001
                 _logger.exception("Trial %d: could not be failed", self.waiting.trial.number)
+            self._release(self.waiting.hold)
             self.waiting = None
 
 
-def _retry(what: str, call: Callable[[], Any]) -> Any:
-    """``call()``, retried with backoff on storage errors; each failure is logged, the last raised."""
-    import sqlalchemy.exc
-
-    errors = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError,
-              sqlalchemy.exc.InterfaceError)
-    for attempt in range(_RETRIES):
-        try:
-            return call()
-        except errors as exc:
-            if attempt == _RETRIES - 1:
-                raise
-            delay = 0.1 * 2 ** attempt
-            _logger.warning("Storage error while %s (attempt %d of %d, retrying in %.1f s): %s",
-                            what, attempt + 1, _RETRIES, delay, exc)
-            time.sleep(delay)
-
-
-def _storage_id(study: optuna.Study) -> str | None:
-    """A short fingerprint of where the study's storage keeps its data (so a ledger entry can name it
-    without holding its URL, which may carry a password); None where there is nothing stable to name."""
-    where = _internals.storage_location(study)
-    return None if where is None else hashlib.sha1(where.encode()).hexdigest()[:16]
+def _without_prediction(state: TrialGuardState, params: dict[str, Any]) -> dict[str, Any]:
+    """The params to build a finished trial's record from without calling the footprint again: it may be
+    slow, and the trial's end is written before anything that can block. A trial that ran unchecked, or
+    with other params than the checked ones (then unchecked, as the record says), keeps no prediction."""
+    changed = sorted(k for k in state.assignment if k in params and params[k] != state.assignment[k])
+    if state.prediction is not None and changed:
+        state.uncheck(f"{state.reason}; params {changed} ran with values the guard did not check")
+    return dict(params) if state.prediction is not None else {}

@@ -18,6 +18,7 @@ from .._guard import MemoryGuard
 from ._forkserver import stop_fork_server
 from ._loop import Runner
 from ._progress import Progress
+from ._reserve import check_budget_fits
 
 if TYPE_CHECKING:
     from ...ledger import HostBudget, Ledger
@@ -56,8 +57,12 @@ def optimize(
         - ``objective`` must be picklable: a module-level function (or a ``functools.partial`` of one).
           A script that calls ``optimize`` must guard its entry point with ``if __name__ == "__main__":``.
         - If this process is killed, its children die with it (the fork server exits and they get
-          SIGKILL), and the next runner on this host reaps its reservations and fails its trials with the
-          reason. With an RDB storage that has heartbeats, workers on other hosts fail them as well.
+          SIGKILL); the next runner on this host reaps its reservations, and the next runner of the same
+          storage on this host fails its trials (those launched and those still being checked) with the
+          reason. Until then ``memprune report`` shows them RUNNING with their runner dead. With an RDB
+          storage that has heartbeats, workers on other hosts fail them as well.
+        - A trial's end (record and state) is written as soon as its process ends; the footprint is not
+          called again after a trial (a trial unchecked at launch keeps no prediction in its record).
         - Over several hosts: run ``optimize`` (or ``memprune worker``) on each with the same
           PostgreSQL storage; each host keeps its own ledger.
 
@@ -78,6 +83,12 @@ def optimize(
             (another host id or ledger database).
         on_host_full: ``"wait"`` (default) until the reservation fits, or ``"reject"`` the trial.
         progress: show a progress bar (default: when stderr is a terminal).
+
+    Raises:
+        ValueError: before any trial, for a bad argument, or a per-trial RAM budget over this machine's
+            RAM. A budget within the machine but over the host's capacity is warned about: a trial
+            unchecked at launch, which reserves its whole budget, reserves the host's capacity instead.
+        LedgerError: the host ledger's database cannot be opened (the message names the file).
     """
     if not isinstance(guard, MemoryGuard):
         raise TypeError(f"guard must be a MemoryGuard, but got {type(guard).__name__}.")
@@ -106,6 +117,14 @@ def optimize(
         ledger = host
     else:
         raise TypeError(f"host must be a HostBudget, a Ledger or None, but got {type(host).__name__}.")
+    try:
+        over_host = check_budget_fits(guard.budget, ledger)
+    except ValueError:
+        if host is not ledger:
+            ledger.close()
+        raise
+    if over_host:
+        guard.warnings.once("budget-over-host", over_host)
     runner = Runner(study, objective, guard, ledger, n_trials=n_trials, timeout=timeout, n_workers=n_workers,
                      catch=catch, callbacks=list(callbacks or ()), on_host_full=on_host_full)
     show = sys.stderr.isatty() if progress is None else bool(progress)

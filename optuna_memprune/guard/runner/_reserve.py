@@ -49,7 +49,8 @@ class Reservations:
 
     def request(self, prediction: "Footprint | None", margins: dict[str, float]) -> "Request":
         """What a trial reserves: prediction x margin, never more than the per-trial budget (the
-        watchdog stops a tree that crosses it), and the budget itself when unchecked (no prediction)."""
+        watchdog stops a tree that crosses it), and the budget itself when unchecked (no prediction), capped
+        at the host's capacity."""
         from ...ledger import Request
 
         figures = {}
@@ -61,6 +62,46 @@ class Reservations:
                     figures[r] = min(figures[r], limit)
             else:
                 figures[r] = limit or 0
-        if not self._ledger.capacity.gpus:
+        cap = self._ledger.capacity
+        if not cap.gpus:
             figures["vram"] = 0  # a host without GPUs runs the trial on its CPU
+        if prediction is None:  # never more than the host may reserve: the trial runs alone (see check_budget_fits)
+            figures["ram"] = figures["ram"] if cap.ram is None else min(figures["ram"], cap.ram)
+            figures["threads"] = figures["threads"] if cap.threads is None else min(figures["threads"], cap.threads)
+            figures["vram"] = min(figures["vram"], max(cap.gpus, default=0))
         return Request(ram=figures["ram"], vram=figures["vram"], threads=figures["threads"])
+
+
+def check_budget_fits(budget: "Budget", ledger: "Ledger") -> str:
+    """ValueError when the per-trial RAM budget is more than this machine has; else the warning to give
+    (``""`` for none) when the budget is more than the host's capacity in the ledger.
+
+    A trial unchecked at launch reserves its whole budget: over the host's capacity it would be rejected
+    ("can never fit"), every unchecked trial alike, so the search space would never be learned. A budget
+    over the machine's RAM was meant for another machine (the kernel's OOM killer would act before the
+    watchdog), which only the user can fix. A budget within the machine but over the capacity the ledger
+    was given is capped: an unchecked trial reserves the whole capacity (it runs alone), and the warning
+    says so.
+    """
+    import psutil
+
+    from ...ledger import Request
+    from ...units import format_bytes
+
+    total = psutil.virtual_memory().total
+    if budget.ram is not None and budget.ram > total:
+        capacity = "unlimited" if ledger.capacity.ram is None else format_bytes(ledger.capacity.ram)
+        raise ValueError(
+            f"the per-trial {budget} is more than this machine has: RAM {format_bytes(budget.ram)} > "
+            f"{format_bytes(total)} in all (host {ledger.host!r} may reserve {capacity} for all its trials); "
+            "lower the budget (one meant for a bigger machine?)."
+        )
+    whole = Request(ram=budget.ram or 0, vram=(budget.vram or 0) if ledger.capacity.gpus else 0,
+                    threads=budget.threads or 0)
+    misfit = ledger.misfit(whole)
+    if not misfit:
+        return ""
+    return (f"The per-trial {budget} is more than host {ledger.host!r} may reserve for all its trials ({misfit}): "
+            "a trial unchecked at launch reserves the host's whole capacity instead (it runs alone) and is still "
+            "stopped at its budget. Give the host's real capacity (host=HostBudget(...); memprune worker "
+            "--host-ram, --host-threads, --host-gpus) or lower the budget.")

@@ -1,0 +1,156 @@
+"""Whose a ledger entry is: the key a runner gives each trial's reservation (storage, study, trial), the
+ending of trials whose runner died, and what this host's ledger says of a running trial's runner.
+
+Runs in the runner's process (and in a report's); knows nothing of how trials are launched or watched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import TYPE_CHECKING, NamedTuple
+
+from optuna.trial import TrialState
+
+from ... import _internals, records
+from ...records import RESOURCES, Decision
+from ._storage import retry, storage_id
+
+if TYPE_CHECKING:
+    import optuna
+
+    from ...budget import Budget
+    from ...ledger import Entry, Ledger, Reaped
+
+_logger = logging.getLogger("optuna_memprune.guard")
+
+ASKED = "asked"        # the trial was asked and waits to be checked, reserved and launched
+LAUNCHED = "launched"  # the trial's process was started
+
+
+class TrialKey(NamedTuple):
+    """What a runner's ledger entry names: the trial's storage (its fingerprint), study and trial."""
+
+    storage: str | None
+    study: str
+    trial_id: int
+    number: int
+    decision: str
+    phase: str = LAUNCHED
+
+    def dumps(self) -> str:
+        return json.dumps({"storage": self.storage, "study": self.study, "trial_id": self.trial_id,
+                           "number": self.number, "decision": self.decision, "phase": self.phase})
+
+
+def parse_key(text: str) -> TrialKey | None:
+    """The key of a runner's entry, None for an entry a runner did not make."""
+    try:
+        key = json.loads(text)
+        return TrialKey(storage=key.get("storage"), study=str(key["study"]), trial_id=int(key["trial_id"]),
+                        number=int(key.get("number", -1)), decision=str(key.get("decision", "unchecked")),
+                        phase=str(key.get("phase", LAUNCHED)))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _died(entry: "Entry", phase: str) -> str:
+    when = "while the trial ran" if phase == LAUNCHED else "before the trial's process started"
+    return f"its runner (pid {entry.owner_pid} on host {entry.host}) died {when}"
+
+
+class DeadRunners:
+    """Ends the trials of this host's dead runners that live in one study's storage, and settles their
+    reaped entries; those of other storages are left to their own runners (a warning says so once)."""
+
+    def __init__(self, study: "optuna.Study", ledger: "Ledger", budget: "Budget") -> None:
+        self._study, self._ledger, self._budget = study, ledger, budget
+        self._storage = storage_id(study)
+        self._warned: set[int] = set()
+
+    def end_trials(self) -> None:
+        """Fail every RUNNING trial of this storage whose runner died, then settle its reaped entry."""
+        for reaped in self._ledger.reaped():
+            key = parse_key(reaped.entry.key)
+            if key is None:
+                continue
+            if key.storage != self._storage:
+                if reaped.id not in self._warned:
+                    self._warned.add(reaped.id)
+                    _logger.warning(
+                        "The runner of trial %d of study %r (pid %d) died; that study is in another storage, so "
+                        "the trial stays RUNNING until a runner of its storage starts on this host and fails it.",
+                        key.number, key.study, reaped.entry.owner_pid)
+                continue
+            try:
+                self._fail(reaped, key)
+            except Exception:  # noqa: BLE001 - tried again at the next trial; the study goes on
+                _logger.exception("Trial %d of study %r: could not be failed after its runner died",
+                                  key.number, key.study)
+                continue
+            self._ledger.settle(reaped)
+
+    def _fail(self, reaped: "Reaped", key: TrialKey) -> None:
+        storage, entry = _internals.storage_of(self._study), reaped.entry
+        try:
+            frozen = retry("reading the trial", lambda: storage.get_trial(key.trial_id))
+        except KeyError:  # the study was deleted
+            return
+        if frozen.state is not TrialState.RUNNING:
+            return
+        died = f"{_died(entry, key.phase)}; reaped by pid {reaped.reaped_by}"
+        written = records.read(frozen.user_attrs)
+        if written is not None:  # the runner died between the trial's record and its end
+            record = dataclasses.replace(written, reason=f"{written.reason}; then {died} before its end was written")
+        else:
+            try:
+                decision = Decision(key.decision)
+            except ValueError:
+                decision = Decision.UNCHECKED
+            record = records.TrialRecord(decision=decision, reason=died, host=entry.host, gpu=entry.gpu,
+                                         **{f"budget_{r}": getattr(self._budget, r) for r in RESOURCES})
+        retry("writing the record", lambda: records.write_frozen(self._study, key.trial_id, record))
+        retry("failing the trial", lambda: storage.set_trial_state_values(key.trial_id, state=TrialState.FAIL))
+        _logger.warning("Trial %d of study %r failed: %s", frozen.number, key.study, record.reason)
+
+
+class RunnerState(NamedTuple):
+    """What this host's ledger says of the runner of one RUNNING trial."""
+
+    pid: int
+    host: str
+    alive: bool
+    note: str
+
+
+def runner_states(study: "optuna.Study", *, url: str | None = None, host: str | None = None) -> dict[int, RunnerState]:
+    """The runners of the study's trials that this host's ledger (default: its file in the cache dir) holds,
+    by trial number: alive, dead and not yet reaped, or dead and reaped by a runner of another storage.
+
+    Reads only; a trial run elsewhere (another host, another ledger, ``Study.optimize``) is not in it.
+    Raises ``LedgerError`` when the ledger cannot be read.
+    """
+    from ...ledger import owner_alive, read_host
+
+    entries, reaped = read_host(url, host)
+    mine, out = storage_id(study), {}
+    next_runner = "the next runner of this study's storage on this host fails the trial"
+    for entry in entries:
+        key = parse_key(entry.key)
+        if key is None or key.storage != mine or key.study != study.study_name:
+            continue
+        if owner_alive(entry.owner_pid, entry.owner_start):
+            doing = "runs the trial" if key.phase == LAUNCHED else "is about to launch the trial"
+            out[key.number] = RunnerState(entry.owner_pid, entry.host, True,
+                                          f"its runner (pid {entry.owner_pid} on host {entry.host}) {doing}")
+        else:
+            out[key.number] = RunnerState(entry.owner_pid, entry.host, False,
+                                          f"{_died(entry, key.phase)}; {next_runner}")
+    for r in reaped:
+        key = parse_key(r.entry.key)
+        if key is None or key.storage != mine or key.study != study.study_name:
+            continue
+        out[key.number] = RunnerState(r.entry.owner_pid, r.entry.host, False,
+                                      f"{_died(r.entry, key.phase)}; {next_runner}")
+    return out
