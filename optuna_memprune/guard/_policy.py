@@ -26,6 +26,43 @@ if TYPE_CHECKING:
 _CACHE_SIZE = 4096  # footprints kept per guard; the clamp search evaluates tens per infeasible trial
 
 
+class FootprintTimeout(TimeoutError):
+    """The footprint function did not answer within the guard's ``footprint_timeout``."""
+
+
+class NotAFootprint(TypeError):
+    """The footprint function returned something else than a Footprint (``returned`` says what, in words)."""
+
+    def __init__(self, returned: str) -> None:
+        super().__init__(f"the footprint function returned {returned}, not a Footprint")
+        self.returned = returned
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.returned,))
+
+
+class _Call:
+    """One call of the footprint function in a worker thread of its own, which the caller may abandon."""
+
+    def __init__(self, footprint: Callable[[dict[str, Any]], Any], params: dict[str, Any],
+                 on_late: Callable[[Any], None]) -> None:
+        self._footprint, self._params, self._on_late = footprint, params, on_late
+        self.done = threading.Event()
+        self.abandoned = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._footprint(self._params)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self.error = exc
+        finally:
+            self.done.set()
+        if self.abandoned and self.error is None:
+            self._on_late(self.result)  # a late answer still fills the cache for the next trial
+
+
 class Policy:
     """A guard's footprint function, budget and choices, and the rules every wrapper applies with them.
 
@@ -40,11 +77,14 @@ class Policy:
         search_space: distributions known before the first trial, or ``None``.
         interval: seconds between the monitor's readings.
         soft: the soft line as a fraction of the budget.
+        footprint_timeout: seconds one footprint call may take, or ``None`` for no limit.
+        on_footprint_error: ``"warn"`` or ``"raise"`` (what the sampler does when the footprint fails).
     """
 
     def __init__(self, footprint: Callable[[dict[str, Any]], Footprint], budget: Budget, *, on_infeasible: str,
                  clamp: tuple[str, ...] | None, search_space: dict[str, "BaseDistribution"] | None,
-                 interval: float, soft: float) -> None:
+                 interval: float, soft: float, footprint_timeout: float | None = None,
+                 on_footprint_error: str = "warn") -> None:
         self._footprint = footprint
         self._budget = budget
         self._on_infeasible = on_infeasible
@@ -52,15 +92,20 @@ class Policy:
         self._search_space = search_space
         self._interval = interval
         self._soft = soft
+        self._footprint_timeout = footprint_timeout
+        self._on_footprint_error = on_footprint_error
         self._init_cache()
 
     def _init_cache(self) -> None:
         self._lock = threading.Lock()
         self._footprint_lock = threading.Lock()  # user footprints (torch tracing) need not be thread-safe
         self._cache: OrderedDict[tuple, Footprint] = OrderedDict()
+        self._late: _Call | None = None   # a call abandoned over the time limit, maybe still running
+        self._not_params: set[str] = set()  # names the footprint asked for that a trial did not suggest
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("_footprint", "_budget", "_on_infeasible", "_clamp", "_search_space", "_interval", "_soft")
+        keep = ("_footprint", "_budget", "_on_infeasible", "_clamp", "_search_space", "_interval", "_soft",
+                "_footprint_timeout", "_on_footprint_error")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -97,6 +142,16 @@ class Policy:
         return self._soft
 
     @property
+    def footprint_timeout(self) -> float | None:
+        """Seconds one footprint call may take (``None``: no limit)."""
+        return self._footprint_timeout
+
+    @property
+    def on_footprint_error(self) -> str:
+        """``"warn"`` (the trial runs unchecked) or ``"raise"`` (the error ends the study)."""
+        return self._on_footprint_error
+
+    @property
     def cached_footprints(self) -> int:
         """How many footprints the cache holds."""
         with self._lock:
@@ -105,7 +160,13 @@ class Policy:
     # -- before launch --------------------------------------------------------------------------------
 
     def predict(self, params: dict[str, Any]) -> Footprint:
-        """The footprint of ``params`` (cached). Raises what the user's function raises, or TypeError."""
+        """The footprint of ``params`` (cached). Raises what the user's function raises, TypeError when it
+        returns something else than a Footprint, or :class:`FootprintTimeout` over ``footprint_timeout``.
+
+        With a time limit the function runs in a worker thread of its own, which is abandoned (it cannot be
+        stopped) when the limit passes; its late answer still fills the cache. While an abandoned call still
+        runs, every call fails at once with FootprintTimeout instead of starting another thread behind it.
+        """
         try:
             key: tuple | None = tuple(sorted(params.items()))
             hash(key)
@@ -117,16 +178,64 @@ class Policy:
                 if hit is not None:
                     self._cache.move_to_end(key)
                     return hit
-        with self._footprint_lock:
-            result = self._footprint(dict(params))
+        result = self._call(dict(params), key)
         if not isinstance(result, Footprint):
-            raise TypeError(f"the footprint function returned {type(result).__name__}, not a Footprint")
-        if key is not None:
+            raise NotAFootprint(_kind(result))
+        self._store(key, result)
+        return result
+
+    def _store(self, key: tuple | None, result: Any) -> None:
+        if key is not None and isinstance(result, Footprint):
             with self._lock:
                 self._cache[key] = result
                 if len(self._cache) > _CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return result
+
+    def _call(self, params: dict[str, Any], key: tuple | None) -> Any:
+        limit = self._footprint_timeout
+        if limit is None:
+            with self._footprint_lock:
+                return self._footprint(params)
+        if not self._footprint_lock.acquire(timeout=limit):
+            raise FootprintTimeout(f"the footprint took longer than {limit:g} s (waiting behind another "
+                                   "trial's call)")
+        try:
+            late = self._late
+            if late is not None and not late.done.is_set():
+                raise FootprintTimeout(f"the footprint took longer than {limit:g} s (an earlier call that took "
+                                       f"longer than {limit:g} s still runs)")
+            call = _Call(self._footprint, params, lambda result: self._store(key, result))
+            threading.Thread(target=call.run, name="memprune-footprint", daemon=True).start()
+            if not call.done.wait(limit):
+                call.abandoned = True
+                self._late = call
+                if call.done.is_set() and call.error is None:  # finished between the wait and the flag
+                    self._store(key, call.result)
+                raise FootprintTimeout(f"the footprint took longer than {limit:g} s")
+        finally:
+            self._footprint_lock.release()
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def describe_failure(self, exc: BaseException) -> str:
+        """Why a trial runs unchecked when ``predict`` raised ``exc``, in the record's words."""
+        if isinstance(exc, FootprintTimeout):
+            return f"{exc}; the trial runs unchecked under the monitor"
+        if isinstance(exc, NotAFootprint):
+            return f"the footprint function failed: it returned {exc.returned}, not a Footprint"
+        return f"the footprint function failed: {type(exc).__name__}: {exc}"
+
+    def missing_param(self, exc: BaseException, assignment: dict[str, Any]) -> str | None:
+        """The name of a param the footprint asked for that the assignment lacks (``KeyError: 'x'``): a
+        conditional param no earlier trial suggested. ``None`` for any other failure, and for a name a
+        finished trial's record showed to be no param at all (a typo in the footprint)."""
+        if type(exc) is KeyError and len(exc.args) == 1 and isinstance(exc.args[0], str):
+            name = exc.args[0]
+            with self._lock:
+                if name not in assignment and name not in self._not_params:
+                    return name
+        return None
 
     @property
     def limits(self) -> dict[str, int]:
@@ -212,11 +321,23 @@ class Policy:
         peaks: dict[str, int | None] | None = None,
         timeline: list[tuple[float, int, int, int | None]] | None = None,
         breach: "Reading | None" = None,
+        repredict: bool = True,
     ) -> TrialRecord:
         """The record of a finished trial. ``params`` are the params it ran with, ``peaks`` the highest
-        readings per resource while it ran; ``decision`` and ``reason`` default to the launch's."""
+        readings per resource while it ran; ``decision`` and ``reason`` default to the launch's.
+
+        An unchecked trial is predicted from the params it ran with (the report compares that prediction
+        with its peaks), unless ``repredict=False``: that call may take up to ``footprint_timeout``.
+        """
         decision = state.decision if decision is None else decision
         reason = state.reason if reason is None else reason
+        missing = state.first_seen
+        if missing is not None and missing not in params:
+            # the footprint asked for a name this trial never suggested: a bug in the footprint, not a branch
+            with self._lock:
+                self._not_params.add(missing)
+            reason = reason.replace(state.reason, f"the footprint function failed: KeyError: {missing!r} (the "
+                                    f"trial suggested no param {missing!r})", 1)
         prediction = state.prediction
         ran = {k: params[k] for k in state.assignment if k in params}
         if prediction is not None and any(ran[k] != state.assignment[k] for k in ran):
@@ -225,7 +346,7 @@ class Policy:
             if decision in (Decision.ADMITTED, Decision.CLAMPED):
                 decision = Decision.UNCHECKED
             reason = f"{reason}; params {changed} ran with values the guard did not check".lstrip("; ")
-        if prediction is None and params:
+        if prediction is None and params and repredict:
             try:
                 prediction = self.predict(params)
             except Exception as exc:  # noqa: BLE001 - the record says why there is no prediction
@@ -249,6 +370,11 @@ class Policy:
             soft=self._soft,
             concurrent=state.concurrent,
         )
+
+
+def _kind(value: Any) -> str:
+    """``None`` or ``a dict``: what a footprint function returned instead of a Footprint, in words."""
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 class Guard(Protocol):
