@@ -1,16 +1,20 @@
 """The guard's rules, shared by its wrappers: predict a footprint, measure it and a reading against the
 budget, describe a crossing in words, and build a trial's record.
 
-Owns the guard's configuration and the footprint cache; knows nothing of Optuna's sampler, pruner or
-trial machinery, nor of processes and monitors.
+Owns the guard's configuration, the footprint cache and the footprint's time limit; knows nothing of
+Optuna's sampler, pruner or trial machinery, nor of monitors (the one process it looks for is a calibration
+probe that a slow footprint waits on).
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
+from .. import procfs
 from ..budget import Budget
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision, TrialRecord
@@ -24,6 +28,14 @@ if TYPE_CHECKING:
     from ._warn import OnceWarnings
 
 _CACHE_SIZE = 4096  # footprints kept per guard; the clamp search evaluates tens per infeasible trial
+_POLL_S = 0.25      # how often a footprint call over its time limit looks for a running calibration probe
+#: The most a footprint call may wait on this host's calibration (each probe has its own time limit too).
+CALIBRATION_GRACE_S = 600.0
+#: The limit of a guard's first footprint call when ``footprint_timeout`` is lower: a cold start imports
+#: torch and traces a network once (seconds on a busy 2-core machine), which later calls do not repeat.
+FIRST_CALL_TIMEOUT_S = 60.0
+#: What a calibration probe's command line holds (``python -m optuna_memprune.estimate.probes.<name>``).
+_PROBE_MODULE = b"optuna_memprune.estimate.probes."
 
 
 class FootprintTimeout(TimeoutError):
@@ -44,9 +56,9 @@ class NotAFootprint(TypeError):
 class _Call:
     """One call of the footprint function in a worker thread of its own, which the caller may abandon."""
 
-    def __init__(self, footprint: Callable[[dict[str, Any]], Any], params: dict[str, Any],
-                 on_late: Callable[[Any], None]) -> None:
-        self._footprint, self._params, self._on_late = footprint, params, on_late
+    def __init__(self, footprint: Callable[[dict[str, Any]], Any], params: dict[str, Any], limit: float,
+                 on_late: Callable[[_Call], None]) -> None:
+        self._footprint, self._params, self.limit, self._on_late = footprint, params, limit, on_late
         self.done = threading.Event()
         self.abandoned = False
         self.result: Any = None
@@ -59,8 +71,8 @@ class _Call:
             self.error = exc
         finally:
             self.done.set()
-        if self.abandoned and self.error is None:
-            self._on_late(self.result)  # a late answer still fills the cache for the next trial
+        if self.abandoned:
+            self._on_late(self)  # a late answer still fills the cache for the next trial
 
 
 class Policy:
@@ -101,6 +113,7 @@ class Policy:
         self._footprint_lock = threading.Lock()  # user footprints (torch tracing) need not be thread-safe
         self._cache: OrderedDict[tuple, Footprint] = OrderedDict()
         self._late: _Call | None = None   # a call abandoned over the time limit, maybe still running
+        self._answered = False  # the footprint answered once here: its cold start is over
         self._not_params: set[str] = set()  # names the footprint asked for that a trial did not suggest
 
     def __getstate__(self) -> dict[str, Any]:
@@ -166,6 +179,10 @@ class Policy:
         With a time limit the function runs in a worker thread of its own, which is abandoned (it cannot be
         stopped) when the limit passes; its late answer still fills the cache. While an abandoned call still
         runs, every call fails at once with FootprintTimeout instead of starting another thread behind it.
+        The first call that answers may take up to ``FIRST_CALL_TIMEOUT_S`` (a cold start: imports, a first
+        trace). Time while a calibration probe of this host runs (a recipe's first prediction measures the
+        host: seconds to a minute, each probe under its own limit) is not counted, up to
+        ``CALIBRATION_GRACE_S``.
         """
         try:
             key: tuple | None = tuple(sorted(params.items()))
@@ -192,31 +209,37 @@ class Policy:
                     self._cache.popitem(last=False)
 
     def _call(self, params: dict[str, Any], key: tuple | None) -> Any:
-        limit = self._footprint_timeout
-        if limit is None:
+        if self._footprint_timeout is None:
             with self._footprint_lock:
                 return self._footprint(params)
+        limit = self._footprint_timeout if self._answered else max(self._footprint_timeout, FIRST_CALL_TIMEOUT_S)
+        took = f"the footprint took longer than {limit:g} s" + ("" if self._answered else " on its first call")
         if not self._footprint_lock.acquire(timeout=limit):
-            raise FootprintTimeout(f"the footprint took longer than {limit:g} s (waiting behind another "
-                                   "trial's call)")
+            raise FootprintTimeout(f"{took} (waiting behind another trial's call)")
         try:
             late = self._late
             if late is not None and not late.done.is_set():
-                raise FootprintTimeout(f"the footprint took longer than {limit:g} s (an earlier call that took "
-                                       f"longer than {limit:g} s still runs)")
-            call = _Call(self._footprint, params, lambda result: self._store(key, result))
+                raise FootprintTimeout(f"{took} (an earlier call that took longer than {late.limit:g} s still runs)")
+            call = _Call(self._footprint, params, limit, lambda late: self._answer(key, late))
             threading.Thread(target=call.run, name="memprune-footprint", daemon=True).start()
-            if not call.done.wait(limit):
+            if not _wait(call, limit):
                 call.abandoned = True
                 self._late = call
-                if call.done.is_set() and call.error is None:  # finished between the wait and the flag
-                    self._store(key, call.result)
-                raise FootprintTimeout(f"the footprint took longer than {limit:g} s")
+                if call.done.is_set():  # it finished between the wait and the flag
+                    self._answer(key, call)
+                raise FootprintTimeout(took)
+            self._answered = True
         finally:
             self._footprint_lock.release()
         if call.error is not None:
             raise call.error
         return call.result
+
+    def _answer(self, key: tuple | None, call: _Call) -> None:
+        """An abandoned call returned: the footprint is warm, and its answer fills the cache."""
+        self._answered = True
+        if call.error is None:
+            self._store(key, call.result)
 
     def describe_failure(self, exc: BaseException) -> str:
         """Why a trial runs unchecked when ``predict`` raised ``exc``, in the record's words."""
@@ -331,11 +354,12 @@ class Policy:
         """
         decision = state.decision if decision is None else decision
         reason = state.reason if reason is None else reason
-        missing = state.first_seen
+        footprint_failed, missing = state.footprint_failed, state.first_seen
         if missing is not None and missing not in params:
             # the footprint asked for a name this trial never suggested: a bug in the footprint, not a branch
             with self._lock:
                 self._not_params.add(missing)
+            footprint_failed = True
             reason = reason.replace(state.reason, f"the footprint function failed: KeyError: {missing!r} (the "
                                     f"trial suggested no param {missing!r})", 1)
         prediction = state.prediction
@@ -350,7 +374,8 @@ class Policy:
             try:
                 prediction = self.predict(params)
             except Exception as exc:  # noqa: BLE001 - the record says why there is no prediction
-                reason = f"{reason}; no prediction after the run: {type(exc).__name__}: {exc}"
+                if not footprint_failed:  # else the reason already says how the footprint fails
+                    reason = f"{reason}; no prediction after the run: {type(exc).__name__}: {exc}"
         figures: dict[str, Any] = {}
         for r in RESOURCES:
             figures[f"pred_{r}"] = None if prediction is None else getattr(prediction, r)
@@ -370,6 +395,31 @@ class Policy:
             soft=self._soft,
             concurrent=state.concurrent,
         )
+
+
+def _wait(call: _Call, limit: float) -> bool:
+    """Wait until ``call`` is done or has used ``limit`` seconds; seconds while a calibration probe runs are
+    free (up to ``CALIBRATION_GRACE_S``). Whether it is done."""
+    charged, start = 0.0, time.monotonic()
+    while True:
+        t0 = time.monotonic()
+        if call.done.wait(max(0.0, min(_POLL_S, limit - charged))):
+            return True
+        now = time.monotonic()
+        if not _calibrating():
+            charged += now - t0
+        if charged >= limit or now - start >= limit + CALIBRATION_GRACE_S:
+            return call.done.is_set()
+
+
+def _calibrating() -> bool:
+    """Whether a calibration probe runs as a child of this process (any of its threads')."""
+    try:
+        kids = [pid for tid in os.listdir("/proc/self/task")
+                for pid in procfs.children(procfs.read(f"/proc/self/task/{tid}/children"))]
+        return any(_PROBE_MODULE in procfs.read(f"/proc/{pid}/cmdline") for pid in kids)
+    except OSError:  # a thread or child that just ended: the next poll looks again
+        return False
 
 
 def _kind(value: Any) -> str:

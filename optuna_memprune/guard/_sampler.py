@@ -173,6 +173,7 @@ class GuardedSampler(BaseSampler):
         reason = policy.describe_failure(exc)
         _logger.warning("Trial %d runs unchecked: %s", state.number, reason)
         state.uncheck(reason)
+        state.footprint_failed = True
         if policy.on_footprint_error == "raise":
             if hasattr(exc, "add_note"):  # Python 3.11+
                 exc.add_note(f"memprune: the footprint failed on trial {state.number} "

@@ -42,6 +42,7 @@ class TrialGuardState:
     soft_answered: bool = False     # GuardedPruner answered True because of the soft line
     concurrent: bool = False        # other guarded trials ran in this process at the same time
     first_seen: str | None = None   # the param the footprint asked for that no earlier trial suggested
+    footprint_failed: bool = False  # the footprint raised, timed out or returned no Footprint at launch
 
     @property
     def checked(self) -> bool:
