@@ -60,8 +60,9 @@ class MemoryGuard:
           error leaves ``optimize``).
         - The time limit runs the footprint in a worker thread and abandons it when the limit passes (a
           thread cannot be stopped): its late answer still fills the cache, and until it returns every
-          prediction fails at once rather than queueing behind it. The first prediction of a recipe may
-          calibrate this host (seconds to a minute): run ``memprune calibrate`` first, or raise the limit.
+          prediction fails at once rather than queueing behind it. Until the footprint has answered once,
+          a call may take 60 s (a cold start imports torch and traces a network); time spent calibrating
+          this host (a recipe's first prediction, seconds to a minute) is not counted.
         - Without ``search_space=`` the guard learns the space from the study's trials: the first trial, and
           the first trial of each conditional branch (a param no earlier trial suggested), run unchecked,
           with "param 'x' was first seen in this trial" as the reason. Declare the whole space, branches
@@ -86,7 +87,8 @@ class MemoryGuard:
         monitor_interval: seconds between readings of the process, from 0.001 to 10 (default 0.1).
         soft: the soft line as a fraction of the budget, in (0, 1] (default 0.9); 1.0 admits predictions up
             to the budget itself.
-        footprint_timeout: seconds one footprint call may take, > 0, or ``None`` for no limit (default 5).
+        footprint_timeout: seconds one footprint call may take, > 0, or ``None`` for no limit (default 5;
+            the first call at least 60).
         on_footprint_error: ``"warn"`` (default: the trial runs unchecked, and repeated failures warn) or
             ``"raise"``.
 

@@ -1,24 +1,21 @@
 """The guard's rules, shared by its wrappers: predict a footprint, measure it and a reading against the
 budget, describe a crossing in words, and build a trial's record.
 
-Owns the guard's configuration, the footprint cache and the footprint's time limit; knows nothing of
-Optuna's sampler, pruner or trial machinery, nor of monitors (the one process it looks for is a calibration
-probe that a slow footprint waits on).
+Owns the guard's configuration and the footprint cache; knows nothing of Optuna's sampler, pruner or
+trial machinery, nor of processes and monitors.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
-from .. import procfs
 from ..budget import Budget
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision, TrialRecord
 from ..units import format_bytes
+from ._call import FootprintTimeout, LimitedCall, NotAFootprint
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -28,51 +25,6 @@ if TYPE_CHECKING:
     from ._warn import OnceWarnings
 
 _CACHE_SIZE = 4096  # footprints kept per guard; the clamp search evaluates tens per infeasible trial
-_POLL_S = 0.25      # how often a footprint call over its time limit looks for a running calibration probe
-#: The most a footprint call may wait on this host's calibration (each probe has its own time limit too).
-CALIBRATION_GRACE_S = 600.0
-#: The limit of a guard's first footprint call when ``footprint_timeout`` is lower: a cold start imports
-#: torch and traces a network once (seconds on a busy 2-core machine), which later calls do not repeat.
-FIRST_CALL_TIMEOUT_S = 60.0
-#: What a calibration probe's command line holds (``python -m optuna_memprune.estimate.probes.<name>``).
-_PROBE_MODULE = b"optuna_memprune.estimate.probes."
-
-
-class FootprintTimeout(TimeoutError):
-    """The footprint function did not answer within the guard's ``footprint_timeout``."""
-
-
-class NotAFootprint(TypeError):
-    """The footprint function returned something else than a Footprint (``returned`` says what, in words)."""
-
-    def __init__(self, returned: str) -> None:
-        super().__init__(f"the footprint function returned {returned}, not a Footprint")
-        self.returned = returned
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.returned,))
-
-
-class _Call:
-    """One call of the footprint function in a worker thread of its own, which the caller may abandon."""
-
-    def __init__(self, footprint: Callable[[dict[str, Any]], Any], params: dict[str, Any], limit: float,
-                 on_late: Callable[[_Call], None]) -> None:
-        self._footprint, self._params, self.limit, self._on_late = footprint, params, limit, on_late
-        self.done = threading.Event()
-        self.abandoned = False
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self._footprint(self._params)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            self.error = exc
-        finally:
-            self.done.set()
-        if self.abandoned:
-            self._on_late(self)  # a late answer still fills the cache for the next trial
 
 
 class Policy:
@@ -110,10 +62,8 @@ class Policy:
 
     def _init_cache(self) -> None:
         self._lock = threading.Lock()
-        self._footprint_lock = threading.Lock()  # user footprints (torch tracing) need not be thread-safe
+        self._caller = LimitedCall(self._footprint, self._footprint_timeout)  # one call at a time
         self._cache: OrderedDict[tuple, Footprint] = OrderedDict()
-        self._late: _Call | None = None   # a call abandoned over the time limit, maybe still running
-        self._answered = False  # the footprint answered once here: its cold start is over
         self._not_params: set[str] = set()  # names the footprint asked for that a trial did not suggest
 
     def __getstate__(self) -> dict[str, Any]:
@@ -176,30 +126,28 @@ class Policy:
         """The footprint of ``params`` (cached). Raises what the user's function raises, TypeError when it
         returns something else than a Footprint, or :class:`FootprintTimeout` over ``footprint_timeout``.
 
-        With a time limit the function runs in a worker thread of its own, which is abandoned (it cannot be
-        stopped) when the limit passes; its late answer still fills the cache. While an abandoned call still
-        runs, every call fails at once with FootprintTimeout instead of starting another thread behind it.
-        The first call that answers may take up to ``FIRST_CALL_TIMEOUT_S`` (a cold start: imports, a first
-        trace). Time while a calibration probe of this host runs (a recipe's first prediction measures the
-        host: seconds to a minute, each probe under its own limit) is not counted, up to
-        ``CALIBRATION_GRACE_S``.
+        How the limit applies (a worker thread, abandoned past it; a cold start; calibration not counted):
+        :class:`~optuna_memprune.guard._call.LimitedCall`. A late answer still fills the cache.
         """
-        try:
-            key: tuple | None = tuple(sorted(params.items()))
-            hash(key)
-        except TypeError:
-            key = None
-        if key is not None:
-            with self._lock:
-                hit = self._cache.get(key)
-                if hit is not None:
-                    self._cache.move_to_end(key)
-                    return hit
-        result = self._call(dict(params), key)
+        key = _key(params)
+        hit = self._cached(params, key)
+        if hit is not None:
+            return hit
+        result = self._caller(dict(params), lambda late: self._store(key, late))
         if not isinstance(result, Footprint):
             raise NotAFootprint(_kind(result))
         self._store(key, result)
         return result
+
+    def _cached(self, params: dict[str, Any], key: tuple | None = None) -> Footprint | None:
+        key = key if key is not None else _key(params)
+        if key is None:
+            return None
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+            return hit
 
     def _store(self, key: tuple | None, result: Any) -> None:
         if key is not None and isinstance(result, Footprint):
@@ -207,39 +155,6 @@ class Policy:
                 self._cache[key] = result
                 if len(self._cache) > _CACHE_SIZE:
                     self._cache.popitem(last=False)
-
-    def _call(self, params: dict[str, Any], key: tuple | None) -> Any:
-        if self._footprint_timeout is None:
-            with self._footprint_lock:
-                return self._footprint(params)
-        limit = self._footprint_timeout if self._answered else max(self._footprint_timeout, FIRST_CALL_TIMEOUT_S)
-        took = f"the footprint took longer than {limit:g} s" + ("" if self._answered else " on its first call")
-        if not self._footprint_lock.acquire(timeout=limit):
-            raise FootprintTimeout(f"{took} (waiting behind another trial's call)")
-        try:
-            late = self._late
-            if late is not None and not late.done.is_set():
-                raise FootprintTimeout(f"{took} (an earlier call that took longer than {late.limit:g} s still runs)")
-            call = _Call(self._footprint, params, limit, lambda late: self._answer(key, late))
-            threading.Thread(target=call.run, name="memprune-footprint", daemon=True).start()
-            if not _wait(call, limit):
-                call.abandoned = True
-                self._late = call
-                if call.done.is_set():  # it finished between the wait and the flag
-                    self._answer(key, call)
-                raise FootprintTimeout(took)
-            self._answered = True
-        finally:
-            self._footprint_lock.release()
-        if call.error is not None:
-            raise call.error
-        return call.result
-
-    def _answer(self, key: tuple | None, call: _Call) -> None:
-        """An abandoned call returned: the footprint is warm, and its answer fills the cache."""
-        self._answered = True
-        if call.error is None:
-            self._store(key, call.result)
 
     def describe_failure(self, exc: BaseException) -> str:
         """Why a trial runs unchecked when ``predict`` raised ``exc``, in the record's words."""
@@ -370,12 +285,13 @@ class Policy:
             if decision in (Decision.ADMITTED, Decision.CLAMPED):
                 decision = Decision.UNCHECKED
             reason = f"{reason}; params {changed} ran with values the guard did not check".lstrip("; ")
-        if prediction is None and params and repredict:
+        if prediction is None and params and footprint_failed:
+            prediction = self._cached(params)  # a late answer, if any: the footprint is not asked again
+        elif prediction is None and params and repredict:
             try:
                 prediction = self.predict(params)
             except Exception as exc:  # noqa: BLE001 - the record says why there is no prediction
-                if not footprint_failed:  # else the reason already says how the footprint fails
-                    reason = f"{reason}; no prediction after the run: {type(exc).__name__}: {exc}"
+                reason = f"{reason}; no prediction after the run: {type(exc).__name__}: {exc}"
         figures: dict[str, Any] = {}
         for r in RESOURCES:
             figures[f"pred_{r}"] = None if prediction is None else getattr(prediction, r)
@@ -397,29 +313,14 @@ class Policy:
         )
 
 
-def _wait(call: _Call, limit: float) -> bool:
-    """Wait until ``call`` is done or has used ``limit`` seconds; seconds while a calibration probe runs are
-    free (up to ``CALIBRATION_GRACE_S``). Whether it is done."""
-    charged, start = 0.0, time.monotonic()
-    while True:
-        t0 = time.monotonic()
-        if call.done.wait(max(0.0, min(_POLL_S, limit - charged))):
-            return True
-        now = time.monotonic()
-        if not _calibrating():
-            charged += now - t0
-        if charged >= limit or now - start >= limit + CALIBRATION_GRACE_S:
-            return call.done.is_set()
-
-
-def _calibrating() -> bool:
-    """Whether a calibration probe runs as a child of this process (any of its threads')."""
+def _key(params: dict[str, Any]) -> tuple | None:
+    """The cache key of ``params``; ``None`` when a value is unhashable (such params are not cached)."""
     try:
-        kids = [pid for tid in os.listdir("/proc/self/task")
-                for pid in procfs.children(procfs.read(f"/proc/self/task/{tid}/children"))]
-        return any(_PROBE_MODULE in procfs.read(f"/proc/{pid}/cmdline") for pid in kids)
-    except OSError:  # a thread or child that just ended: the next poll looks again
-        return False
+        key = tuple(sorted(params.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _kind(value: Any) -> str:

@@ -406,3 +406,17 @@ def test_a_footprints_first_call_may_take_longer_than_its_limit_for_a_cold_start
     records = _records(study)
     assert [r.decision for r in records] == [Decision.ADMITTED, Decision.ADMITTED, Decision.UNCHECKED]
     assert records[2].reason == "the footprint took longer than 0.5 s; the trial runs unchecked under the monitor"
+
+
+def _picklable_footprint(params: dict) -> omp.Footprint:
+    return omp.Footprint.of(ram=params.get("x", 1) * MiB)
+
+
+def test_the_new_choices_travel_with_the_pickled_guard() -> None:
+    import pickle
+
+    guard = MemoryGuard(_picklable_footprint, omp.Budget(ram="1GiB"), footprint_timeout=2.5,
+                        on_footprint_error="raise", monitor_interval=0.001)
+    again = pickle.loads(pickle.dumps(guard))
+    assert (again.policy.footprint_timeout, again.policy.on_footprint_error, again.policy.interval) == (2.5, "raise", 0.001)
+    assert again.policy.predict({"x": 3}).ram == 3 * MiB
