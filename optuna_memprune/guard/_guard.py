@@ -7,7 +7,6 @@ pruner and objective wrappers do the Optuna-facing work and know nothing of each
 from __future__ import annotations
 
 import math
-
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..budget import RAM_FLOOR, Budget

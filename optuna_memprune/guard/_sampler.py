@@ -164,7 +164,7 @@ class GuardedSampler(BaseSampler):
         """The footprint failed on ``assignment``: the trial runs unchecked, saying why; a param no earlier
         trial suggested is no failure. Repeated failures are warned about, or raised with
         ``on_footprint_error="raise"``."""
-        policy, warnings = self._guard.policy, self._guard.warnings
+        policy = self._guard.policy
         name = policy.missing_param(exc, assignment)
         if name is not None:
             state.uncheck(_first_seen(name))
@@ -180,7 +180,7 @@ class GuardedSampler(BaseSampler):
                              "(MemoryGuard(on_footprint_error='raise'))")
             raise exc
         if count:
-            warnings.failure(type(exc).__name__, (
+            self._guard.warnings.failure(type(exc).__name__, (
                 f"The footprint failed on {FAILURES_BEFORE_WARNING} trials in a row (trial {state.number}: "
                 f"{reason}); such trials run unchecked, under the monitor only. Fix the footprint function, or "
                 "pass MemoryGuard(..., on_footprint_error='raise') to stop at the first failure."))

@@ -75,7 +75,8 @@ def test_a_ram_budget_below_any_process_is_refused_with_the_floor(ram, given) ->
 @pytest.mark.parametrize("ram", ["1e30TiB", "1e400", 2**60 + 1, 1e300])
 def test_a_size_beyond_any_machine_is_refused_with_the_ceiling(ram) -> None:
     assert _one_line_error(ValueError, omp.Budget, ram=ram) == f"Budget.ram must be at most {EIB_WHY}, but got {ram!r}."
-    assert _one_line_error(ValueError, omp.Budget, vram=ram) == f"Budget.vram must be at most {EIB_WHY}, but got {ram!r}."
+    assert _one_line_error(ValueError, omp.Budget, vram=ram) == (
+        f"Budget.vram must be at most {EIB_WHY}, but got {ram!r}.")
 
 
 def test_a_vram_budget_of_zero_and_absurd_thread_counts_are_refused() -> None:
@@ -129,7 +130,8 @@ def test_footprint_timeout_must_be_positive_seconds_or_none(value) -> None:
     assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"),
                            footprint_timeout=value) == (
         f"footprint_timeout must be a positive number of seconds or None, but got {value!r}.")
-    assert MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), footprint_timeout=None).policy.footprint_timeout is None
+    unlimited = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), footprint_timeout=None)
+    assert unlimited.policy.footprint_timeout is None
     assert MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB")).policy.footprint_timeout == 5.0
 
 
@@ -198,7 +200,8 @@ def footprint(params):
 
 guard = omp.MemoryGuard(footprint, omp.Budget(ram="4GiB"),
                         search_space={"x": optuna.distributions.IntDistribution(1, 9)})
-study = optuna.create_study(storage=f"sqlite:///{db}", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+study = optuna.create_study(storage=f"sqlite:///{db}",
+                            sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
 study.optimize(guard.wrap_objective(lambda t: t.suggest_int("x", 1, 9)), n_trials=7)  # the user's line
 '''
 
@@ -262,7 +265,8 @@ def test_on_footprint_error_raise_in_the_runner_fails_the_trial_before_any_proce
         omp.optimize(study, _objective_x, guard=guard, n_trials=3, host=ledger)
     assert str(info.value) == "layer sizes unknown"
     (trial,) = study.trials
-    assert trial.state is TrialState.FAIL and "RuntimeError: layer sizes unknown" in omp.read_record(trial.user_attrs).reason
+    assert trial.state is TrialState.FAIL
+    assert "RuntimeError: layer sizes unknown" in omp.read_record(trial.user_attrs).reason
     assert ledger.entries() == []
     deadline = time.monotonic() + 10
     while set(psutil.Process().children(recursive=True)) - children:
@@ -301,7 +305,8 @@ def test_monitor_interval_is_bounded_to_1_ms_to_10_s(interval) -> None:
 
 def test_monitor_interval_bounds_are_accepted() -> None:
     for interval in (0.001, 10):
-        assert MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), monitor_interval=interval).policy.interval == interval
+        guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), monitor_interval=interval)
+        assert guard.policy.interval == interval
 
 
 # -- item 8: conditional params ----------------------------------------------------------------------------
@@ -375,8 +380,11 @@ def test_time_spent_calibrating_the_host_does_not_count_against_the_footprints_l
     # A recipe's first prediction measures the host in probe processes: the limit must not turn that into
     # unchecked trials. A footprint slow on its own still times out at the same limit.
     monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "cache"))  # a cold cache: this call calibrates
-    calibrating = MemoryGuard(lambda p: omp.estimate.process("torch", training=False), omp.Budget(ram="64GiB"),
-                              footprint_timeout=0.5)
+    def footprint(params: dict) -> omp.Footprint:
+        return omp.estimate.process("torch", training=False) if params["x"] else omp.Footprint()
+
+    calibrating = MemoryGuard(footprint, omp.Budget(ram="64GiB"), footprint_timeout=0.5)
+    calibrating.policy.predict({"x": 0})  # answered once: no cold-start allowance from here on
     assert calibrating.policy.predict({"x": 1}).ram > 0  # its probes import torch: seconds, not 0.5 s
     assert list((tmp_path / "cache").glob("calibration-*.json"))
     slow = MemoryGuard(lambda p: time.sleep(2 * p["x"]) or omp.Footprint(), omp.Budget(ram="64GiB"),
@@ -418,5 +426,6 @@ def test_the_new_choices_travel_with_the_pickled_guard() -> None:
     guard = MemoryGuard(_picklable_footprint, omp.Budget(ram="1GiB"), footprint_timeout=2.5,
                         on_footprint_error="raise", monitor_interval=0.001)
     again = pickle.loads(pickle.dumps(guard))
-    assert (again.policy.footprint_timeout, again.policy.on_footprint_error, again.policy.interval) == (2.5, "raise", 0.001)
+    policy = again.policy
+    assert (policy.footprint_timeout, policy.on_footprint_error, policy.interval) == (2.5, "raise", 0.001)
     assert again.policy.predict({"x": 3}).ram == 3 * MiB
