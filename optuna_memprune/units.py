@@ -131,3 +131,42 @@ def check_number(value: object, name: str, *, minimum: float | None = None, maxi
         expected = expected or _expected("number", minimum, maximum, open_min, open_max)
         raise ValueError(f"{name} must be {expected}{' or None' if optional else ''}, but got {value!r}.")
     return value
+
+
+#: The largest byte size any argument may hold: 1 EiB (2**60 bytes). The largest single machines hold tens
+#: of TiB; a size beyond this is a typo or a unit mix-up, never a machine.
+MAX_BYTES = 2**60
+
+
+def check_bytes(value: int | float | str, name: str, *, minimum: int = 0, why_minimum: str = "",
+                maximum: int = MAX_BYTES) -> int:
+    """``parse_bytes(value)`` within ``[minimum, maximum]``, else ``ValueError`` naming ``name``, the bound,
+    ``why_minimum`` (the reason for the floor, in words) and the value given.
+
+    Example:
+        >>> check_bytes("64MiB", "Budget.ram", minimum=32 * MiB)
+        67108864
+        >>> check_bytes("1e30TiB", "Budget.ram")
+        Traceback (most recent call last):
+        ...
+        ValueError: Budget.ram must be at most 1 EiB (2**60 bytes: no machine has more memory), but got '1e30TiB'.
+    """
+    try:
+        number = parse_bytes(value, name=name)
+    except OverflowError:  # "1e400" is an infinite float
+        number = MAX_BYTES + 1
+    given = repr(value) if is_int(value) else f"{value!r} ({_round_size(number)})"
+    if number > maximum:
+        limit = ("1 EiB (2**60 bytes: no machine has more memory)" if maximum == MAX_BYTES
+                 else format_bytes(maximum))
+        raise ValueError(f"{name} must be at most {limit}, but got {value!r}.")
+    if number < minimum:
+        why = f" ({why_minimum})" if why_minimum else ""
+        raise ValueError(f"{name} must be at least {_round_size(minimum)}{why}, but got {given}.")
+    return number
+
+
+def _round_size(n: int) -> str:
+    """``32 MiB`` rather than ``32.00 MiB`` for the round sizes a floor is stated in."""
+    text = format_bytes(n)
+    return text.replace(".00 ", " ")

@@ -160,10 +160,10 @@ class ClampSearch:
         return [choices[i] for i in sorted(lower, key=lambda i: -load[i])]
 
     def _excess_score(self, footprint: "Footprint") -> float:
-        return sum(over / self._limits[r] for r, over in self._excess(footprint).items())
+        return sum(over / max(self._limits[r], 1) for r, over in self._excess(footprint).items())
 
     def _load(self, footprint: "Footprint") -> float:
-        return sum(getattr(footprint, r) / limit for r, limit in self._limits.items())
+        return sum(getattr(footprint, r) / max(limit, 1) for r, limit in self._limits.items())
 
 
 def _grid(dist: IntDistribution | FloatDistribution, current: Any):  # type: ignore[no-untyped-def]

@@ -6,10 +6,12 @@ pruner and objective wrappers do the Optuna-facing work and know nothing of each
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..budget import Budget
-from ..units import check_number
+from ..budget import RAM_FLOOR, Budget
+from ..monitor import gpu_reader
+from ..units import check_number, format_bytes
 from ._objective import GuardedObjective
 from ._policy import Policy
 from ._pruner import GuardedPruner
@@ -24,6 +26,11 @@ if TYPE_CHECKING:
     from ..estimate.footprint import Footprint
 
 _POLICIES = ("clamp", "reject")
+_ON_ERROR = ("warn", "raise")
+MIN_INTERVAL_S = 0.001  # faster readings burn a core reading /proc
+MAX_INTERVAL_S = 10.0   # slower ones let a trial allocate and free far over its budget unseen
+#: Threads every guarded process runs: its main thread and the guard's monitor thread (in process).
+PROCESS_THREADS = 2
 
 
 class MemoryGuard:
@@ -45,12 +52,27 @@ class MemoryGuard:
 
     Notes:
         - The footprint function must be pure (same params, same footprint): results are cached.
-        - A footprint that raises or returns something other than a Footprint does not stop the study:
-          that trial runs unchecked under the monitor, and its record says why.
+        - A footprint that raises, returns something other than a Footprint or takes longer than
+          ``footprint_timeout`` does not stop the study: that trial runs unchecked under the monitor, its
+          record says why, and once ``3`` trials in a row failed the same way a warning says so (once).
+          ``on_footprint_error="raise"`` raises the footprint's error instead (the trial ends FAIL and the
+          error leaves ``optimize``).
+        - The time limit runs the footprint in a worker thread and abandons it when the limit passes (a
+          thread cannot be stopped): its late answer still fills the cache, and until it returns every
+          prediction fails at once rather than queueing behind it. Until the footprint has answered once,
+          a call may take 60 s (a cold start imports torch and traces a network); time spent calibrating
+          this host (a recipe's first prediction, seconds to a minute) is not counted.
+        - Without ``search_space=`` the guard learns the space from the study's trials: the first trial, and
+          the first trial of each conditional branch (a param no earlier trial suggested), run unchecked,
+          with "param 'x' was first seen in this trial" as the reason. Declare the whole space, branches
+          included, to check them all.
         - With conditional params the footprint receives a value for every param of the known space,
           including branches the objective will not take; gate on the branch params.
         - Name clampable params that appear only in some branches in ``search_space=`` too, or the first
           trial that lacks them raises ValueError.
+        - A budget the guarded process cannot run in is refused: the soft line must hold 32 MiB of RAM and
+          2 threads (the process's main thread and the guard's monitor thread).
+        - A VRAM budget where no GPU is visible to NVML is predicted only, never measured: it warns once.
 
     Args:
         footprint: ``params dict -> Footprint``; the predicted peak of a trial run with those params.
@@ -59,15 +81,20 @@ class MemoryGuard:
             and rejects the trial when none does; ``"reject"`` ends every infeasible trial PRUNED.
         clamp: names of the params that may be lowered. Default: every param whose lowering reduces the
             footprint (found by evaluating it at the param's low end).
-        search_space: ``{name: distribution}`` known before the first trial (otherwise learned from the
-            study's trials; the first trial runs unchecked).
-        monitor_interval: seconds between readings of the process, > 0 (default 0.1).
+        search_space: ``{name: distribution}`` known before the first trial, conditional params included
+            (otherwise learned from the study's trials; the first trial runs unchecked).
+        monitor_interval: seconds between readings of the process, from 0.001 to 10 (default 0.1).
         soft: the soft line as a fraction of the budget, in (0, 1] (default 0.9); 1.0 admits predictions up
             to the budget itself.
+        footprint_timeout: seconds one footprint call may take, > 0, or ``None`` for no limit (default 5;
+            the first call at least 60).
+        on_footprint_error: ``"warn"`` (default: the trial runs unchecked, and repeated failures warn) or
+            ``"raise"``.
 
     Example:
         >>> import optuna, optuna_memprune as omp
-        >>> guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=p["n"] * 2**20), omp.Budget(ram="4GiB"))
+        >>> guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=p["n"] * 2**20), omp.Budget(ram="4GiB"),
+        ...                         search_space={"n": optuna.distributions.IntDistribution(1, 8192)})
         >>> study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
         >>> study.optimize(guard.wrap_objective(lambda t: t.suggest_int("n", 1, 8192)), n_trials=3)
     """
@@ -82,6 +109,8 @@ class MemoryGuard:
         search_space: dict[str, "BaseDistribution"] | None = None,
         monitor_interval: float = 0.1,
         soft: float = 0.9,
+        footprint_timeout: float | None = 5.0,
+        on_footprint_error: str = "warn",
     ) -> None:
         from optuna.distributions import BaseDistribution
 
@@ -114,11 +143,24 @@ class MemoryGuard:
             search_space = dict(search_space)
             if clamp is not None:
                 Policy.check_clamp_names(clamp, search_space)
-        check_number(monitor_interval, "monitor_interval", minimum=0, open_min=True)
+        check_number(monitor_interval, "monitor_interval", minimum=MIN_INTERVAL_S, maximum=MAX_INTERVAL_S,
+                     expected=f"a number of seconds in [{MIN_INTERVAL_S}, {MAX_INTERVAL_S}] (1 ms to 10 s)")
         check_number(soft, "soft", minimum=0, maximum=1, open_min=True)
+        check_number(footprint_timeout, "footprint_timeout", minimum=0, open_min=True, optional=True,
+                     expected="a positive number of seconds")
+        if on_footprint_error not in _ON_ERROR:
+            raise ValueError(f"on_footprint_error must be 'warn' or 'raise', but got {on_footprint_error!r}.")
+        _check_soft_line(budget, float(soft))
         self._policy = Policy(footprint, budget, on_infeasible=on_infeasible, clamp=clamp, search_space=search_space,
-                              interval=float(monitor_interval), soft=float(soft))
+                              interval=float(monitor_interval), soft=float(soft),
+                              footprint_timeout=None if footprint_timeout is None else float(footprint_timeout),
+                              on_footprint_error=on_footprint_error)
         self._init_runtime_state()
+        if budget.vram is not None and not _gpu_visible():
+            self._warnings.once("vram-unmeasured", (
+                f"Budget.vram is set ({format_bytes(budget.vram)}) but no GPU is visible to NVML here (no "
+                "driver, no GPU, or nvidia-ml-py not installed): VRAM is predicted only, never measured, and "
+                "no trial is stopped for its VRAM."))
 
     def _init_runtime_state(self) -> None:
         self._trials = TrialRegistry()
@@ -170,3 +212,29 @@ class MemoryGuard:
     def warnings(self) -> OnceWarnings:
         """The misuse warnings this guard gave (each once)."""
         return self._warnings
+
+
+def _check_soft_line(budget: Budget, soft: float) -> None:
+    """ValueError when the soft line (``soft`` x budget) is below what the guarded process itself takes:
+    every trial would be pruned at its first reading."""
+    if budget.threads is not None and soft * budget.threads < PROCESS_THREADS:
+        need = math.ceil(PROCESS_THREADS / soft)
+        need += soft * need < PROCESS_THREADS  # float rounding
+        raise ValueError(
+            f"Budget.threads must be at least {need} with soft={soft:g} (the guarded process runs "
+            f"{PROCESS_THREADS} threads itself, its main thread and the guard's monitor, and soft x threads "
+            f"must hold them), but got {budget.threads}.")
+    if budget.ram is not None and soft * budget.ram < RAM_FLOOR:
+        raise ValueError(
+            f"The RAM soft line (soft={soft:g} x Budget.ram {format_bytes(budget.ram)}) must be at least "
+            f"{format_bytes(RAM_FLOOR)} (a Python process running an Optuna trial takes more): raise ram or "
+            f"soft.")
+
+
+def _gpu_visible() -> bool:
+    """Whether NVML sees a GPU here (what the monitor reads VRAM with); loads pynvml only when asked."""
+    reader = gpu_reader()
+    if reader is None:
+        return False
+    reader.close()
+    return True

@@ -106,8 +106,13 @@ class GuardedObjective:
         try:
             trial.relative_params  # the guarded sampler's lookahead, before any of the objective's code
         except Exception:
+            try:
+                if state.sampled:  # the footprint's error with on_footprint_error="raise": say so on the trial
+                    records.write(trial, guard.policy.record(state, trial.params, repredict=False))
+            except Exception:  # noqa: BLE001 - the original error matters more
+                _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
             guard.trials.close(state.trial_id)
-            raise  # a configuration error (unknown clamp name) or the base sampler's own failure
+            raise  # a configuration error (unknown clamp name), the footprint's, or the base sampler's own
         if not state.sampled:
             guard.warnings.once("unguarded-sampler",
                                 "study.sampler is not guard.wrap_sampler(...): trials run unchecked, under the "

@@ -46,11 +46,11 @@ def trial_outcome(
         >>> import optuna_memprune as omp
         >>> from optuna_memprune.guard._policy import Policy
         >>> from optuna_memprune.monitor import Reading
-        >>> policy = Policy(lambda p: omp.Footprint(), omp.Budget(ram=100), on_infeasible="clamp", clamp=None,
-        ...                 search_space=None, interval=0.1, soft=0.9)
-        >>> hard = Reading(t=0.0, rss=120, hwm=120, threads=1, processes=1, pss=None, vram=None)
+        >>> policy = Policy(lambda p: omp.Footprint(), omp.Budget(ram="100MiB"), on_infeasible="clamp",
+        ...                 clamp=None, search_space=None, interval=0.1, soft=0.9)
+        >>> hard = Reading(t=0.0, rss=120 * 2**20, hwm=120 * 2**20, threads=1, processes=1, pss=None, vram=None)
         >>> trial_outcome(policy, "admitted", soft_reading=hard, hard_reading=hard, stopped_by="in process").reason
-        'stopped in process: RSS 120 B over the budget 100 B'
+        'stopped in process: RSS 120.00 MiB over the budget 100.00 MiB'
     """
     decision: Decision | None = None
     reason: str | None = None

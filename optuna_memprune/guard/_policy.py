@@ -15,6 +15,7 @@ from ..budget import Budget
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision, TrialRecord
 from ..units import format_bytes
+from ._call import FootprintTimeout, LimitedCall, NotAFootprint
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -40,11 +41,14 @@ class Policy:
         search_space: distributions known before the first trial, or ``None``.
         interval: seconds between the monitor's readings.
         soft: the soft line as a fraction of the budget.
+        footprint_timeout: seconds one footprint call may take, or ``None`` for no limit.
+        on_footprint_error: ``"warn"`` or ``"raise"`` (what the sampler does when the footprint fails).
     """
 
     def __init__(self, footprint: Callable[[dict[str, Any]], Footprint], budget: Budget, *, on_infeasible: str,
                  clamp: tuple[str, ...] | None, search_space: dict[str, "BaseDistribution"] | None,
-                 interval: float, soft: float) -> None:
+                 interval: float, soft: float, footprint_timeout: float | None = None,
+                 on_footprint_error: str = "warn") -> None:
         self._footprint = footprint
         self._budget = budget
         self._on_infeasible = on_infeasible
@@ -52,15 +56,19 @@ class Policy:
         self._search_space = search_space
         self._interval = interval
         self._soft = soft
+        self._footprint_timeout = footprint_timeout
+        self._on_footprint_error = on_footprint_error
         self._init_cache()
 
     def _init_cache(self) -> None:
         self._lock = threading.Lock()
-        self._footprint_lock = threading.Lock()  # user footprints (torch tracing) need not be thread-safe
+        self._caller = LimitedCall(self._footprint, self._footprint_timeout)  # one call at a time
         self._cache: OrderedDict[tuple, Footprint] = OrderedDict()
+        self._not_params: set[str] = set()  # names the footprint asked for that a trial did not suggest
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("_footprint", "_budget", "_on_infeasible", "_clamp", "_search_space", "_interval", "_soft")
+        keep = ("_footprint", "_budget", "_on_infeasible", "_clamp", "_search_space", "_interval", "_soft",
+                "_footprint_timeout", "_on_footprint_error")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -97,6 +105,16 @@ class Policy:
         return self._soft
 
     @property
+    def footprint_timeout(self) -> float | None:
+        """Seconds one footprint call may take (``None``: no limit)."""
+        return self._footprint_timeout
+
+    @property
+    def on_footprint_error(self) -> str:
+        """``"warn"`` (the trial runs unchecked) or ``"raise"`` (the error ends the study)."""
+        return self._on_footprint_error
+
+    @property
     def cached_footprints(self) -> int:
         """How many footprints the cache holds."""
         with self._lock:
@@ -105,28 +123,57 @@ class Policy:
     # -- before launch --------------------------------------------------------------------------------
 
     def predict(self, params: dict[str, Any]) -> Footprint:
-        """The footprint of ``params`` (cached). Raises what the user's function raises, or TypeError."""
-        try:
-            key: tuple | None = tuple(sorted(params.items()))
-            hash(key)
-        except TypeError:
-            key = None
-        if key is not None:
-            with self._lock:
-                hit = self._cache.get(key)
-                if hit is not None:
-                    self._cache.move_to_end(key)
-                    return hit
-        with self._footprint_lock:
-            result = self._footprint(dict(params))
+        """The footprint of ``params`` (cached). Raises what the user's function raises, TypeError when it
+        returns something else than a Footprint, or :class:`FootprintTimeout` over ``footprint_timeout``.
+
+        How the limit applies (a worker thread, abandoned past it; a cold start; calibration not counted):
+        :class:`~optuna_memprune.guard._call.LimitedCall`. A late answer still fills the cache.
+        """
+        key = _key(params)
+        hit = self._cached(params, key)
+        if hit is not None:
+            return hit
+        result = self._caller(dict(params), lambda late: self._store(key, late))
         if not isinstance(result, Footprint):
-            raise TypeError(f"the footprint function returned {type(result).__name__}, not a Footprint")
-        if key is not None:
+            raise NotAFootprint(_kind(result))
+        self._store(key, result)
+        return result
+
+    def _cached(self, params: dict[str, Any], key: tuple | None = None) -> Footprint | None:
+        key = key if key is not None else _key(params)
+        if key is None:
+            return None
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+            return hit
+
+    def _store(self, key: tuple | None, result: Any) -> None:
+        if key is not None and isinstance(result, Footprint):
             with self._lock:
                 self._cache[key] = result
                 if len(self._cache) > _CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return result
+
+    def describe_failure(self, exc: BaseException) -> str:
+        """Why a trial runs unchecked when ``predict`` raised ``exc``, in the record's words."""
+        if isinstance(exc, FootprintTimeout):
+            return f"{exc}; the trial runs unchecked under the monitor"
+        if isinstance(exc, NotAFootprint):
+            return f"the footprint function failed: it returned {exc.returned}, not a Footprint"
+        return f"the footprint function failed: {type(exc).__name__}: {exc}"
+
+    def missing_param(self, exc: BaseException, assignment: dict[str, Any]) -> str | None:
+        """The name of a param the footprint asked for that the assignment lacks (``KeyError: 'x'``): a
+        conditional param no earlier trial suggested. ``None`` for any other failure, and for a name a
+        finished trial's record showed to be no param at all (a typo in the footprint)."""
+        if type(exc) is KeyError and len(exc.args) == 1 and isinstance(exc.args[0], str):
+            name = exc.args[0]
+            with self._lock:
+                if name not in assignment and name not in self._not_params:
+                    return name
+        return None
 
     @property
     def limits(self) -> dict[str, int]:
@@ -212,11 +259,24 @@ class Policy:
         peaks: dict[str, int | None] | None = None,
         timeline: list[tuple[float, int, int, int | None]] | None = None,
         breach: "Reading | None" = None,
+        repredict: bool = True,
     ) -> TrialRecord:
         """The record of a finished trial. ``params`` are the params it ran with, ``peaks`` the highest
-        readings per resource while it ran; ``decision`` and ``reason`` default to the launch's."""
+        readings per resource while it ran; ``decision`` and ``reason`` default to the launch's.
+
+        An unchecked trial is predicted from the params it ran with (the report compares that prediction
+        with its peaks), unless ``repredict=False``: that call may take up to ``footprint_timeout``.
+        """
         decision = state.decision if decision is None else decision
         reason = state.reason if reason is None else reason
+        footprint_failed, missing = state.footprint_failed, state.first_seen
+        if missing is not None and missing not in params:
+            # the footprint asked for a name this trial never suggested: a bug in the footprint, not a branch
+            with self._lock:
+                self._not_params.add(missing)
+            footprint_failed = True
+            reason = reason.replace(state.reason, f"the footprint function failed: KeyError: {missing!r} (the "
+                                    f"trial suggested no param {missing!r})", 1)
         prediction = state.prediction
         ran = {k: params[k] for k in state.assignment if k in params}
         if prediction is not None and any(ran[k] != state.assignment[k] for k in ran):
@@ -225,7 +285,9 @@ class Policy:
             if decision in (Decision.ADMITTED, Decision.CLAMPED):
                 decision = Decision.UNCHECKED
             reason = f"{reason}; params {changed} ran with values the guard did not check".lstrip("; ")
-        if prediction is None and params:
+        if prediction is None and params and footprint_failed:
+            prediction = self._cached(params)  # a late answer, if any: the footprint is not asked again
+        elif prediction is None and params and repredict:
             try:
                 prediction = self.predict(params)
             except Exception as exc:  # noqa: BLE001 - the record says why there is no prediction
@@ -249,6 +311,21 @@ class Policy:
             soft=self._soft,
             concurrent=state.concurrent,
         )
+
+
+def _key(params: dict[str, Any]) -> tuple | None:
+    """The cache key of ``params``; ``None`` when a value is unhashable (such params are not cached)."""
+    try:
+        key = tuple(sorted(params.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _kind(value: Any) -> str:
+    """``None`` or ``a dict``: what a footprint function returned instead of a Footprint, in words."""
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 class Guard(Protocol):

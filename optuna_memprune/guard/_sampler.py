@@ -17,6 +17,7 @@ from ..records import Decision
 from ._clamp import ClampSearch
 from ._policy import check_guard
 from ._trials import TrialGuardState
+from ._warn import FAILURES_BEFORE_WARNING
 
 if TYPE_CHECKING:
     from optuna.study import Study
@@ -105,11 +106,11 @@ class GuardedSampler(BaseSampler):
         assignment, locked = self._lookahead(study, trial, search_space, drawn)
         try:
             self._check(state, assignment, search_space, locked)
-        except Exception as exc:  # noqa: BLE001 - a broken footprint must not stop the study
-            _logger.warning("Trial %d: footprint failed (%s: %s); it runs unchecked.",
-                            trial.number, type(exc).__name__, exc)
-            state.uncheck(f"the footprint function failed: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a broken footprint must not stop the study (unless asked)
             state.assignment, state.space = assignment, dict(search_space)
+            self._failed(state, exc, assignment)
+        else:
+            self._guard.warnings.failure(None)
         if state.decision is Decision.REJECTED and not state.enforced:
             self._guard.warnings.once(
                 "unenforced",
@@ -135,13 +136,13 @@ class GuardedSampler(BaseSampler):
         if state.decision is Decision.REJECTED:
             return value
         if param_name not in state.assignment:
-            state.uncheck(f"param {param_name!r} is not in the known search space")
+            state.uncheck(_first_seen(param_name))
             return value
         # A known param suggested with a new range: check the new draw, lowering it if it may be lowered.
         try:
             return self._recheck(state, param_name, param_distribution, value)
         except Exception as exc:  # noqa: BLE001
-            state.uncheck(f"the footprint function failed: {type(exc).__name__}: {exc}")
+            self._failed(state, exc, {**state.assignment, param_name: value}, count=False)
             return value
 
     def after_trial(
@@ -157,6 +158,32 @@ class GuardedSampler(BaseSampler):
             _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
         finally:
             self._base_sampler.after_trial(study, trial, state, values)
+
+    def _failed(self, state: TrialGuardState, exc: Exception, assignment: dict[str, Any], *,
+                count: bool = True) -> None:
+        """The footprint failed on ``assignment``: the trial runs unchecked, saying why; a param no earlier
+        trial suggested is no failure. Repeated failures are warned about, or raised with
+        ``on_footprint_error="raise"``."""
+        policy = self._guard.policy
+        name = policy.missing_param(exc, assignment)
+        if name is not None:
+            state.uncheck(_first_seen(name))
+            state.first_seen = name
+            return
+        reason = policy.describe_failure(exc)
+        _logger.warning("Trial %d runs unchecked: %s", state.number, reason)
+        state.uncheck(reason)
+        state.footprint_failed = True
+        if policy.on_footprint_error == "raise":
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                exc.add_note(f"memprune: the footprint failed on trial {state.number} "
+                             "(MemoryGuard(on_footprint_error='raise'))")
+            raise exc
+        if count:
+            self._guard.warnings.failure(type(exc).__name__, (
+                f"The footprint failed on {FAILURES_BEFORE_WARNING} trials in a row (trial {state.number}: "
+                f"{reason}); such trials run unchecked, under the monitor only. Fix the footprint function, or "
+                "pass MemoryGuard(..., on_footprint_error='raise') to stop at the first failure."))
 
     # -- the lookahead ------------------------------------------------------------------------------
 
@@ -299,6 +326,11 @@ class _KnownSpace:
         if declared:
             space.update(declared)
         return space
+
+
+def _first_seen(name: str) -> str:
+    return (f"param {name!r} was first seen in this trial (the guard checks a param before launch once an "
+            "earlier trial suggested it, or when it is declared in MemoryGuard(search_space=...))")
 
 
 def _single_value(dist: BaseDistribution) -> Any:

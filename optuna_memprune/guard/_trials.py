@@ -29,7 +29,8 @@ class TrialGuardState:
     trial_id: int
     number: int
     decision: Decision = Decision.UNCHECKED
-    reason: str = "the search space was not known before launch"
+    reason: str = ("the search space was not known before launch (no earlier trial; pass search_space= to "
+                   "MemoryGuard to check the first trial too)")
     assignment: dict[str, Any] = field(default_factory=dict)   # the checked (maybe clamped) params
     space: dict[str, "BaseDistribution"] = field(default_factory=dict)
     prediction: "Footprint | None" = None
@@ -40,6 +41,8 @@ class TrialGuardState:
     hard_reading: "Reading | None" = None   # first reading over the budget
     soft_answered: bool = False     # GuardedPruner answered True because of the soft line
     concurrent: bool = False        # other guarded trials ran in this process at the same time
+    first_seen: str | None = None   # the param the footprint asked for that no earlier trial suggested
+    footprint_failed: bool = False  # the footprint raised, timed out or returned no Footprint at launch
 
     @property
     def checked(self) -> bool:

@@ -14,6 +14,9 @@ _logger = logging.getLogger("optuna_memprune.guard")
 
 _OURS = ("optuna", "optuna_memprune")  # top-level packages whose frames a warning skips
 
+#: Consecutive trials failing the same way before a footprint failure is said on stderr.
+FAILURES_BEFORE_WARNING = 3
+
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the first frame outside Optuna and this package."""
@@ -29,6 +32,7 @@ class OnceWarnings:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._given: set[str] = set()
+        self._streak: tuple[str | None, int] = (None, 0)  # the last failure's kind, and how many in a row
 
     def once(self, key: str, message: str) -> None:
         """Warn (pointing at the user's line) and log ``message``, unless ``key`` was warned before."""
@@ -38,3 +42,14 @@ class OnceWarnings:
             self._given.add(key)
         _logger.warning(message)
         warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
+
+    def failure(self, kind: str | None, message: str = "") -> None:
+        """Count one trial's footprint failure of ``kind`` (``None``: the footprint worked, which ends the
+        streak); once ``FAILURES_BEFORE_WARNING`` trials in a row failed with the same kind, warn
+        ``message`` (once per kind)."""
+        with self._lock:
+            last, count = self._streak
+            count = count + 1 if kind is not None and kind == last else 1
+            self._streak = (kind, count)
+        if kind is not None and count >= FAILURES_BEFORE_WARNING:
+            self.once(f"footprint-failed:{kind}", message)

@@ -105,7 +105,7 @@ def test_the_interrupt_cannot_land_after_the_objective_returned() -> None:
 def test_no_interrupt_reaches_the_thread_once_disarmed(fire_before_disarm: bool) -> None:
     # The trial thread uses the wrapper's pattern: the objective and disarm() inside a try that catches
     # the interrupt, disarm() again in the handler; nothing may arrive after that.
-    guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram=1))
+    guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="64MiB"))
     state = guard.trials.open(-1, -1)
     caught: list[str] = []
     holder: list[_Live] = []
@@ -139,12 +139,12 @@ def test_no_interrupt_reaches_the_thread_once_disarmed(fire_before_disarm: bool)
     ready.wait()
     live = holder[0]
     if fire_before_disarm:
-        live.on_reading(_reading(rss=10))  # over budget while the objective runs
+        live.on_reading(_reading(rss=2**30))  # over budget while the objective runs
         go.set()
     else:
         go.set()
         disarmed.wait()
-        live.on_reading(_reading(rss=10))  # over budget after the objective returned
+        live.on_reading(_reading(rss=2**30))  # over budget after the objective returned
     thread.join()
     assert state.hard_reading is not None
     assert caught == (["inside"] if fire_before_disarm else [])

@@ -1,0 +1,146 @@
+"""The user's footprint function called under a time limit: in a worker thread abandoned (never stopped)
+past the limit, with a cold-start allowance, and with time spent calibrating this host not counted.
+
+Owns the limit's rules and the words of its errors; knows nothing of budgets, caches or Optuna.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from .. import procfs
+
+#: The limit of the first call that answers when ``footprint_timeout`` is lower: a cold start imports torch
+#: and traces a network once (seconds on a busy 2-core machine), which later calls do not repeat.
+FIRST_CALL_TIMEOUT_S = 60.0
+#: The most a call may wait on this host's calibration (each probe has its own time limit too).
+CALIBRATION_GRACE_S = 600.0
+_POLL_S = 0.25  # how often a call over its limit looks for a running calibration probe
+#: What a calibration probe's command line holds (``python -m optuna_memprune.estimate.probes.<name>``).
+_PROBE_MODULE = b"optuna_memprune.estimate.probes."
+
+
+class FootprintTimeout(TimeoutError):
+    """The footprint function did not answer within the guard's ``footprint_timeout``."""
+
+
+class NotAFootprint(TypeError):
+    """The footprint function returned something else than a Footprint (``returned`` says what, in words)."""
+
+    def __init__(self, returned: str) -> None:
+        super().__init__(f"the footprint function returned {returned}, not a Footprint")
+        self.returned = returned
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.returned,))
+
+
+class LimitedCall:
+    """Calls ``function(params)`` one at a time, each within ``limit`` seconds (``None``: no limit, in the
+    caller's thread).
+
+    With a limit each call runs in a worker thread of its own; past the limit the caller gets
+    :class:`FootprintTimeout` and the thread is abandoned (a thread cannot be stopped): its answer, when it
+    comes, goes to the call's ``on_late``. While an abandoned call still runs, every call fails at once
+    rather than starting another thread behind it. Until one call has answered, the limit is at least
+    ``FIRST_CALL_TIMEOUT_S`` (a cold start). Time while a calibration probe runs as a child of this process
+    (a recipe's first prediction measures the host: seconds to a minute, each probe under its own limit) is
+    not counted, up to ``CALIBRATION_GRACE_S``. A thread that holds the GIL in one long C call delays the
+    caller until the call releases it.
+    """
+
+    def __init__(self, function: Callable[[dict[str, Any]], Any], limit: float | None) -> None:
+        self._function, self._limit = function, limit
+        self._lock = threading.Lock()  # user footprints (torch tracing) need not be thread-safe
+        self._late: _Run | None = None  # a call abandoned past its limit, maybe still running
+        self._answered = False          # a call answered: the cold start is over
+
+    def __call__(self, params: dict[str, Any], on_late: Callable[[Any], None]) -> Any:
+        if self._limit is None:
+            with self._lock:
+                return self._function(params)
+        first = not self._answered
+        limit = max(self._limit, FIRST_CALL_TIMEOUT_S) if first else self._limit
+        took = f"the footprint took longer than {limit:g} s" + (" on its first call" if first else "")
+        if not self._lock.acquire(timeout=limit):
+            raise FootprintTimeout(f"{took} (waiting behind another trial's call)")
+        try:
+            late = self._late
+            if late is not None and not late.done.is_set():
+                raise FootprintTimeout(f"{took} (an earlier call that took longer than {late.limit:g} s still runs)")
+            run = _Run(self._function, params, limit, lambda done: self._answer(done, on_late))
+            threading.Thread(target=run.run, name="memprune-footprint", daemon=True).start()
+            if not _wait(run, limit):
+                run.abandon()
+                self._late = run
+                raise FootprintTimeout(took)
+            self._answered = True
+        finally:
+            self._lock.release()
+        if run.error is not None:
+            raise run.error
+        return run.result
+
+    def _answer(self, run: _Run, on_late: Callable[[Any], None]) -> None:
+        self._answered = True  # even an error: the cold start is over
+        if run.error is None:
+            on_late(run.result)
+
+
+class _Run:
+    """One call in its worker thread; ``on_late(self)`` once it returns after being abandoned."""
+
+    def __init__(self, function: Callable[[dict[str, Any]], Any], params: dict[str, Any], limit: float,
+                 on_late: Callable[[_Run], None]) -> None:
+        self._function, self._params, self.limit, self._on_late = function, params, limit, on_late
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._function(self._params)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self.error = exc
+        with self._lock:
+            self.done.set()
+            late = self._abandoned
+        if late:
+            self._on_late(self)
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            answered = self.done.is_set()  # it returned between the wait and now
+        if answered:
+            self._on_late(self)
+
+
+def _wait(run: _Run, limit: float) -> bool:
+    """Wait until ``run`` is done or has used ``limit`` seconds; seconds while a calibration probe runs are
+    free (up to ``CALIBRATION_GRACE_S``). Whether it is done."""
+    charged, start = 0.0, time.monotonic()
+    while True:
+        t0 = time.monotonic()
+        if run.done.wait(max(0.0, min(_POLL_S, limit - charged))):
+            return True
+        now = time.monotonic()
+        if not _calibrating():
+            charged += now - t0
+        if charged >= limit or now - start >= limit + CALIBRATION_GRACE_S:
+            return run.done.is_set()
+
+
+def _calibrating() -> bool:
+    """Whether a calibration probe runs as a child of this process (any of its threads')."""
+    try:
+        kids = [pid for tid in os.listdir("/proc/self/task")
+                for pid in procfs.children(procfs.read(f"/proc/self/task/{tid}/children"))]
+        return any(_PROBE_MODULE in procfs.read(f"/proc/{pid}/cmdline") for pid in kids)
+    except OSError:  # a thread or child that just ended: the next poll looks again
+        return False

@@ -1,0 +1,431 @@
+"""Bad input to Budget and MemoryGuard, and footprints that fail, hang or meet a new branch (issue 14).
+
+Each case asserts the exact outcome: the one-line error naming the value and what was expected, or the end
+state and reason of every trial of a real study on a SQLite file (nothing left RUNNING).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.trial import TrialState
+
+import optuna_memprune as omp
+from optuna_memprune.guard import Decision, MemoryGuard
+from optuna_memprune.monitor import gpu_reader
+
+MiB = 2**20
+RAM_WHY = "a Python process running an Optuna trial takes more"
+EIB_WHY = "1 EiB (2**60 bytes: no machine has more memory)"
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _one_line_error(error: type[Exception], call, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(error) as info:
+        call(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message, message
+    return message
+
+
+def _base() -> int:
+    """This process's RSS plus headroom: the budget is the whole process's, so footprints start here."""
+    return psutil.Process().memory_info().rss + 512 * MiB
+
+
+def _study(tmp_path: Path, guard: MemoryGuard, name: str = "s") -> optuna.Study:
+    return optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name=name,
+                               sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+                               pruner=guard.wrap_pruner(None))
+
+
+def _records(study: optuna.Study) -> list[omp.guard.TrialRecord]:
+    trials = study.get_trials()
+    assert all(t.state is not TrialState.RUNNING for t in trials), [t.state for t in trials]
+    out = [omp.read_record(t.user_attrs) for t in trials]
+    assert all(r is not None for r in out)
+    return out  # type: ignore[return-value]
+
+
+def _footprint_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "memprune-footprint"]
+
+
+# -- item 3: budgets no process runs in, and sizes beyond any machine --------------------------------------
+
+@pytest.mark.parametrize("ram, given", [(0, "0"), (1, "1"), ("0.4", "'0.4' (0 B)"), ("31MiB", "'31MiB' (31 MiB)")])
+def test_a_ram_budget_below_any_process_is_refused_with_the_floor(ram, given) -> None:
+    assert _one_line_error(ValueError, omp.Budget, ram=ram) == (
+        f"Budget.ram must be at least 32 MiB ({RAM_WHY}), but got {given}.")
+
+
+@pytest.mark.parametrize("ram", ["1e30TiB", "1e400", 2**60 + 1, 1e300])
+def test_a_size_beyond_any_machine_is_refused_with_the_ceiling(ram) -> None:
+    assert _one_line_error(ValueError, omp.Budget, ram=ram) == f"Budget.ram must be at most {EIB_WHY}, but got {ram!r}."
+    assert _one_line_error(ValueError, omp.Budget, vram=ram) == (
+        f"Budget.vram must be at most {EIB_WHY}, but got {ram!r}.")
+
+
+def test_a_vram_budget_of_zero_and_absurd_thread_counts_are_refused() -> None:
+    assert _one_line_error(ValueError, omp.Budget, vram=0) == (
+        "Budget.vram must be at least 2 MiB (the smallest block the CUDA allocator reserves; leave vram unset "
+        "for no VRAM budget), but got 0.")
+    for threads in (0, -1, 2**22 + 1, True, 2.0):
+        assert _one_line_error(ValueError, omp.Budget, threads=threads) == (
+            f"Budget.threads must be an int in [1, 4194304] (Linux runs no more threads) or None, but got {threads!r}.")
+    assert omp.Budget(ram="32MiB", vram="2MiB", threads=2**22).resources == {
+        "ram": 32 * MiB, "vram": 2 * MiB, "threads": 2**22}
+
+
+@pytest.mark.parametrize("threads, soft, need", [(1, 0.9, 3), (2, 0.9, 3), (1, 1.0, 2), (3, 0.5, 4), (39, 0.05, 40)])
+def test_a_thread_budget_the_guarded_process_cannot_run_in_is_refused(threads, soft, need) -> None:
+    budget = omp.Budget(threads=threads)  # a Budget alone may say 1 thread; a guarded process runs 2
+    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), budget, soft=soft) == (
+        f"Budget.threads must be at least {need} with soft={soft:g} (the guarded process runs 2 threads itself, "
+        f"its main thread and the guard's monitor, and soft x threads must hold them), but got {threads}.")
+    MemoryGuard(lambda p: omp.Footprint(), omp.Budget(threads=need), soft=soft)
+
+
+def test_a_ram_soft_line_below_any_process_is_refused() -> None:
+    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="40MiB"), soft=0.5) == (
+        f"The RAM soft line (soft=0.5 x Budget.ram 40.00 MiB) must be at least 32.00 MiB ({RAM_WHY}): raise ram "
+        "or soft.")
+    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), soft=1e-9)
+
+
+def test_the_smallest_thread_budget_clamps_without_dividing_by_zero(tmp_path: Path) -> None:
+    # Before: a soft line of 0 threads made the clamp search divide by zero, and every trial ran unchecked
+    # blaming the footprint. Now the smallest budget the guard accepts clamps like any other.
+    space = {"workers": IntDistribution(0, 8)}
+    guard = MemoryGuard(lambda p: omp.Footprint.of(ram="1MiB", threads=1 + p["workers"]), omp.Budget(threads=3),
+                        search_space=space)
+    study = _study(tmp_path, guard)
+    # The sampler's check only: the monitor would read this test process's own threads (pytest's, and any
+    # earlier test's), not a trial's.
+    study.optimize(lambda t: t.suggest_int("workers", 0, 8), n_trials=6)
+    records = _records(study)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 6
+    for trial, record in zip(study.trials, records):
+        assert record.decision in (Decision.ADMITTED, Decision.CLAMPED), record.reason
+        assert trial.params["workers"] <= 1 and "footprint" not in record.reason
+
+
+# -- item 4: a footprint that takes too long ------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "5", True])
+def test_footprint_timeout_must_be_positive_seconds_or_none(value) -> None:
+    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"),
+                           footprint_timeout=value) == (
+        f"footprint_timeout must be a positive number of seconds or None, but got {value!r}.")
+    unlimited = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), footprint_timeout=None)
+    assert unlimited.policy.footprint_timeout is None
+    assert MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB")).policy.footprint_timeout == 5.0
+
+
+def test_a_footprint_slower_than_its_limit_runs_the_trial_unchecked_without_piling_up_threads(tmp_path) -> None:
+    base = _base()
+    release, stuck = threading.Event(), threading.Event()
+    calls = []
+
+    def footprint(params: dict) -> omp.Footprint:
+        calls.append(params)
+        if len(calls) == 2:  # the first trial's call hangs (as one waiting on a lock or a network would)
+            stuck.set()
+            release.wait(60)
+        return omp.Footprint.of(ram=base + params["x"] * MiB)
+
+    guard = MemoryGuard(footprint, omp.Budget(ram=base + 2**30), search_space={"x": IntDistribution(1, 9)},
+                        footprint_timeout=0.5)
+    guard.policy.predict({"x": 0})  # answered once: the cold-start allowance is spent
+    study = _study(tmp_path, guard)
+    threads_seen = []
+
+    def objective(trial: optuna.Trial) -> float:
+        threads_seen.append(len(_footprint_threads()))
+        if trial.number == 1:  # the hung call returns now; its answer still fills the cache
+            release.set()
+            deadline = time.monotonic() + 10
+            while _footprint_threads():
+                assert time.monotonic() < deadline, "the footprint's worker thread did not end"
+                time.sleep(0.01)
+        return float(trial.suggest_int("x", 1, 9))
+
+    start = time.monotonic()
+    try:
+        study.optimize(guard.wrap_objective(objective), n_trials=4)
+    finally:
+        release.set()
+    assert time.monotonic() - start < 30  # a hang guard, not a timing: the footprint would block for 60 s
+    records = _records(study)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
+    assert (records[0].decision, records[0].reason) == (
+        Decision.UNCHECKED, "the footprint took longer than 0.5 s; the trial runs unchecked under the monitor")
+    assert (records[1].decision, records[1].reason) == (
+        Decision.UNCHECKED, "the footprint took longer than 0.5 s (an earlier call that took longer than 0.5 s "
+        "still runs); the trial runs unchecked under the monitor")
+    assert [r.decision for r in records[2:]] == [Decision.ADMITTED] * 2
+    assert threads_seen[:2] == [1, 1]  # the hung call only: the second trial started no thread behind it
+    before = len(calls)
+    assert guard.policy.predict(dict(study.trials[0].params)).ram == base + study.trials[0].params["x"] * MiB
+    assert len(calls) == before  # the hung call's late answer filled the cache
+    assert omp.read_record(study.trials[0].user_attrs).pred_ram is None  # never re-predicted while hung
+
+
+# -- item 5: footprints that fail silently, VRAM nobody measures, monitor intervals ------------------------
+
+_FAILING_STUDY = '''
+import sys
+import optuna, optuna_memprune as omp
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+mode, db = sys.argv[1], sys.argv[2]
+
+def footprint(params):
+    if mode == "raises":
+        raise RuntimeError("layer sizes unknown")
+    return None if mode == "none" else {"ram": params["x"]}
+
+guard = omp.MemoryGuard(footprint, omp.Budget(ram="4GiB"),
+                        search_space={"x": optuna.distributions.IntDistribution(1, 9)})
+study = optuna.create_study(storage=f"sqlite:///{db}",
+                            sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+study.optimize(guard.wrap_objective(lambda t: t.suggest_int("x", 1, 9)), n_trials=7)  # the user's line
+'''
+
+_REASONS = {
+    "raises": "the footprint function failed: RuntimeError: layer sizes unknown",
+    "none": "the footprint function failed: it returned None, not a Footprint",
+    "dict": "the footprint function failed: it returned a dict, not a Footprint",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(_REASONS))
+def test_a_failing_footprint_is_said_once_on_stderr_at_the_users_line(tmp_path: Path, mode: str) -> None:
+    script, db = tmp_path / "study.py", tmp_path / "study.db"
+    script.write_text(_FAILING_STUDY)
+    done = subprocess.run([sys.executable, str(script), mode, str(db)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    reason = _REASONS[mode]
+    line = 1 + next(i for i, s in enumerate(_FAILING_STUDY.splitlines()) if "the user's line" in s)
+    expected = (f"{script}:{line}: UserWarning: The footprint failed on 3 trials in a row (trial 2: {reason}); such "
+                "trials run unchecked, under the monitor only. Fix the footprint function, or pass "
+                "MemoryGuard(..., on_footprint_error='raise') to stop at the first failure.")
+    warned = [s for s in done.stderr.splitlines() if "UserWarning" in s]
+    assert warned == [expected], done.stderr
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
+    records = _records(study)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 7
+    assert {(r.decision, r.reason) for r in records} == {(Decision.UNCHECKED, reason)}
+
+
+def test_on_footprint_error_raise_ends_the_trial_fail_and_raises_the_footprints_error(tmp_path: Path) -> None:
+    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"),
+                           on_footprint_error="ignore") == (
+        "on_footprint_error must be 'warn' or 'raise', but got 'ignore'.")
+    guard = MemoryGuard(lambda p: None, omp.Budget(ram="1GiB"), search_space={"x": IntDistribution(1, 9)},
+                        on_footprint_error="raise")
+    study = _study(tmp_path, guard)
+    with pytest.raises(TypeError) as info:
+        study.optimize(guard.wrap_objective(lambda t: t.suggest_int("x", 1, 9)), n_trials=3)
+    assert str(info.value) == "the footprint function returned None, not a Footprint"
+    assert getattr(info.value, "__notes__", None) in (None, [  # notes exist from Python 3.11
+        "memprune: the footprint failed on trial 0 (MemoryGuard(on_footprint_error='raise'))"])
+    (trial,) = study.trials
+    assert trial.state is TrialState.FAIL
+    assert (omp.read_record(trial.user_attrs).decision, omp.read_record(trial.user_attrs).reason) == (
+        Decision.UNCHECKED, "the footprint function failed: it returned None, not a Footprint")
+
+
+def test_on_footprint_error_raise_in_the_runner_fails_the_trial_before_any_process_starts(tmp_path: Path) -> None:
+    from optuna_memprune.ledger import HostBudget, Ledger
+
+    def footprint(params: dict) -> omp.Footprint:
+        raise RuntimeError("layer sizes unknown")
+
+    guard = MemoryGuard(footprint, omp.Budget(ram="1GiB"), search_space={"x": IntDistribution(1, 9)},
+                        on_footprint_error="raise")
+    study = _study(tmp_path, guard)
+    ledger = Ledger(HostBudget(ram="8GiB", gpus=None, headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+                    host="test-host")
+    children = set(psutil.Process().children(recursive=True))
+    with pytest.raises(RuntimeError) as info:
+        omp.optimize(study, _objective_x, guard=guard, n_trials=3, host=ledger)
+    assert str(info.value) == "layer sizes unknown"
+    (trial,) = study.trials
+    assert trial.state is TrialState.FAIL
+    assert "RuntimeError: layer sizes unknown" in omp.read_record(trial.user_attrs).reason
+    assert ledger.entries() == []
+    deadline = time.monotonic() + 10
+    while set(psutil.Process().children(recursive=True)) - children:
+        assert time.monotonic() < deadline, "a process outlived the runner"
+        time.sleep(0.05)
+
+
+def _objective_x(trial: optuna.Trial) -> float:
+    return float(trial.suggest_int("x", 1, 9))
+
+
+def test_a_vram_budget_nobody_can_measure_warns_once() -> None:
+    reader = gpu_reader()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"))
+        guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(vram="8GiB"))
+        guard.warnings.once("vram-unmeasured", "again")  # once per guard
+    messages = [str(w.message) for w in caught]
+    if reader is not None:  # a GPU NVML can see: VRAM is measured, nothing to say
+        reader.close()
+        assert messages == []
+        return
+    assert messages == [
+        "Budget.vram is set (8.00 GiB) but no GPU is visible to NVML here (no driver, no GPU, or nvidia-ml-py not "
+        "installed): VRAM is predicted only, never measured, and no trial is stopped for its VRAM."]
+    assert caught[0].filename == __file__
+
+
+@pytest.mark.parametrize("interval", [float("inf"), 1e-9, 0, -1, 10.5, float("nan"), "0.1"])
+def test_monitor_interval_is_bounded_to_1_ms_to_10_s(interval) -> None:
+    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"),
+                           monitor_interval=interval) == (
+        f"monitor_interval must be a number of seconds in [0.001, 10.0] (1 ms to 10 s), but got {interval!r}.")
+
+
+def test_monitor_interval_bounds_are_accepted() -> None:
+    for interval in (0.001, 10):
+        guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), monitor_interval=interval)
+        assert guard.policy.interval == interval
+
+
+# -- item 8: conditional params ----------------------------------------------------------------------------
+
+def _branchy(base: int):  # type: ignore[no-untyped-def]
+    def footprint(params: dict) -> omp.Footprint:
+        size = params["x"] if params["kind"] == "a" else params["y"]  # a KeyError on a branch not seen yet
+        return omp.Footprint.of(ram=base + size * MiB)
+
+    def objective(trial: optuna.Trial) -> float:
+        if trial.suggest_categorical("kind", ["a", "b"]) == "a":
+            return float(trial.suggest_int("x", 1, 9))
+        return float(trial.suggest_int("y", 1, 9))
+
+    return footprint, objective
+
+
+def test_the_first_trial_of_a_new_branch_names_the_param_first_seen(tmp_path: Path) -> None:
+    base = _base()
+    footprint, objective = _branchy(base)
+    guard = MemoryGuard(footprint, omp.Budget(ram=base + 2**30))
+    study = _study(tmp_path, guard)
+    for kind in ("a", "b", "b"):
+        study.enqueue_trial({"kind": kind})
+    study.optimize(guard.wrap_objective(objective), n_trials=3)
+    records = _records(study)
+    assert [r.decision for r in records] == [Decision.UNCHECKED, Decision.UNCHECKED, Decision.ADMITTED]
+    assert records[0].reason == ("the search space was not known before launch (no earlier trial; pass "
+                                 "search_space= to MemoryGuard to check the first trial too)")
+    assert records[1].reason == ("param 'y' was first seen in this trial (the guard checks a param before launch "
+                                 "once an earlier trial suggested it, or when it is declared in "
+                                 "MemoryGuard(search_space=...))")
+    assert records[1].pred_ram == base + study.trials[1].params["y"] * MiB  # predicted from what ran
+
+
+def test_a_declared_search_space_checks_every_trial_branches_and_the_first_included(tmp_path: Path) -> None:
+    base = _base()
+    footprint, objective = _branchy(base)
+    space = {"kind": CategoricalDistribution(["a", "b"]), "x": IntDistribution(1, 9), "y": IntDistribution(1, 9)}
+    guard = MemoryGuard(footprint, omp.Budget(ram=base + 5 * MiB), search_space=space, soft=1.0)
+    study = _study(tmp_path, guard)
+    study.enqueue_trial({"kind": "b", "y": 9})  # trial 0 predicted over budget, its values fixed: not run
+    study.enqueue_trial({"kind": "a"})
+    study.optimize(guard.wrap_objective(objective), n_trials=6)
+    records = _records(study)
+    assert records[0].decision is Decision.REJECTED  # enqueued values are fixed: rejected rather than run
+    assert study.trials[0].state is TrialState.PRUNED
+    assert all(r.decision in (Decision.ADMITTED, Decision.CLAMPED, Decision.REJECTED) for r in records)
+
+
+def test_a_name_the_footprint_asks_for_but_no_trial_suggests_is_a_footprint_error(tmp_path: Path) -> None:
+    base = _base()
+
+    def footprint(params: dict) -> omp.Footprint:
+        return omp.Footprint.of(ram=base + params["widht"] * MiB)  # a typo: the objective suggests "width"
+
+    guard = MemoryGuard(footprint, omp.Budget(ram=base + 2**30), on_footprint_error="raise")
+    study = _study(tmp_path, guard)
+    objective = guard.wrap_objective(lambda t: float(t.suggest_int("width", 1, 9)))
+    study.optimize(objective, n_trials=2)  # trial 1 might be a new branch: it runs, and its record says
+    with pytest.raises(KeyError, match="widht"):
+        study.optimize(objective, n_trials=1)  # now known to be no param: the footprint's error
+    records = _records(study)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]
+    assert records[1].reason == ("the footprint function failed: KeyError: 'widht' (the trial suggested no param "
+                                 "'widht')")
+    assert records[2].reason == "the footprint function failed: KeyError: 'widht'"
+
+
+def test_time_spent_calibrating_the_host_does_not_count_against_the_footprints_limit(tmp_path, monkeypatch) -> None:
+    # A recipe's first prediction measures the host in probe processes: the limit must not turn that into
+    # unchecked trials. A footprint slow on its own still times out at the same limit.
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "cache"))  # a cold cache: this call calibrates
+    def footprint(params: dict) -> omp.Footprint:
+        return omp.estimate.process("torch", training=False) if params["x"] else omp.Footprint()
+
+    calibrating = MemoryGuard(footprint, omp.Budget(ram="64GiB"), footprint_timeout=0.5)
+    calibrating.policy.predict({"x": 0})  # answered once: no cold-start allowance from here on
+    assert calibrating.policy.predict({"x": 1}).ram > 0  # its probes import torch: seconds, not 0.5 s
+    assert list((tmp_path / "cache").glob("calibration-*.json"))
+    slow = MemoryGuard(lambda p: time.sleep(2 * p["x"]) or omp.Footprint(), omp.Budget(ram="64GiB"),
+                       footprint_timeout=0.5)
+    slow.policy.predict({"x": 0})
+    with pytest.raises(TimeoutError, match=r"^the footprint took longer than 0\.5 s$"):
+        slow.policy.predict({"x": 1})
+
+
+def test_a_footprints_first_call_may_take_longer_than_its_limit_for_a_cold_start(tmp_path: Path) -> None:
+    # The first call imports and traces (seconds); from the second on, each call has footprint_timeout.
+    base = _base()
+    calls = []
+
+    def footprint(params: dict) -> omp.Footprint:
+        calls.append(params)
+        if len(calls) in (1, 3):
+            time.sleep(1.5)  # a cold start, then a call slow on its own
+        return omp.Footprint.of(ram=base + params["x"] * MiB)
+
+    guard = MemoryGuard(footprint, omp.Budget(ram=base + 2**30), search_space={"x": IntDistribution(1, 9)},
+                        footprint_timeout=0.5)
+    study = _study(tmp_path, guard)
+    for x in (1, 2, 3):
+        study.enqueue_trial({"x": x})
+    study.optimize(guard.wrap_objective(lambda t: float(t.suggest_int("x", 1, 9))), n_trials=3)
+    records = _records(study)
+    assert [r.decision for r in records] == [Decision.ADMITTED, Decision.ADMITTED, Decision.UNCHECKED]
+    assert records[2].reason == "the footprint took longer than 0.5 s; the trial runs unchecked under the monitor"
+
+
+def _picklable_footprint(params: dict) -> omp.Footprint:
+    return omp.Footprint.of(ram=params.get("x", 1) * MiB)
+
+
+def test_the_new_choices_travel_with_the_pickled_guard() -> None:
+    import pickle
+
+    guard = MemoryGuard(_picklable_footprint, omp.Budget(ram="1GiB"), footprint_timeout=2.5,
+                        on_footprint_error="raise", monitor_interval=0.001)
+    again = pickle.loads(pickle.dumps(guard))
+    policy = again.policy
+    assert (policy.footprint_timeout, policy.on_footprint_error, policy.interval) == (2.5, "raise", 0.001)
+    assert again.policy.predict({"x": 3}).ram == 3 * MiB
