@@ -1,0 +1,17 @@
+"""Per-host ledger of the reservations of running trials: admission, GPU placement, reaping of dead owners.
+
+Owns the package's public names: ``_capacity`` (budgets, requests, usage), ``_db`` (tables, engine, errors),
+``_owners`` (process liveness), ``_ledger`` (the ``Ledger`` and ``read_host``); knows nothing of Optuna, torch
+or estimates.
+"""
+
+from __future__ import annotations
+
+from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
+from ._db import Entry, LedgerError, Reaped, default_url
+from ._db import entries_table as _entries, hosts_table as _hosts  # the tables, by their names before the split
+from ._ledger import Ledger, read_host
+from ._owners import owner_alive
+
+__all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Reaped", "Usage", "Ledger", "LedgerError", "owner_alive",
+           "default_url", "read_host"]

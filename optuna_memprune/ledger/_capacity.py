@@ -1,0 +1,146 @@
+"""What a host offers its trials and what one trial asks of it: budgets, capacities, requests, usage sums.
+
+Owns the figures and their checks (RAM, GPU memory per NVML index, threads); knows nothing of the ledger's
+database, its transactions or process liveness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import psutil
+
+from ..units import check_int, check_number, format_bytes, parse_bytes
+
+
+@dataclass(frozen=True)
+class HostCapacity:
+    """What the running trials of one host may reserve in all: bytes and counts, ``None`` = unlimited.
+
+    ``gpus[i]`` is the memory of GPU index ``i`` (NVML's index; see :class:`Ledger` on CUDA's order).
+    """
+
+    ram: int | None
+    gpus: tuple[int, ...] = ()
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ram is not None:
+            check_int(self.ram, "HostCapacity.ram", minimum=0)
+        object.__setattr__(self, "gpus", tuple(check_int(g, f"HostCapacity.gpus[{i}]", minimum=0) for i, g in enumerate(self.gpus)))
+        check_int(self.threads, "HostCapacity.threads", minimum=1, optional=True)
+
+
+@dataclass(frozen=True)
+class HostBudget:
+    """The host's resources for parallel trials, as a user gives them; :meth:`resolve` makes them concrete.
+
+    Args:
+        ram: Host RAM for trials: bytes, a size such as ``"48GiB"``, ``"auto"`` (default: what
+            ``psutil.virtual_memory().available`` says when resolved) or ``None`` (unlimited).
+        gpus: Memory per GPU index: a sequence of sizes (``["8GiB", "16GiB"]``), ``"auto"`` (default: NVML's
+            totals; no GPUs where NVML is missing) or ``None``/``[]`` (no GPUs).
+        headroom: Fraction of every RAM and GPU figure kept free, in [0, 1). Default 0.1.
+        threads: Total threads of the running trials, or ``None`` (default: unlimited).
+
+    Notes:
+        - ``"auto"`` RAM is *available* memory at the moment of :meth:`resolve` (psutil's ``available``,
+          not ``free``: page cache counts as usable). Resolve before the trials start: memory the trials
+          already hold is not available, so resolving later counts it twice.
+
+    Example:
+        >>> HostBudget(ram="10GiB", gpus=["8GiB"], headroom=0.5).resolve().gpus
+        (4294967296,)
+    """
+
+    ram: int | str | None = "auto"
+    gpus: Sequence[int | str] | str | None = "auto"
+    headroom: float = 0.1
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ram is not None and self.ram != "auto":
+            object.__setattr__(self, "ram", parse_bytes(self.ram, name="HostBudget.ram"))
+        gpus = self.gpus
+        if gpus is None:
+            gpus = ()
+        elif isinstance(gpus, str):
+            if gpus != "auto":
+                raise ValueError(
+                    "HostBudget.gpus must be 'auto', None or a sequence of sizes, one per GPU index "
+                    f"(e.g. ['16GiB']), but got {gpus!r}."
+                )
+        elif isinstance(gpus, Sequence):
+            gpus = tuple(parse_bytes(g, name=f"HostBudget.gpus[{i}]") for i, g in enumerate(gpus))
+        else:
+            raise ValueError(
+                f"HostBudget.gpus must be 'auto', None or a sequence of sizes, one per GPU index, but got {gpus!r}."
+            )
+        object.__setattr__(self, "gpus", gpus)
+        check_number(self.headroom, "HostBudget.headroom", minimum=0, maximum=1, open_max=True,
+                     expected="a fraction in [0, 1)")
+        check_int(self.threads, "HostBudget.threads", minimum=1, optional=True)
+
+    def resolve(self) -> HostCapacity:
+        """Return the concrete capacity: each RAM and GPU figure x (1 - headroom); ``"auto"`` read now."""
+        keep = 1.0 - self.headroom
+        ram = psutil.virtual_memory().available if self.ram == "auto" else self.ram
+        gpus = _nvml_totals() if self.gpus == "auto" else self.gpus
+        return HostCapacity(
+            ram=None if ram is None else int(ram * keep),
+            gpus=tuple(int(g * keep) for g in gpus),
+            threads=self.threads,
+        )
+
+
+def _nvml_totals() -> tuple[int, ...]:
+    """Total memory of every GPU NVML sees, by index; () without NVML. A device NVML cannot read counts 0."""
+    from ..monitor import gpu_reader  # pynvml is imported on first use
+
+    reader = gpu_reader()
+    if reader is None:
+        return ()
+    try:
+        totals = {index: total for index, total, _ in reader.devices()}
+        return tuple(totals.get(i, 0) for i in range(reader.count))
+    finally:
+        reader.close()
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one trial asks the host for: bytes of RAM, bytes of memory on one GPU, threads.
+
+    The caller has already multiplied its prediction by the learned margin. ``vram > 0`` asks for a GPU.
+    """
+
+    ram: int = 0
+    vram: int = 0
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("ram", "vram", "threads"):
+            check_int(getattr(self, name), f"Request.{name}", minimum=0)
+
+
+class Usage(NamedTuple):
+    """The sum of a host's reservations: bytes of RAM, threads, bytes per GPU index."""
+
+    ram: int
+    threads: int
+    vram: tuple[int, ...]
+
+
+def describe(x: Request | Usage | HostCapacity) -> str:
+    """``ram=..., threads=..., vram=...`` in human sizes."""
+    vram = getattr(x, "vram", None)
+    if vram is None:
+        vram = x.gpus
+    parts = [f"ram={'unlimited' if x.ram is None else format_bytes(x.ram)}",
+             f"threads={'unlimited' if x.threads is None else x.threads}"]
+    if isinstance(vram, tuple):
+        parts.append("vram=[" + ", ".join(format_bytes(v) for v in vram) + "]")
+    else:
+        parts.append(f"vram={format_bytes(vram)}")
+    return ", ".join(parts)

@@ -1,0 +1,156 @@
+"""The ledger's database: its tables, the rows read back from them, and opening an engine on a URL.
+
+Owns the table schema, the default SQLite file per host, SQLite's locking set-up and the one-line
+``LedgerError`` for a database that cannot be opened; knows nothing of capacities, admission or liveness.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import sqlalchemy as sa
+
+from ..exceptions import MemPruneError
+from ..paths import cache_dir
+
+#: How long a SQLite transaction waits for another process's write lock before it fails.
+SQLITE_BUSY_TIMEOUT_S = 30.0
+
+metadata = sa.MetaData()
+hosts_table = sa.Table(
+    "memprune_ledger_hosts", metadata,
+    sa.Column("host", sa.String(255), primary_key=True),  # one row per host, locked by every admission
+)
+entries_table = sa.Table(
+    "memprune_ledger_entries", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("host", sa.String(255), nullable=False, index=True),
+    sa.Column("owner_pid", sa.Integer, nullable=False),
+    sa.Column("owner_start", sa.Float, nullable=False),
+    sa.Column("key", sa.Text, nullable=False),  # the caller's, e.g. JSON naming the study and trial
+    sa.Column("ram", sa.BigInteger, nullable=False),
+    sa.Column("vram", sa.BigInteger, nullable=False),
+    sa.Column("gpu", sa.Integer, nullable=True),
+    sa.Column("threads", sa.Integer, nullable=False),
+    sa.Column("created", sa.Float, nullable=False),
+)
+# Entries reaped from dead owners, kept until a process that can end their trials settles them: the
+# process whose admission reaped an entry may not be able to (its trial lives in another study database).
+reaped_table = sa.Table(
+    "memprune_ledger_reaped", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("entry_id", sa.Integer, nullable=False),
+    sa.Column("host", sa.String(255), nullable=False, index=True),
+    sa.Column("owner_pid", sa.Integer, nullable=False),
+    sa.Column("owner_start", sa.Float, nullable=False),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("ram", sa.BigInteger, nullable=False),
+    sa.Column("vram", sa.BigInteger, nullable=False),
+    sa.Column("gpu", sa.Integer, nullable=True),
+    sa.Column("threads", sa.Integer, nullable=False),
+    sa.Column("created", sa.Float, nullable=False),
+    sa.Column("reaped", sa.Float, nullable=False),      # time.time() when its owner was found dead
+    sa.Column("reaped_by", sa.Integer, nullable=False),  # the pid whose transaction reaped it
+)
+
+
+class LedgerError(MemPruneError):
+    """The ledger's database cannot be opened: a corrupted file, a directory that cannot be written."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One reservation: a row of the ledger. ``gpu`` is the GPU index it was placed on, None without VRAM.
+
+    The owner is the process ``(owner_pid, owner_start)``, ``owner_start`` being psutil's ``create_time``;
+    ``created`` is ``time.time()`` at admission.
+    """
+
+    id: int
+    host: str
+    owner_pid: int
+    owner_start: float
+    key: str
+    ram: int
+    vram: int
+    gpu: int | None
+    threads: int
+    created: float
+
+
+class Reaped(NamedTuple):
+    """An entry whose owner died, reaped from the host's reservations and kept until :meth:`Ledger.settle`.
+
+    ``id`` is the row's own id (not the entry's); ``reaped`` is ``time.time()`` when it was reaped and
+    ``reaped_by`` the pid of the process whose transaction reaped it.
+    """
+
+    id: int
+    entry: Entry
+    reaped: float
+    reaped_by: int
+
+
+def entry_of(row: Any) -> Entry:
+    return Entry(id=row.id, host=row.host, owner_pid=row.owner_pid, owner_start=row.owner_start, key=row.key,
+                 ram=row.ram, vram=row.vram, gpu=row.gpu, threads=row.threads, created=row.created)
+
+
+def reaped_of(row: Any) -> Reaped:
+    entry = Entry(id=row.entry_id, host=row.host, owner_pid=row.owner_pid, owner_start=row.owner_start, key=row.key,
+                  ram=row.ram, vram=row.vram, gpu=row.gpu, threads=row.threads, created=row.created)
+    return Reaped(id=row.id, entry=entry, reaped=row.reaped, reaped_by=row.reaped_by)
+
+
+def default_url(host: str | None = None) -> str:
+    """The default ledger database of ``host`` (default: this host's name): a SQLite file in the cache dir."""
+    host = socket.gethostname() if host is None else host
+    return "sqlite:///" + str(cache_dir() / f"ledger-{re.sub(r'[^A-Za-z0-9._-]', '_', host)}.sqlite")
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL, None for another database or an in-memory one."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
+
+
+def cannot_open(url: str, exc: BaseException, default: bool) -> LedgerError:
+    """The one-line error for a ledger database that cannot be opened, saying what to do about it."""
+    cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+    elsewhere = "set MEMPRUNE_CACHE_DIR to another directory" if default else "give another ledger URL"
+    path = sqlite_path(url)
+    if path is None:
+        where = sa.engine.make_url(url).render_as_string(hide_password=True)
+        return LedgerError(f"cannot open the host ledger database {where}: {cause}")
+    if "not a database" in cause or "malformed" in cause:
+        return LedgerError(f"the host ledger {path} is not a readable SQLite database ({cause}): delete it (it "
+                           f"holds only the reservations of this host's running trials) or {elsewhere}")
+    return LedgerError(f"cannot open the host ledger {path} ({cause}): make its directory writable or {elsewhere}")
+
+
+def open_engine(url: str) -> sa.Engine:
+    if sa.engine.make_url(url).get_backend_name() != "sqlite":
+        # Statements after the host-row lock must see rows committed while we waited for it.
+        return sa.create_engine(url, isolation_level="READ COMMITTED", pool_pre_ping=True)
+    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
+
+    # SQLAlchemy's recipe for real transactions with pysqlite: the driver's own BEGIN handling off, our
+    # BEGIN on begin. IMMEDIATE takes the write lock at once, so two admissions never read the same sums.
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode = WAL")  # readers do not wait for the writer
+        cursor.execute("PRAGMA synchronous = NORMAL")  # WAL stays consistent; a power cut may lose the last commits
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get("memprune_read") else "BEGIN IMMEDIATE")
+
+    return engine

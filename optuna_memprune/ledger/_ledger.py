@@ -1,0 +1,337 @@
+"""The ``Ledger``: one host's reservations of running trials, admitted, released and reaped in transactions.
+
+Owns the cross-process transactions (admission with GPU placement, release, reaping of dead owners, settling)
+and ``read_host``; knows nothing of Optuna, torch or estimates.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from ..paths import cache_dir
+from ..units import check_number, format_bytes, is_int
+from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
+from ._db import (SQLITE_BUSY_TIMEOUT_S, Entry, LedgerError, Reaped, cannot_open, default_url, entries_table, entry_of,
+                  hosts_table, metadata, open_engine, reaped_of, reaped_table, sqlite_path)
+from ._owners import owner_alive, start_of
+
+_logger = logging.getLogger("optuna_memprune.ledger")
+
+#: A reaped entry nobody settled (no process of its trial's storage ran since) is forgotten after this long.
+_REAPED_KEPT_S = 30 * 24 * 3600.0
+
+
+class Ledger:
+    """The reservations of the running trials of one host, kept in a database shared by its processes.
+
+    A trial runs only while it holds an :class:`Entry`. :meth:`try_admit` (and :meth:`admit`, which waits)
+    inserts one in a single transaction that first reaps the host's entries whose owner process is gone,
+    then sums the rest and inserts only if RAM, threads and (for ``vram > 0``) one GPU's memory still fit
+    this ledger's capacity. Admissions of one host serialize on a lock: SQLite's write lock
+    (``BEGIN IMMEDIATE``, WAL journal, 30 s busy timeout) or, on other databases, ``SELECT ... FOR UPDATE``
+    of the host's row in ``memprune_ledger_hosts``. A transaction that fails leaves no row behind.
+
+    Args:
+        budget: A :class:`HostBudget` (resolved once, here) or a :class:`HostCapacity`.
+        url: SQLAlchemy URL of the ledger database. Default: SQLite file ``ledger-<host>.sqlite`` in the
+            cache directory (``$MEMPRUNE_CACHE_DIR``, else ``~/.cache/optuna-memprune``).
+        host: Host id; default ``socket.gethostname()``. Every query filters by it: pseudo-hosts may share
+            one database and never see (or reap) each other's entries.
+
+    Notes:
+        - Reaped entries are the trials of dead processes, which the caller must end. :meth:`reap` returns
+          what it removed; what :meth:`try_admit` and :meth:`admit` removed is kept on this object until
+          :meth:`take_reaped` returns it. Whichever process's transaction reaps an entry gets it, not
+          necessarily the one that admitted it, nor one that can end its trial; so every reaped entry is
+          also kept in the database (:meth:`reaped`, no longer counted in the sums) until a process that
+          ended its trial calls :meth:`settle`, or for 30 days.
+        - :meth:`entries` and :meth:`in_use` read the committed rows, dead owners included until reaped.
+        - A database that cannot be opened (a corrupted file, a directory that cannot be written) raises
+          :class:`LedgerError` with one line naming the file and what to do.
+        - Processes of one host that use different capacities all check the same sums against their own.
+        - GPU indices are NVML's (PCI bus order); CUDA numbers devices fastest-first unless
+          ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set for the trial.
+        - SQLite's WAL needs a local filesystem (not NFS). Across hosts use PostgreSQL, one ``host`` each.
+        - Liveness is judged by pid, so every process of one ``host`` must share one pid namespace
+          (containers with their own pids need their own ``host`` and capacity).
+
+    Example:
+        >>> ledger = Ledger(HostBudget(ram="48GiB", gpus=["24GiB"], threads=32))
+        >>> entry = ledger.admit(Request(ram=6 * 2**30, vram=10 * 2**30, threads=4), key="trial-7", timeout=600)
+        >>> entry.gpu
+        0
+        >>> ledger.release(entry)
+    """
+
+    def __init__(self, budget: HostBudget | HostCapacity, *, url: str | None = None, host: str | None = None) -> None:
+        if isinstance(budget, HostBudget):
+            budget = budget.resolve()
+        elif not isinstance(budget, HostCapacity):
+            raise TypeError(f"budget must be a HostBudget or a HostCapacity, but got {budget!r}.")
+        host = socket.gethostname() if host is None else host
+        if not isinstance(host, str) or not 0 < len(host) <= 255:
+            raise ValueError(f"host must be a non-empty str of at most 255 characters, but got {host!r}.")
+        self.capacity: HostCapacity = budget
+        self.host = host
+        default = url is None
+        if default:
+            directory = cache_dir()
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                what = "is a file, not a directory" if directory.is_file() else f"cannot be created ({exc.strerror or exc})"
+                raise LedgerError(f"the cache directory {directory} of the host ledger {what}: set MEMPRUNE_CACHE_DIR "
+                                  "to a writable directory") from None
+            url = default_url(host)
+        self.url = url
+        self._engine = open_engine(url)
+        self._pid = os.getpid()
+        self._reaped: list[Entry] = []
+        self._lock = threading.Lock()
+        try:
+            self._create_tables()
+        except (DBAPIError, OSError) as exc:
+            self._engine.dispose()
+            raise cannot_open(url, exc, default) from None
+
+    # -- admission -------------------------------------------------------------------------------------
+
+    def try_admit(self, request: Request, key: str, *, owner_pid: int | None = None) -> Entry | None:
+        """Reserve ``request`` for ``key`` if it fits now; return the new entry, or None (nothing written).
+
+        The owner is ``owner_pid`` (default: this process); its entry is reaped once that process is gone.
+        Placement: the GPU with the least free memory that still fits (best fit; lowest index on ties).
+        """
+        if not isinstance(request, Request):
+            raise TypeError(f"request must be a Request, but got {request!r}.")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"key must be a non-empty str, but got {key!r}.")
+        pid = os.getpid() if owner_pid is None else owner_pid
+        start = start_of(pid)
+        if start is None or not owner_alive(pid, start):
+            raise ValueError(f"owner_pid must be the pid of a running process, but got {owner_pid!r}.")
+        with self._connect() as conn, conn.begin():
+            reaped = self._reap(conn)
+            used = self._usage(conn)
+            gpu = self._place(request, used)
+            entry = None
+            if gpu is not False:
+                row = dict(host=self.host, owner_pid=pid, owner_start=start, key=key, ram=request.ram,
+                           vram=request.vram, gpu=gpu, threads=request.threads, created=time.time())
+                result = conn.execute(entries_table.insert().values(**row))
+                entry = Entry(id=result.inserted_primary_key[0], **row)
+        if reaped:
+            with self._lock:
+                self._reaped.extend(reaped)
+        return entry
+
+    def admit(self, request: Request, key: str, *, timeout: float | None = None, poll: float = 0.2,
+              owner_pid: int | None = None) -> Entry:
+        """Wait until ``request`` fits, then reserve it (see :meth:`try_admit`) and return the entry.
+
+        Args:
+            timeout: Seconds to wait at most (default: no limit); then ``TimeoutError``.
+            poll: Seconds between attempts, > 0. Default 0.2.
+
+        Raises:
+            ValueError: At once, if the request cannot fit even this host with no entries.
+            TimeoutError: The request did not fit within ``timeout``.
+        """
+        check_number(timeout, "timeout", minimum=0, optional=True, expected="a non-negative number of seconds")
+        check_number(poll, "poll", minimum=0, open_min=True, expected="a positive number of seconds")
+        misfit = self.misfit(request)
+        if misfit:
+            raise ValueError(f"Request {key!r} can never be admitted on host {self.host!r}: {misfit}.")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            entry = self.try_admit(request, key, owner_pid=owner_pid)
+            if entry is not None:
+                return entry
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(
+                    f"Request {key!r} ({describe(request)}) did not fit host {self.host!r} within {timeout} s; "
+                    f"in use: {describe(self.in_use())}, capacity: {describe(self.capacity)}."
+                )
+            time.sleep(poll if left is None else min(poll, left))
+
+    def fits_empty(self, request: Request) -> bool:
+        """Whether ``request`` fits this ledger's capacity with no other entry on the host."""
+        return not self.misfit(request)
+
+    def release(self, entry_or_id: Entry | int) -> None:
+        """Remove a reservation; releasing one that is already gone does nothing."""
+        entry_id = entry_or_id.id if isinstance(entry_or_id, Entry) else entry_or_id
+        if not is_int(entry_id):
+            raise TypeError(f"entry_or_id must be an Entry or an int id, but got {entry_or_id!r}.")
+        with self._connect() as conn, conn.begin():
+            conn.execute(entries_table.delete().where(entries_table.c.id == entry_id))
+
+    # -- dead owners -----------------------------------------------------------------------------------
+
+    def reap(self) -> list[Entry]:
+        """Remove this host's entries whose owner process is gone and return them (not kept for take_reaped;
+        kept in :meth:`reaped` until settled)."""
+        with self._connect() as conn, conn.begin():
+            return self._reap(conn)
+
+    def reaped(self) -> list[Reaped]:
+        """This host's reaped entries not yet settled, oldest first: the trials of dead owners that a
+        process able to end them has not ended yet."""
+        with self._connect(read=True) as conn, conn.begin():
+            rows = conn.execute(reaped_table.select().where(reaped_table.c.host == self.host).order_by(reaped_table.c.id))
+            return [reaped_of(r) for r in rows]
+
+    def settle(self, reaped: Reaped) -> bool:
+        """Forget a reaped entry once its trial is ended; False when another process settled it first."""
+        if not isinstance(reaped, Reaped):
+            raise TypeError(f"reaped must be a Reaped, but got {reaped!r}.")
+        with self._connect() as conn, conn.begin():
+            return conn.execute(reaped_table.delete().where(reaped_table.c.id == reaped.id)).rowcount > 0
+
+    def take_reaped(self) -> list[Entry]:
+        """Return, and forget, the entries that :meth:`try_admit` and :meth:`admit` of this object reaped."""
+        with self._lock:
+            out, self._reaped = self._reaped, []
+        return out
+
+    # -- reading ---------------------------------------------------------------------------------------
+
+    def entries(self) -> list[Entry]:
+        """This host's committed entries, oldest first."""
+        with self._connect(read=True) as conn, conn.begin():
+            rows = conn.execute(entries_table.select().where(entries_table.c.host == self.host).order_by(entries_table.c.id))
+            return [entry_of(r) for r in rows]
+
+    def in_use(self) -> Usage:
+        """The sums of this host's committed entries; ``vram`` has one figure per GPU of the capacity."""
+        with self._connect(read=True) as conn, conn.begin():
+            return self._usage(conn)
+
+    def close(self) -> None:
+        """Close the database connections; the entries stay (release them first)."""
+        self._engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"Ledger(host={self.host!r}, capacity={self.capacity})"
+
+    # -- private ---------------------------------------------------------------------------------------
+
+    def _connect(self, *, read: bool = False) -> sa.Connection:
+        if os.getpid() != self._pid:  # forked: the parent's pooled connections are not ours to use
+            self._engine.dispose(close=False)
+            self._pid = os.getpid()
+        conn = self._engine.connect()
+        return conn.execution_options(memprune_read=True) if read else conn
+
+    def _create_tables(self) -> None:
+        try:
+            metadata.create_all(self._engine)
+        except DBAPIError:  # another process created them between our check and our CREATE
+            metadata.create_all(self._engine)
+        try:
+            with self._connect() as conn, conn.begin():
+                if conn.execute(sa.select(hosts_table.c.host).where(hosts_table.c.host == self.host)).first() is None:
+                    conn.execute(hosts_table.insert().values(host=self.host))
+        except IntegrityError:  # another process inserted the host row first
+            pass
+
+    def _lock_host(self, conn: sa.Connection) -> None:
+        # SQLite renders no FOR UPDATE: there BEGIN IMMEDIATE already holds the database's write lock.
+        conn.execute(sa.select(hosts_table.c.host).where(hosts_table.c.host == self.host).with_for_update())
+
+    def _reap(self, conn: sa.Connection) -> list[Entry]:
+        self._lock_host(conn)
+        rows = conn.execute(entries_table.select().where(entries_table.c.host == self.host).order_by(entries_table.c.id))
+        dead = [entry_of(r) for r in rows if not owner_alive(r.owner_pid, r.owner_start)]
+        now = time.time()
+        if dead:
+            conn.execute(entries_table.delete().where(entries_table.c.id.in_([e.id for e in dead])))
+            conn.execute(reaped_table.insert(), [
+                dict(entry_id=e.id, host=e.host, owner_pid=e.owner_pid, owner_start=e.owner_start, key=e.key,
+                     ram=e.ram, vram=e.vram, gpu=e.gpu, threads=e.threads, created=e.created, reaped=now,
+                     reaped_by=os.getpid()) for e in dead])
+        conn.execute(reaped_table.delete().where(reaped_table.c.host == self.host, reaped_table.c.reaped < now - _REAPED_KEPT_S))
+        if dead:
+            _logger.info("Reaped %d entries of dead processes on host %s: %s",
+                         len(dead), self.host, ", ".join(e.key for e in dead))
+        return dead
+
+    def _usage(self, conn: sa.Connection) -> Usage:
+        c = entries_table.c
+        totals = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(c.ram), 0), sa.func.coalesce(sa.func.sum(c.threads), 0))
+            .where(c.host == self.host)
+        ).one()
+        vram = [0] * len(self.capacity.gpus)
+        per_gpu = conn.execute(
+            sa.select(c.gpu, sa.func.sum(c.vram)).where(c.host == self.host, c.gpu.is_not(None)).group_by(c.gpu)
+        )
+        for gpu, total in per_gpu:
+            if 0 <= gpu < len(vram):  # an entry placed by a ledger that saw more GPUs is not ours to count
+                vram[gpu] = int(total)
+        return Usage(ram=int(totals[0]), threads=int(totals[1]), vram=tuple(vram))
+
+    def _place(self, request: Request, used: Usage) -> int | None | bool:
+        """The GPU index for ``request`` given ``used``, None when it needs no GPU, False when it does not fit."""
+        cap = self.capacity
+        if cap.ram is not None and used.ram + request.ram > cap.ram:
+            return False
+        if cap.threads is not None and used.threads + request.threads > cap.threads:
+            return False
+        if request.vram == 0:
+            return None
+        free = [(total - u, i) for i, (total, u) in enumerate(zip(cap.gpus, used.vram)) if total - u >= request.vram]
+        return min(free)[1] if free else False
+
+    def misfit(self, request: Request) -> str:
+        """Why ``request`` can never fit this host, even with no other entry (``""`` when it can)."""
+        cap = self.capacity
+        if cap.ram is not None and request.ram > cap.ram:
+            return f"ram {format_bytes(request.ram)} > capacity {format_bytes(cap.ram)}"
+        if cap.threads is not None and request.threads > cap.threads:
+            return f"threads {request.threads} > capacity {cap.threads}"
+        if request.vram > 0 and not cap.gpus:
+            return f"vram {format_bytes(request.vram)} asked, but the host has no GPU"
+        if request.vram > 0 and request.vram > max(cap.gpus):
+            largest = format_bytes(max(cap.gpus))
+            return f"vram {format_bytes(request.vram)} > the largest GPU's capacity {largest}"
+        return ""
+
+
+def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Entry], list[Reaped]]:
+    """A host's entries and unsettled reaped entries, read without creating anything: ``([], [])`` when the
+    database (default: this host's file in the cache dir) or its tables do not exist.
+
+    Raises :class:`LedgerError` when the database cannot be read.
+    """
+    host = socket.gethostname() if host is None else host
+    default = url is None
+    url = default_url(host) if default else url
+    path = sqlite_path(url)
+    if path is not None and not os.path.isfile(path):
+        return [], []
+    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S} if path else {})
+    try:
+        with engine.connect() as conn:
+            tables = sa.inspect(conn).get_table_names()
+            if entries_table.name not in tables:
+                return [], []
+            rows = conn.execute(entries_table.select().where(entries_table.c.host == host).order_by(entries_table.c.id))
+            entries = [entry_of(r) for r in rows]
+            reaped = []
+            if reaped_table.name in tables:
+                rows = conn.execute(reaped_table.select().where(reaped_table.c.host == host).order_by(reaped_table.c.id))
+                reaped = [reaped_of(r) for r in rows]
+            return entries, reaped
+    except DBAPIError as exc:
+        raise cannot_open(url, exc, default) from None
+    finally:
+        engine.dispose()
