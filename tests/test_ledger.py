@@ -335,10 +335,10 @@ def test_sql_of_the_shared_path_compiles_for_postgresql() -> None:
     from sqlalchemy.dialects import postgresql
     from sqlalchemy.schema import CreateTable
 
-    from optuna_memprune import ledger as module
+    from optuna_memprune.ledger._db import entries_table, hosts_table, reaped_table
 
     dialect = postgresql.psycopg.dialect()
-    for table in (module._hosts, module._entries):
+    for table in (hosts_table, entries_table, reaped_table):
         assert "CREATE TABLE" in str(CreateTable(table).compile(dialect=dialect))
-    lock = sa.select(module._hosts.c.host).where(module._hosts.c.host == "h").with_for_update()
+    lock = sa.select(hosts_table.c.host).where(hosts_table.c.host == "h").with_for_update()
     assert str(lock.compile(dialect=dialect)).endswith("FOR UPDATE")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
 from ._db import Entry, LedgerError, Reaped, default_url
-from ._db import entries_table as _entries, hosts_table as _hosts  # the tables, by their names before the split
 from ._ledger import Ledger, read_host
 from ._owners import owner_alive
 
