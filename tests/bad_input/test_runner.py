@@ -234,7 +234,8 @@ def test_a_trial_unchecked_at_launch_ends_without_calling_the_footprint_again(tm
     record = omp.read_record(trial.user_attrs)
     assert trial.state is TrialState.COMPLETE and not calls.exists()  # the 60 s footprint was never called
     assert record.decision.value == "unchecked" and record.pred_ram is None and record.peak_ram > 0
-    assert record.reason == "the search space was not known before launch"
+    assert record.reason == ("the search space was not known before launch (no earlier trial; pass search_space= to "
+                             "MemoryGuard to check the first trial too)")
 
 
 def test_a_runner_killed_during_a_slow_footprint_leaves_no_trial_running(tmp_path: Path) -> None:
