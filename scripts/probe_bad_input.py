@@ -113,7 +113,7 @@ CASES: list[Case] = [
     E("i6_ctrl_c_worker", CALIB, "faults.interrupt_worker()", rc=130,
       post=fact("sigint_to_exit_s", lambda s: s < 10, "< 10 s"), timeout=90),
     E("i6_ctrl_c_calibrate_parent_only", CALIB, "faults.interrupt_calibrate_parent()", rc=130,
-      post=fact("sigint_to_exit_s", lambda s: s < 3, "< 3 s"), timeout=90),
+      post=fact("sigint_to_exit_s", lambda s: s < 1.5, "< 1.5 s"), timeout=90),
     E("i6_predict_unknown_env", CALIB, ["predict", "sb3", "--algo", "dqn", "--env", "NoSuchEnv-v0"],
       "unknown env", "NoSuchEnv-v0", post=short_line()),
     A("i7_concurrent_calibrations", CALIB, "faults.concurrent_calibrations()",

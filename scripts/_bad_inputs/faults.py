@@ -127,9 +127,14 @@ def interrupt_worker() -> None:
 
 
 def interrupt_calibrate_parent() -> None:
-    """SIGINT to the ``memprune calibrate --force`` process alone (not its probes), 3 s in."""
+    """SIGINT to the ``memprune calibrate --force`` process alone (not its probes), while a probe runs."""
+    import psutil
+
     proc = _start("calibrate", "--force")
-    time.sleep(3)
+    deadline = time.monotonic() + 30
+    while not psutil.Process(proc.pid).children() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the probe is under way: the parent must not wait for it to finish
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     rc = _finish(proc, timeout=40)
