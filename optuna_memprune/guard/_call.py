@@ -15,7 +15,7 @@ from .. import procfs
 
 #: The limit of the first call that answers when ``footprint_timeout`` is lower: a cold start imports torch
 #: and traces a network once (seconds on a busy 2-core machine), which later calls do not repeat.
-FIRST_CALL_TIMEOUT_S = 60.0
+FIRST_CALL_TIMEOUT_S = 15.0
 #: The most a call may wait on this host's calibration (each probe has its own time limit too).
 CALIBRATION_GRACE_S = 600.0
 _POLL_S = 0.25  # how often a call over its limit looks for a running calibration probe
