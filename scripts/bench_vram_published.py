@@ -33,7 +33,9 @@ What this does not prove: the runs were measured by others, on RTX 3060/4060 and
 CUDA 12.4, while ours is traced with the torch installed here (CPU build) and no GPU of our own; nothing
 here was measured on a GPU by this project. The ground figure's definition rests on reading xMem's code.
 
-Needs torchvision (model definitions) and transformers (transformer rows; without it they print the reason).
+Needs torchvision (model definitions) and transformers (transformer rows; without it they print the reason),
+installed without letting pip replace the CPU torch: ``pip install --no-deps torchvision==0.28.0`` and
+``pip install --no-deps transformers==4.51.3 huggingface_hub==0.36.2 tokenizers==0.21.4 safetensors regex``.
 Run: ``python scripts/bench_vram_published.py [--smoke] [--components]`` (``--smoke``: the first 5 rows;
 ``--components``: our components under each row). Diagnostic lines (signed error per model, optimizer and
 zero_grad reading; ours without the allocator-overhead component) come before the summaries.
