@@ -126,7 +126,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     import optuna_memprune as omp
     from .guard.runner import check_budget_fits
-    from .ledger import HostBudget, Ledger
+    from .ledger import HostBudget, Ledger, check_ledger_url
     from .units import check_int, check_number
 
     # Everything is checked before the study is created: a bad command line leaves nothing in the storage.
@@ -139,6 +139,16 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             check_number(args.timeout, "--timeout", minimum=0, expected="a non-negative number of seconds")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.guard and args.footprint:
+        raise UsageError("give either --guard (a MemoryGuard with its budget) or --footprint with --ram/--vram/"
+                         "--threads, not both")
+    if args.host_id is not None and not 0 < len(args.host_id) <= 255:
+        raise UsageError(f"--host-id must be a non-empty name of at most 255 characters, but got {args.host_id!r}")
+    if args.ledger is not None:
+        try:
+            check_ledger_url(args.ledger)
+        except ValueError as exc:
+            raise UsageError(f"--ledger: {exc}") from None
     objective = _load(args.objective, "the objective")
     if not callable(objective) or not _takes(objective, 1):
         what = _kind(objective) if not callable(objective) else "a function that does not take one trial"
@@ -172,16 +182,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
     pruners = {"median": optuna.pruners.MedianPruner, "none": optuna.pruners.NopPruner}
     try:
-        study = optuna.create_study(
-            storage=open_storage(url), study_name=args.study, direction=args.direction, load_if_exists=True,
-            sampler=guard.wrap_sampler(samplers[args.sampler](seed=args.seed)),
-            pruner=guard.wrap_pruner(pruners[args.pruner]()),
-        )
-    except (TypeError, ValueError, ImportError) as exc:
-        raise MemPruneError(str(exc)) from exc
-    except Exception as exc:  # noqa: BLE001 - the storage's own errors (unreachable server, bad URL)
-        raise MemPruneError(f"could not open study {args.study!r} in {url}: "
-                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        study = _worker_study(args, url, guard, samplers, pruners)
+    except BaseException:
+        ledger.close()
+        raise
     try:
         omp.optimize(study, objective, guard=guard, n_trials=args.n_trials, timeout=args.timeout,
                      n_workers=args.n_workers, host=ledger, on_host_full=args.on_host_full,
@@ -189,6 +193,42 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     finally:
         ledger.close()
     return 0
+
+
+def _worker_study(args: argparse.Namespace, url: str, guard: Any, samplers: dict, pruners: dict) -> Any:
+    """The worker's study, created or loaded; an existing study whose direction is not ``--direction`` is
+    refused (it is loaded, so nothing is created)."""
+    import optuna
+
+    try:
+        storage = open_storage(url)
+        if args.direction is not None:
+            _check_direction(storage, args.study, args.direction)
+        study = optuna.create_study(
+            storage=storage, study_name=args.study, direction=args.direction, load_if_exists=True,
+            sampler=guard.wrap_sampler(samplers[args.sampler](seed=args.seed)),
+            pruner=guard.wrap_pruner(pruners[args.pruner]()),
+        )
+    except UsageError:
+        raise
+    except (TypeError, ValueError, ImportError) as exc:
+        raise MemPruneError(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - the storage's own errors (unreachable server, bad URL)
+        raise MemPruneError(f"could not open study {args.study!r} in {url}: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    return study
+
+
+def _check_direction(storage: Any, name: str, direction: str) -> None:
+    """``--direction`` must be an existing study's own (a study that does not exist yet takes it)."""
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except KeyError:
+        return
+    directions = [d.name.lower() for d in storage.get_study_directions(study_id)]
+    if directions != [direction]:
+        raise UsageError(f"--direction {direction} disagrees with study {name!r}, which is {', '.join(directions)}: "
+                         "leave --direction out to run the study as it is")
 
 
 def _kind(obj: Any) -> str:
@@ -337,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("objective", help="the objective as module:function (importable from here)")
     wk.add_argument("--storage", default=None, help=storage_help)
     wk.add_argument("--study-name", "--study", dest="study", required=True, help="the study name (created if missing)")
-    wk.add_argument("--direction", choices=["minimize", "maximize"], default="minimize")
+    wk.add_argument("--direction", choices=["minimize", "maximize"], default=None,
+                    help="the study's direction (default: an existing study's, else minimize)")
     wk.add_argument("--guard", help="module:name of a MemoryGuard (or of a function returning one)")
     wk.add_argument("--footprint", help="module:function params -> Footprint (instead of --guard)")
     wk.add_argument("--ram", help="per-trial RAM budget, e.g. 6GiB (with --footprint)")

@@ -323,7 +323,9 @@ CASES: list[Case] = [
     E("worker_host_id_empty", CALIB, [*WORKER, *FOOTPRINT, "--host-id", ""], "host"),
     E("worker_sampler_unknown", CALIB, [*WORKER, *FOOTPRINT, "--sampler", "cmaes"], "cmaes"),
     E("worker_option_typo", CALIB, [*WORKER, *FOOTPRINT, "--trials", "5"], "--trials"),
-    EA("worker_direction_mismatch", CALIB, [*WORKER, *FOOTPRINT], "direction", warns("direction"),
+    # --direction given against the study's own (without it the worker runs an existing study as it is)
+    EA("worker_direction_mismatch", CALIB, [*WORKER, *FOOTPRINT, "--direction", "minimize"], "direction",
+       warns("direction"),
        setup="study(direction='maximize').optimize(lambda t: t.suggest_int('mb', 8, 64), n_trials=1)"),
     EA("worker_guard_and_footprint", CALIB, [*WORKER, *FOOTPRINT, "--guard", "_bad_inputs.objectives:make_guard"],
        "--footprint|--guard", warns("--footprint|--guard")),

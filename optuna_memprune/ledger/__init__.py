@@ -8,9 +8,9 @@ or estimates.
 from __future__ import annotations
 
 from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
-from ._db import Entry, LedgerError, Reaped, default_url
+from ._db import Entry, LedgerError, Reaped, check_ledger_url, default_url
 from ._ledger import Ledger, read_host
 from ._owners import owner_alive
 
 __all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Reaped", "Usage", "Ledger", "LedgerError", "owner_alive",
-           "default_url", "read_host"]
+           "default_url", "read_host", "check_ledger_url"]

@@ -133,6 +133,18 @@ def cannot_open(url: str, exc: BaseException, default: bool) -> LedgerError:
     return LedgerError(f"cannot open the host ledger {path} ({cause}): make its directory writable or {elsewhere}")
 
 
+def check_ledger_url(url: Any) -> None:
+    """A ledger URL SQLAlchemy can open a dialect for, else ValueError naming it (before anything is created)."""
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"the ledger URL must be a non-empty SQLAlchemy database URL, but got {url!r}")
+    try:
+        sa.engine.make_url(url).get_dialect()
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
+        cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{url!r} is not a database URL SQLAlchemy can open ({cause}): give e.g. "
+                         "sqlite:////path/ledger.sqlite or postgresql+psycopg://user@host/db") from None
+
+
 def open_engine(url: str) -> sa.Engine:
     if sa.engine.make_url(url).get_backend_name() != "sqlite":
         # Statements after the host-row lock must see rows committed while we waited for it.

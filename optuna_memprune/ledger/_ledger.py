@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from ..paths import cache_dir
 from ..units import check_number, format_bytes, is_int
 from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
-from ._db import (SQLITE_BUSY_TIMEOUT_S, Entry, LedgerError, Reaped, cannot_open, default_url, entries_table, entry_of,
+from ._db import (SQLITE_BUSY_TIMEOUT_S, Entry, LedgerError, Reaped, cannot_open, check_ledger_url, default_url, entries_table, entry_of,
                   hosts_table, metadata, open_engine, reaped_of, reaped_table, sqlite_path)
 from ._owners import owner_alive, start_of
 
@@ -90,6 +90,8 @@ class Ledger:
                 raise LedgerError(f"the cache directory {directory} of the host ledger {what}: set MEMPRUNE_CACHE_DIR "
                                   "to a writable directory") from None
             url = default_url(host)
+        else:
+            check_ledger_url(url)
         self.url = url
         self._engine = open_engine(url)
         self._pid = os.getpid()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -55,6 +56,18 @@ def not_a_guard() -> int:
 
 def broken_guard() -> omp.MemoryGuard:
     raise RuntimeError("the guard's config file is missing")
+
+
+def leave_helper(trial: optuna.Trial) -> float:
+    """Starts a helper process that would sleep 300 s, writes its pid to $MEMPRUNE_TEST_MARKER and returns
+    without waiting for it (a data loader left behind)."""
+    trial.suggest_int("mb", 8, 64)
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    marker = os.environ["MEMPRUNE_TEST_MARKER"]
+    with open(marker + ".tmp", "w") as f:
+        f.write(str(helper.pid))
+    os.replace(marker + ".tmp", marker)
+    return 1.0
 
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -322,3 +335,91 @@ def test_a_corrupted_ledger_or_an_unusable_cache_dir_is_one_line_naming_the_file
     done = memprune(*argv)
     assert done.returncode == 0, done.stderr
     assert states(url) == [TrialState.COMPLETE] and read_host() == ([], [])
+
+
+# -- 7. the runner stopped from outside; what a trial leaves behind; more of the worker's command line -----
+
+
+@pytest.mark.parametrize("how, code, why", [
+    ("SIGTERM", 143, "the runner was terminated (SIGTERM)"),
+    ("Ctrl-C", 130, "the runner was interrupted (Ctrl-C)"),
+])
+def test_sigterm_or_ctrl_c_of_the_runner_ends_its_running_trial(tmp_path: Path, how: str, code: int, why: str) -> None:
+    url, marker = f"sqlite:///{tmp_path / 's.db'}", tmp_path / "trial-pid"
+    run = subprocess.Popen([sys.executable, "-m", "optuna_memprune.cli", "worker", "_runner_objectives:wait_to_be_killed",
+                            *FAST, "--storage", url, "--study", "s", "--n-trials", "3"], cwd=HERE,
+                           env=_env(MEMPRUNE_TEST_MARKER=str(marker)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        wait_for(marker.exists, "trial #0 started", run)
+        if how == "SIGTERM":
+            run.terminate()  # the worker alone, as a scheduler ends a job
+        else:
+            os.killpg(run.pid, signal.SIGINT)  # the terminal's whole process group
+        _, err = run.communicate(timeout=120)  # a hang guard
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == code, err
+    assert "Traceback" not in err, err
+    wait_for(lambda: gone(int(marker.read_text())), "the trial's process is gone")
+    (trial,) = optuna.load_study(study_name="s", storage=url).trials
+    assert trial.state is TrialState.FAIL
+    assert omp.read_record(trial.user_attrs).reason.endswith(f"; {why} while the trial ran")
+    assert read_host() == ([], [])
+
+
+def test_a_helper_the_objective_leaves_running_is_killed_when_its_trial_ends(tmp_path: Path) -> None:
+    url, marker = f"sqlite:///{tmp_path / 's.db'}", tmp_path / "helper-pid"
+    done = memprune("worker", "test_runner:leave_helper", *FAST, "--storage", url, "--study", "s", "--n-trials", "1",
+                    env=_env(MEMPRUNE_TEST_MARKER=str(marker)))
+    assert done.returncode == 0, done.stderr
+    helper = int(marker.read_text())
+    try:
+        wait_for(lambda: gone(helper), "the helper is gone")
+    finally:
+        if not gone(helper):
+            os.kill(helper, signal.SIGKILL)
+    assert states(url) == [TrialState.COMPLETE]
+
+
+def test_callbacks_that_are_not_functions_are_refused_before_any_trial(tmp_path: Path) -> None:
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"))
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s",
+                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()), pruner=guard.wrap_pruner(None))
+    with pytest.raises(TypeError) as refused:
+        omp.optimize(study, objectives.hold, guard=guard, n_trials=1, callbacks=[print, 5])
+    assert str(refused.value) == ("callbacks must be a list of functions callback(study, frozen_trial), but "
+                                  "callbacks[1] is int 5.")
+    with pytest.raises(TypeError, match="^callbacks must be a list of functions"):
+        omp.optimize(study, objectives.hold, guard=guard, n_trials=1, callbacks=print)
+    assert study.trials == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ledger", "nosuchdb://x"], "--ledger: 'nosuchdb://x' is not a database URL SQLAlchemy can open (Can't load "
+     "plugin: sqlalchemy.dialects:nosuchdb): give e.g. sqlite:////path/ledger.sqlite or postgresql+psycopg://user@host/db"),
+    (["--host-id", ""], "--host-id must be a non-empty name of at most 255 characters, but got ''"),
+    (["--guard", "_runner_objectives:guard"], "give either --guard (a MemoryGuard with its budget) or --footprint with "
+     "--ram/--vram/--threads, not both"),
+])
+def test_worker_ledger_host_id_and_guard_conflicts_are_one_line(tmp_path: Path, _cache: Path, args: list,
+                                                                message: str) -> None:
+    one_line_error(memprune("worker", "_runner_objectives:hold", *FAST, *args, "--storage",
+                            f"sqlite:///{tmp_path / 's.db'}", "--study", "s"), 2, message)
+    assert not (tmp_path / "s.db").exists() and not _cache.exists()
+
+
+def test_worker_direction_must_agree_with_the_existing_study(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(storage=url, study_name="s", direction="maximize")
+    argv = ["worker", "_runner_objectives:hold", *FAST, "--storage", url, "--study", "s", "--n-trials", "1"]
+    one_line_error(memprune(*argv, "--direction", "minimize"), 2,
+                   "--direction minimize disagrees with study 's', which is maximize: leave --direction out to run "
+                   "the study as it is")
+    assert states(url) == []
+    for extra in (["--direction", "maximize"], []):  # the study's own direction, or none given
+        done = memprune(*argv, *extra)
+        assert done.returncode == 0, done.stderr
+    assert states(url) == [TrialState.COMPLETE, TrialState.COMPLETE]

@@ -79,6 +79,7 @@ def child_main(payload: Payload, conn: Any) -> None:
     ``"fail"`` (the exception if it pickles, its text, the traceback).
     """
     _die_with_parent()
+    _own_session()
     signal.signal(SOFT_SIGNAL, lambda *_: setattr(_Signalled, "crossed", True))
     os.environ.clear()
     os.environ.update(payload.environ)
@@ -120,6 +121,16 @@ def _picklable(exc: BaseException) -> BaseException | None:
         return exc
     except Exception:  # noqa: BLE001
         return None
+
+
+def _own_session() -> None:
+    """Lead a session (and process group) of its own: the runner kills what is left of the group once the
+    trial's process ends (a helper the objective started and left running), and a Ctrl-C in the terminal
+    reaches the runner only, which stops the trial's tree itself and ends its trial."""
+    try:
+        os.setsid()
+    except OSError:  # already a group leader
+        pass
 
 
 def _die_with_parent() -> None:

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import signal
+import threading
 import time
 import warnings
 from multiprocessing.connection import wait as wait_any
@@ -58,6 +59,23 @@ class _Waiting:
     hold: "Entry | None"  # the empty entry that names the trial on the ledger until its reservation does
 
 
+class RunnerTerminated(SystemExit):
+    """SIGTERM reached the runner (``kill PID``, a scheduler ending the job): it ends like Ctrl-C, with the
+    trials' process trees stopped and their trials ended, then the process exits with status 143."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+def _why(exc: BaseException) -> str:
+    """How the runner ended abnormally, for the reason of the trials it ended."""
+    if isinstance(exc, RunnerTerminated):
+        return "the runner was terminated (SIGTERM)"
+    if isinstance(exc, KeyboardInterrupt):
+        return "the runner was interrupted (Ctrl-C)"
+    return f"the runner failed ({type(exc).__name__}: {exc})"
+
+
 class Runner:
     """The parent's loop of ``optimize``: ask, check, reserve, launch, watch, reap, tell."""
 
@@ -92,10 +110,29 @@ class Runner:
             raise RuntimeError("Nested invocation of optimize() (or Study.optimize) isn't allowed.")
         _internals.set_in_optimize_loop(study, True)  # study.stop() works in a callback
         _internals.clear_stop(study)
+        previous = self._on_sigterm()
         try:
             self._loop(on_tick)
         finally:
             _internals.set_in_optimize_loop(study, False)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    def _on_sigterm(self) -> Any:
+        """Make SIGTERM end the run like Ctrl-C (only where it would kill the process outright: the main
+        thread and no handler of the caller's); returns the handler to put back, or None."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is not signal.SIG_DFL:
+            return None
+
+        def terminated(signum: int, frame: Any) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+            raise RunnerTerminated()
+
+        signal.signal(signal.SIGTERM, terminated)
+        return previous
 
     def status(self) -> Status:
         """Where the run stands, for the progress bar (the host's figures are left out if unreadable)."""
@@ -122,8 +159,8 @@ class Runner:
                 if not self.children and self.waiting is None and not self._may_ask():
                     break
                 self._wait()
-        except BaseException:
-            self._abort()
+        except BaseException as exc:
+            self._abort(_why(exc))
             raise
         if self.fatal is not None:
             raise self.fatal
@@ -276,6 +313,7 @@ class Runner:
                 continue
             child.ended = time.monotonic()
             child.process.join()
+            child.kill_group()  # what the objective started and left behind (a helper, a data loader)
             if child.result is None and child.conn.poll():
                 try:
                     child.result = child.conn.recv()
@@ -380,15 +418,17 @@ class Runner:
         record = self.policy.record(state, {}, reason=reason)
         self._end(trial, state, record, TrialState.FAIL)
 
-    def _abort(self) -> None:
-        """The runner itself is ending abnormally (Ctrl-C, an error): stop every child, fail its trial."""
+    def _abort(self, why: str) -> None:
+        """The runner itself is ending abnormally (Ctrl-C, SIGTERM, an error): stop every child's process
+        tree, fail its trial with ``why``."""
         for child in list(self.children.values()):
             child.stop(signal.SIGKILL)
         for child in list(self.children.values()):
             child.process.join(5)
+            child.kill_group()
             try:
-                record = self.policy.record(child.state, {}, reason=f"{child.state.reason}; the runner stopped "
-                                            "(interrupted or failed) while the trial ran")
+                record = self.policy.record(child.state, {}, reason=f"{child.state.reason}; {why} while the "
+                                            "trial ran")
                 self._end(child.trial, child.state, record, TrialState.FAIL)
             except Exception:  # noqa: BLE001 - best effort: the next runner reaps what is left
                 _logger.exception("Trial %d: could not be failed", child.trial.number)
@@ -399,7 +439,7 @@ class Runner:
         if self.waiting is not None:
             try:
                 self._fail_before_launch(self.waiting.trial, self.waiting.state,
-                                         "the runner stopped while the trial waited for its reservation")
+                                         f"{why} while the trial waited for its reservation")
             except Exception:  # noqa: BLE001
                 _logger.exception("Trial %d: could not be failed", self.waiting.trial.number)
             self._release(self.waiting.hold)

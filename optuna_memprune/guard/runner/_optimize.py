@@ -107,6 +107,7 @@ def optimize(
     catch = (catch,) if isinstance(catch, type) else tuple(catch)
     if not all(isinstance(c, type) and issubclass(c, BaseException) for c in catch):
         raise TypeError(f"catch must be exception types, but got {catch!r}.")
+    callbacks = _check_callbacks(callbacks)
     from ...ledger import HostBudget, Ledger
 
     if host is None:
@@ -126,7 +127,7 @@ def optimize(
     if over_host:
         guard.warnings.once("budget-over-host", over_host)
     runner = Runner(study, objective, guard, ledger, n_trials=n_trials, timeout=timeout, n_workers=n_workers,
-                     catch=catch, callbacks=list(callbacks or ()), on_host_full=on_host_full)
+                     catch=catch, callbacks=callbacks, on_host_full=on_host_full)
     show = sys.stderr.isatty() if progress is None else bool(progress)
     try:
         if show:
@@ -138,3 +139,18 @@ def optimize(
         if host is not ledger:
             ledger.close()
         stop_fork_server()
+
+
+def _check_callbacks(callbacks: Any) -> list:
+    """``callbacks``: None or a sequence of functions ``callback(study, frozen_trial)``, checked before any trial."""
+    if callbacks is None:
+        return []
+    if callable(callbacks) or isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
+        raise TypeError(f"callbacks must be a list of functions callback(study, frozen_trial), but got "
+                        f"{type(callbacks).__name__} {callbacks!r}.")
+    callbacks = list(callbacks)
+    for i, callback in enumerate(callbacks):
+        if not callable(callback):
+            raise TypeError(f"callbacks must be a list of functions callback(study, frozen_trial), but "
+                            f"callbacks[{i}] is {type(callback).__name__} {callback!r}.")
+    return callbacks

@@ -72,6 +72,19 @@ class TrialProcess:
             except Exception:  # noqa: BLE001 - gone meanwhile
                 pass
         _signal(self.process.pid, sig)
+        if sig == signal.SIGKILL:
+            self.kill_group()
+
+    def kill_group(self) -> None:
+        """SIGKILL what is left of the trial's process group (its process leads a session of its own:
+        ``_child``), the helpers that outlive it included; nothing once the whole group is gone."""
+        pid = self.process.pid
+        if pid is None or pid == os.getpgid(0):
+            return
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def close(self) -> None:
         if self.monitor is not None:
