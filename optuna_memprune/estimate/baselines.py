@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..exceptions import CalibrationError
 from .probes import MARK
@@ -60,12 +62,13 @@ def run_probes(name: str, specs: Sequence[dict[str, Any]], *, timeout: float = P
     with tempfile.TemporaryDirectory(prefix="memprune-probe-") as tmp:
         procs: list[tuple[subprocess.Popen, Path]] = []
         try:
-            for i, spec in enumerate(specs):
-                out = Path(tmp, f"out{i}")
-                with out.open("w") as f:  # a file, not a pipe: a chatty probe never blocks on a full pipe
-                    procs.append((subprocess.Popen(
-                        [sys.executable, "-m", f"{__package__}.probes.{name}", json.dumps(spec)],
-                        stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True), out))
+            with _sigint_deferred():  # a Ctrl-C inside Popen would leave a started probe unrecorded, unkilled
+                for i, spec in enumerate(specs):
+                    out = Path(tmp, f"out{i}")
+                    with out.open("w") as f:  # a file, not a pipe: a chatty probe never blocks on a full pipe
+                        procs.append((subprocess.Popen(
+                            [sys.executable, "-m", f"{__package__}.probes.{name}", json.dumps(spec)],
+                            stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True), out))
             results = []
             for (proc, out), spec in zip(procs, specs):
                 try:
@@ -77,6 +80,24 @@ def run_probes(name: str, specs: Sequence[dict[str, Any]], *, timeout: float = P
         finally:
             for proc, _ in procs:
                 _kill(proc)
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold a SIGINT that lands inside the block and raise its KeyboardInterrupt when the block ends (only in
+    the main thread, where Python delivers signals, and only over Python's default handler)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
 
 
 def _kill(proc: subprocess.Popen) -> None:

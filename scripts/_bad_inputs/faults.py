@@ -114,8 +114,16 @@ def trial_process_killed() -> None:
     omp.optimize(study, o.wait_to_be_killed, guard=guard, n_trials=1, progress=False)
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """SIGINT back to its default disposition, inherited by what this scenario starts: a probe run in the
+    background of a non-interactive shell (``cmd &``) inherits SIGINT *ignored*, and so would the command it
+    interrupts, which then never sees the Ctrl-C the scenario sends (as in no terminal's foreground job)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_worker() -> None:
     """Ctrl-C in the terminal of ``memprune worker`` mid-trial: SIGINT to its whole process group."""
+    _sigint_as_in_a_terminal()
     proc = _start(*WORKER, "_bad_inputs.objectives:wait_to_be_killed", "--storage", "sqlite:///study.db",
                   "--study", "s", *GUARD, marker="t.pid", session=True)
     _wait_for("t.pid", proc)
@@ -130,6 +138,7 @@ def interrupt_calibrate_parent() -> None:
     """SIGINT to the ``memprune calibrate --force`` process alone (not its probes), while a probe runs."""
     import psutil
 
+    _sigint_as_in_a_terminal()
     proc = _start("calibrate", "--force")
     deadline = time.monotonic() + 30
     while not psutil.Process(proc.pid).children() and proc.poll() is None and time.monotonic() < deadline:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -213,3 +215,62 @@ def test_two_memprune_calibrate_runs_keep_both_profiles(measured: calibration.Ca
     assert len(kept.data["envs"]) == 2
     profiles = [recipes.sb3_recipe.calibrate_env(env_id, kept) for env_id in ("CartPole-v1", "Acrobot-v1")]
     assert [p.env_id for p in profiles] == ["CartPole-v1", "Acrobot-v1"] and path.read_text() == before  # read
+
+
+# -- Ctrl-C of ``memprune calibrate`` (issue 14, item 6) ------------------------------------------------------
+
+PROBES = "optuna_memprune.estimate.probes."
+
+
+def _procs_under(pid: int) -> dict[int, bytes]:
+    """Every live descendant of ``pid``: its cmdline."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+    found, todo = {}, [pid]
+    while todo:
+        parent = todo.pop()
+        for child in [c for c, p in parents.items() if p == parent]:
+            try:
+                found[child] = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            todo.append(child)
+    return found
+
+
+@pytest.mark.parametrize("kind", ["stack", "kernels", "env"])
+def test_ctrl_c_of_calibrate_alone_while_each_probe_runs(kind: str, measured: calibration.Calibration,
+                                                         tmp_path: Path) -> None:
+    """SIGINT to the ``memprune calibrate`` process alone (not its probes, which run in sessions of their own)
+    while a real probe of each kind runs: exit 130 without a traceback, and neither the probe nor anything it
+    started is left running. The command starts with SIGINT at its default, as a terminal's foreground job
+    (a test run in the background of a shell would otherwise hand it SIGINT ignored)."""
+    missing = {"stack": {"stacks": {}}, "kernels": {"cpu_kernels": None}, "env": {"envs": {}}}[kind]
+    cache = tmp_path / "cache"
+    _seed(cache, measured, **missing)
+    proc = subprocess.Popen([*CLI, "calibrate", "--env", "CartPole-v1"], env={**os.environ,
+                            "MEMPRUNE_CACHE_DIR": str(cache)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        started: dict[int, bytes] = {}
+        for _ in range(1200):  # hang guard: 120 s for the probe to start
+            started = _procs_under(proc.pid)
+            if any((PROBES + kind).encode() in cmd for cmd in started.values()) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert any((PROBES + kind).encode() in cmd for cmd in started.values()), proc.poll()
+        time.sleep(0.2)  # the probe is under way
+        started = _procs_under(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # hang guard
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert not [pid for pid in started if Path(f"/proc/{pid}").exists()], f"left running: {started}"
