@@ -50,3 +50,20 @@ def test_an_input_shape_the_network_cannot_take_names_input_shape() -> None:
     message = _one_line_error(torch_training, lambda: torch.nn.Linear(4, 2), (8,), batch_size=8)
     assert message.startswith("tracing the network's step on the meta device failed: RuntimeError: "), message
     assert message.endswith("; check input_shape=(8,) against the network's first layer."), message
+
+
+def test_a_switch_param_given_anything_but_a_bool_is_one_line_naming_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    from optuna_memprune.estimate.recipes.sb3 import sb3
+
+    expected = "param 'optimize_memory_usage' must be True or False, but got 'maybe'."
+    assert _one_line_error(sb3, "dqn", "CartPole-v1", {"optimize_memory_usage": "maybe"}) == expected
+    done = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "predict", "sb3", "--algo", "dqn", "--env",
+                           "CartPole-v1", "optimize_memory_usage=maybe"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "MEMPRUNE_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(expected), done.stderr
+    assert "Traceback" not in done.stderr
