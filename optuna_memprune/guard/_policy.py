@@ -213,14 +213,20 @@ class Policy:
         return "now " + ", ".join(parts)
 
     @staticmethod
+    def unknown_clamp_names(names: Iterable[str], space: dict[str, Any]) -> str | None:
+        """What is wrong with the clamp names that are not params of ``space`` (``None``: nothing)."""
+        unknown = [n for n in names if n not in space]
+        if not unknown:
+            return None
+        return (f"clamp names {unknown} are not params of the search space {sorted(space)}; "
+                "fix the names, or declare params that appear only in some branches in search_space=.")
+
+    @staticmethod
     def check_clamp_names(names: Iterable[str], space: dict[str, Any]) -> None:
         """ValueError naming the clamp names that are not params of ``space``."""
-        unknown = [n for n in names if n not in space]
-        if unknown:
-            raise ValueError(
-                f"clamp names {unknown} are not params of the search space {sorted(space)}; "
-                "fix the names, or declare params that appear only in some branches in search_space=."
-            )
+        problem = Policy.unknown_clamp_names(names, space)
+        if problem is not None:
+            raise ValueError(problem)
 
     # -- while a trial runs ---------------------------------------------------------------------------
 

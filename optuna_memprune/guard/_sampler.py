@@ -101,8 +101,11 @@ class GuardedSampler(BaseSampler):
         if not search_space:
             return drawn
         policy = self._guard.policy
-        if policy.clamp is not None:
-            policy.check_clamp_names(policy.clamp, search_space)
+        problem = None if policy.clamp is None else policy.unknown_clamp_names(policy.clamp, search_space)
+        if problem is not None:  # no search_space= to check them against at construction: say so, never raise
+            self._guard.warnings.once("clamp-names", problem)
+            state.uncheck(problem.split(";")[0] + ": the trial runs unchecked under the monitor")
+            return drawn
         assignment, locked = self._lookahead(study, trial, search_space, drawn)
         try:
             self._check(state, assignment, search_space, locked)

@@ -429,3 +429,21 @@ def test_the_new_choices_travel_with_the_pickled_guard() -> None:
     policy = again.policy
     assert (policy.footprint_timeout, policy.on_footprint_error, policy.interval) == (2.5, "raise", 0.001)
     assert again.policy.predict({"x": 3}).ram == 3 * MiB
+
+
+def test_an_unknown_clamp_name_is_refused_at_construction_or_warned_once_never_raised_mid_trial(tmp_path) -> None:
+    space = {"x": IntDistribution(1, 9)}
+    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"),
+                           clamp=["nope"], search_space=space) == (
+        "clamp names ['nope'] are not params of the search space ['x']; fix the names, or declare params that "
+        "appear only in some branches in search_space=.")
+    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=_base()), omp.Budget(ram=_base() + 2**30), clamp=["nope"])
+    study = _study(tmp_path, guard)
+    with pytest.warns(UserWarning) as caught:
+        study.optimize(guard.wrap_objective(lambda t: float(t.suggest_int("x", 1, 9))), n_trials=3)
+    said = [w for w in caught if "nope" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__, [(w.filename, str(w.message)) for w in caught]
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    assert [(r.decision, r.reason) for r in _records(study)][1:] == [(
+        Decision.UNCHECKED, "clamp names ['nope'] are not params of the search space ['x']: the trial runs "
+        "unchecked under the monitor")] * 2

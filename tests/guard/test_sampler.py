@@ -303,13 +303,18 @@ def test_guarded_sampler_is_thread_safe_with_n_jobs() -> None:
         time.sleep(0.05)
 
 
-def test_an_unknown_clamp_name_fails_once_the_space_is_known() -> None:
+def test_an_unknown_clamp_name_warns_once_the_space_is_known_and_the_trials_run_unchecked() -> None:
+    # Without search_space= the names can only be checked once a trial's space is known: never mid-trial.
     guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram=_base()), clamp=["widht"])
     study = _space_study(guard)
     study.optimize(guard.wrap_objective(lambda t: t.suggest_int("width", 1, 9)), n_trials=1)
-    with pytest.raises(ValueError, match="widht"):
-        study.optimize(guard.wrap_objective(lambda t: t.suggest_int("width", 1, 9)), n_trials=1)
+    with pytest.warns(UserWarning, match="widht") as caught:
+        study.optimize(guard.wrap_objective(lambda t: t.suggest_int("width", 1, 9)), n_trials=2)
+    assert len([w for w in caught if "widht" in str(w.message)]) == 1
     assert all(t.state.is_finished() for t in study.trials)
+    assert omp.read_record(study.trials[-1].user_attrs).reason == (
+        "clamp names ['widht'] are not params of the search space ['width']: the trial runs unchecked under "
+        "the monitor")
 
 
 # -- the adversarial study (acceptance 2) ----------------------------------------------------------

@@ -120,7 +120,7 @@ def replay_parts(
             obs_shape, obs_dtype, action_shape, action_dtype, buffer_size=buffer_size, n_envs=n_envs,
             optimize_memory_usage=optimize_memory_usage, handle_timeout_termination=handle_timeout_termination,
         )
-    n_envs = check_count(n_envs, "n_envs")
+    n_envs = check_count(n_envs, "n_envs", kind="processes")
     return fields, fields[0].shape[0], n_envs
 
 

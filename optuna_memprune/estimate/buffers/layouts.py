@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ...exceptions import EstimateError
-from ..checks import check_int
+from .. import checks
 
 __all__ = [
     "Field", "layout_nbytes", "sb3_replay_layout", "sb3_dict_replay_layout", "sb3_rollout_layout",
@@ -61,13 +61,12 @@ def layout_nbytes(fields: Iterable[Field]) -> int:
 # --------------------------------------------------------------------------------------------- checks
 
 
-def check_count(value: Any, name: str, *, minimum: int = 1) -> int:
-    """An int >= minimum; integral floats (``1e6`` from a YAML file) and numpy ints pass, bools do not."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    elif not isinstance(value, bool) and hasattr(value, "__index__"):
+def check_count(value: Any, name: str, *, minimum: int = 1, kind: str = "items") -> int:
+    """An int in ``[minimum, CEILINGS[kind]]`` (``checks.check_count``); integral floats (``1e6`` from a YAML
+    file) and numpy ints pass, bools do not."""
+    if not isinstance(value, (bool, float)) and hasattr(value, "__index__"):
         value = operator.index(value)
-    return check_int(value, name, minimum=minimum)
+    return checks.check_count(value, name, kind, minimum=minimum)
 
 
 def check_shape(value: Any, name: str) -> tuple[int, ...]:
@@ -157,7 +156,7 @@ def sb3_replay_layout(
         ['observations', 'next_observations', 'actions', 'rewards', 'dones', 'timeouts']
     """
     buffer_size = check_count(buffer_size, "buffer_size")
-    n_envs = check_count(n_envs, "n_envs")
+    n_envs = check_count(n_envs, "n_envs", kind="processes")
     if optimize_memory_usage and handle_timeout_termination:
         raise EstimateError(
             "SB3's ReplayBuffer does not support optimize_memory_usage=True together with "
@@ -208,7 +207,7 @@ def sb3_dict_replay_layout(
     if not isinstance(obs_spaces, Mapping) or not obs_spaces:
         raise EstimateError(f"obs_spaces must be a non-empty dict of key -> (shape, dtype), but got {obs_spaces!r}.")
     buffer_size = check_count(buffer_size, "buffer_size")
-    n_envs = check_count(n_envs, "n_envs")
+    n_envs = check_count(n_envs, "n_envs", kind="processes")
     rows = max(buffer_size // n_envs, 1)
     obs: list[tuple[str, tuple[int, ...], np.dtype]] = []
     for key, spec in obs_spaces.items():
@@ -245,7 +244,7 @@ def sb3_rollout_layout(
         98304
     """
     n_steps = check_count(n_steps, "n_steps")
-    n_envs = check_count(n_envs, "n_envs")
+    n_envs = check_count(n_envs, "n_envs", kind="processes")
     obs_shape = _obs_shape(obs_shape, "obs_shape")
     fields = [
         Field("observations", (n_steps, n_envs, *obs_shape), check_dtype(obs_dtype, "obs_dtype")),
@@ -275,7 +274,7 @@ def frame_stack(obs_shape: Sequence[int], n_stack: int, *, channels_last: bool |
     shape = list(check_shape(obs_shape, "obs_shape"))
     if not shape:
         raise EstimateError(f"obs_shape must have at least one axis to stack on, but got {obs_shape!r}.")
-    n_stack = check_count(n_stack, "n_stack")
+    n_stack = check_count(n_stack, "n_stack", kind="dimension")
     if channels_last is None:
         channels_last = not (len(shape) == 3 and int(np.argmin(shape)) == 0)
     shape[-1 if channels_last else 0] *= n_stack

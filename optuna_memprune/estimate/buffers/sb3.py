@@ -103,7 +103,7 @@ def replay_buffer(
                             note=_fill_note(curve, layout_nbytes(fields), steps))]
     cuda = _device_is_cuda(device)
     if batch_size is not None:
-        batch = check_count(batch_size, "batch_size")
+        batch = check_count(batch_size, "batch_size", kind="dimension")
         # _get_samples: observations and next observations, actions, dones * (1 - timeouts), rewards.
         per_row = {f.name: f.nbytes // (f.shape[0] * f.shape[1]) for f in fields}
         obs = sum(v for k, v in per_row.items() if k.startswith("observations"))
@@ -159,7 +159,7 @@ def rollout_buffer(
     by_name = {f.name: f for f in fields}
     flatten = max(by_name[k].nbytes for k in _ROLLOUT_FLATTENED) if n_envs > 1 else 0
     total = n_steps * n_envs
-    batch = total if batch_size is None else min(check_count(batch_size, "batch_size"), total)
+    batch = total if batch_size is None else min(check_count(batch_size, "batch_size", kind="dimension"), total)
     live = 2 if -(-total // batch) > 1 else 1
     # _get_samples: observations, actions cast to float32, values, log_probs, advantages, returns.
     obs_item = by_name["observations"].nbytes // total

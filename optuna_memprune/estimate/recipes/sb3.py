@@ -126,6 +126,8 @@ def calibrate_env(env_id: str, calibration: Calibration | None = None) -> EnvPro
 _COUNTS = {"buffer_size": "items", "n_steps": "items", "total_timesteps": "items", "n_timesteps": "items",
            "batch_size": "dimension", "n_quantiles": "dimension", "features_dim": "dimension",
            "torch_threads": "processes"}
+#: The memory params that are switches: ``bool()`` of any other value (the text "maybe") would be a guess.
+_FLAGS = ("optimize_memory_usage",)
 
 
 def _check_params(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -135,6 +137,10 @@ def _check_params(params: Mapping[str, Any]) -> dict[str, Any]:
     for name, kind in _COUNTS.items():
         if out.get(name) is not None:
             out[name] = check_count(out[name], f"param {name!r}", kind)
+    for name in _FLAGS:
+        value = out.get(name)
+        if value is not None and type(value).__name__ not in ("bool", "bool_"):  # numpy's too
+            raise EstimateError(f"param {name!r} must be True or False, but got {value!r}.")
     arch = _net_arch(out.get("net_arch"))
     layers = arch if isinstance(arch, list) else [w for v in (arch or {}).values()
                                                   for w in (v if isinstance(v, list) else [v])]

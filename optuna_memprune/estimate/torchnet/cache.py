@@ -51,7 +51,7 @@ class Entry:
                 self.exact.move_to_end(batch_size)
         if hit is None:
             model, spec = self.session_args
-            hit = _guarded_trace(lambda: Session(model, spec).trace(batch_size))
+            hit = _guarded_trace(lambda: Session(model, spec).trace(batch_size), spec)
             with self.lock:
                 self.exact[batch_size] = hit
                 while len(self.exact) > _EXACT_PER_ENTRY:
@@ -63,13 +63,17 @@ _CACHE: OrderedDict[Any, Entry] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 
 
-def _guarded_trace(run: Callable[[], Trace]) -> Trace:
+def _guarded_trace(run: Callable[[], Trace], spec: Spec) -> Trace:
     try:
         return run()
     except EstimateError:
         raise
-    except Exception as e:  # the user's model failed on meta: say so, keep the cause
-        raise EstimateError(f"tracing the network's step on the meta device failed: {type(e).__name__}: {e}") from e
+    except Exception as e:  # the user's model failed on meta: say so, keep the cause, name the likely input
+        per_net = [shapes[0] if len(shapes) == 1 else list(shapes) for shapes in spec.input_shapes]
+        shown = per_net[0] if len(per_net) == 1 else dict(zip(spec.nets, per_net))
+        raise EstimateError(f"tracing the network's step on the meta device failed: {type(e).__name__}: "
+                            f"{str(e).rstrip('.')}; check input_shape={shown!r} against the network's first "
+                            "layer.") from e
 
 
 def _fit(model: Any, spec: Spec) -> Entry:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ...exceptions import EstimateError
-from ..checks import check_int
+from ..checks import check_count, check_int
 
 __all__ = ["Spec", "make_spec"]
 
@@ -115,7 +115,7 @@ def make_spec(
 ) -> Spec:
     """The checked ``Spec`` of a call of ``torch_training``/``torch_inference``; raises ``EstimateError``
     naming the argument and the value given. ``batch_size`` is checked, not kept (the cache fits over it)."""
-    check_int(batch_size, "batch_size", minimum=1)
+    check_count(check_int(batch_size, "batch_size", minimum=1), "batch_size", "dimension")
     check_int(accumulation_steps, "accumulation_steps", minimum=1)
     if not isinstance(device, str) or not (device == "cpu" or device == "cuda" or (
             device.startswith("cuda:") and device[5:].isdigit())):
