@@ -32,7 +32,10 @@ REAL_TRAINING = """
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_process_baseline_matches_a_real_small_training_process(threads):
+def test_process_baseline_matches_a_real_small_training_process(threads, tmp_path, monkeypatch):
+    # Calibrated here, next to the real run: a cache filled earlier in the suite was measured under another
+    # page-cache state (in one CI run 402 MiB against a real 365 MiB; staleness is issue 13's recheck).
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path))
     fp = process("torch", torch_threads=threads)
     real = _run(REAL_TRAINING.format(threads=threads))
     # The baseline is mostly file-backed library pages, whose RSS follows the page cache's state: two
