@@ -1,4 +1,5 @@
-"""The one reader of Linux's /proc: status and stat fields, children, descendants, the peak reset of a process.
+"""The one reader of Linux's /proc: status and stat fields, children, descendants, the peak reset of a process,
+the host's count of OOM kills.
 
 Standard library only (calibration probes import it into bare interpreters); knows nothing of psutil or budgets.
 """
@@ -94,3 +95,20 @@ def reset_peak() -> None:
     """Reset this process's VmHWM to its present RSS (``clear_refs`` 5, Linux >= 4.0); OSError where not."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (``oom_kill`` in /proc/vmstat, Linux
+    >= 4.13): one count for the whole host, kills at a cgroup's limit included. None where it cannot be read.
+
+    Example:
+        >>> before = oom_kills()
+        >>> before is None or before >= 0
+        True
+    """
+    try:
+        data = read("/proc/vmstat")
+    except OSError:
+        return None
+    key = b"\noom_kill "
+    return field(data, key) if key in data else None

@@ -35,6 +35,7 @@ class Decision(str, Enum):
     REJECTED = "rejected"        # checked, did not fit, ended PRUNED before the objective's code ran
     SOFT_PRUNED = "soft_pruned"  # crossed the soft line while running; the pruner answered True
     STOPPED = "stopped"          # crossed the budget while running; interrupted and ended PRUNED
+    OUT_OF_MEMORY = "out_of_memory"  # ran out of memory while running (MemoryError, CUDA OOM, the OOM killer); PRUNED
     UNCHECKED = "unchecked"      # could not be checked before launch; ran under the monitor only
 
 
@@ -48,6 +49,8 @@ class TrialRecord:
     is a downsampled list of ``(t_s, rss, threads, vram)``, ``breakdown`` the footprint's ``to_dict()``,
     ``breach`` the reading that crossed the soft line or the budget. The process-per-trial runner adds
     ``margin`` (the learned factor its host reservation applied per resource), ``host`` and ``gpu``.
+    A trial that ran out of memory has the peak of the resource that ran out raised to the least it needed
+    (more than its budget, where it has one): its constraint is positive even when it shared its process.
     """
 
     decision: Decision
@@ -74,8 +77,8 @@ class TrialRecord:
     def constraints(self) -> dict[str, float]:
         """``{"memprune_ram": GiB over the soft line, ...}`` per budgeted resource; <= 0 is feasible.
 
-        The figure is the larger of the prediction and, when the trial ran alone in its process, the
-        observed peak; the line is ``soft`` x budget; RAM and VRAM are in GiB, threads in threads. Never
+        The figure is the larger of the prediction and, when the trial ran alone in its process or ran out
+        of memory, the peak; the line is ``soft`` x budget; RAM and VRAM are in GiB, threads in threads. Never
         NaN: a resource with neither figure known counts as 0.0 (feasible).
         """
         out = {}
@@ -84,7 +87,7 @@ class TrialRecord:
             if budget is None:
                 continue
             figures = [getattr(self, f"pred_{r}")]
-            if not self.concurrent:
+            if not self.concurrent or self.decision is Decision.OUT_OF_MEMORY:
                 figures.append(getattr(self, f"peak_{r}"))
             known = [f for f in figures if f is not None]
             limit = int(self.soft * budget)

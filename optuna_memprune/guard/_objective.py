@@ -25,6 +25,7 @@ from optuna.distributions import (
 from .. import _internals, records
 from ..monitor import Monitor, Reading, downsample
 from ..records import Decision
+from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cuda_peak
 from ._outcome import Outcome, trial_outcome
 from ._peak_rss import peak_rss
 from ._policy import check_guard
@@ -83,6 +84,11 @@ class GuardedObjective:
           budget applies to the process as a whole, and a breach stops every guarded trial running in it.
         - An objective that catches ``Exception`` around its loop swallows the interrupt (it is an
           ``optuna.TrialPruned``); the record then says so, and ``trial.should_prune()`` still answers True.
+        - An objective that runs out of memory (``MemoryError``, numpy's "Unable to allocate", torch's
+          ``OutOfMemoryError``) ends PRUNED, decision ``out_of_memory``, with a positive constraint on the
+          resource that ran out, whatever ``catch`` says; its frames' locals are dropped and, where it runs
+          torch on CUDA, torch's cache is emptied. With torch on CUDA, ``torch.cuda.max_memory_reserved()``
+          (reset at the trial's start) counts in the trial's VRAM peak.
 
     Example:
         >>> import optuna, optuna_memprune as omp
@@ -128,7 +134,9 @@ class GuardedObjective:
 
     def _run(self, trial: optuna.Trial, state: TrialGuardState) -> Any:
         guard, policy = self._guard, self._guard.policy
-        if guard.trials.enter_run(state) > 1:
+        if guard.trials.enter_run(state) == 1:
+            reset_cuda_peak()  # where the objective runs torch on CUDA: its peak is this trial's
+        else:
             guard.warnings.once(
                 "n_jobs",
                 "Trials run as threads of one process (study.optimize(n_jobs>1)): the guard budgets the "
@@ -138,6 +146,7 @@ class GuardedObjective:
         live = _Live(guard, state, threading.get_ident())
         watch = watch_of(guard)
         stopped = soft_pruned = False
+        oom: OutOfMemory | None = None
         try:
             try:
                 watch.subscribe(live, trial.number)
@@ -155,12 +164,21 @@ class GuardedObjective:
         except optuna.TrialPruned as pruned:
             soft_pruned = state.soft_answered
             raise pruned.with_traceback(None)  # as above; Optuna logs a pruned trial's message only
+        except Exception as exc:
+            oom = out_of_memory(exc)
+            if oom is None:
+                raise
+            oom = oom.measured_here()
+            release(exc)  # its frames' arrays and torch's cached CUDA blocks: the next trial starts clean
+            raise optuna.TrialPruned(f"memprune: {oom.describe(policy.budget)}") from None
         finally:
             try:
                 watch.unsubscribe(live)
-                end = _outcome(policy, state, stopped=stopped, soft_pruned=soft_pruned)
+                end = _outcome(policy, state, stopped=stopped, soft_pruned=soft_pruned, out_of_memory=oom)
+                peaks = with_cuda_peak(live.peaks())
+                peaks = oom.needs(peaks, policy.budget) if oom is not None else peaks
                 record = policy.record(state, trial.params, decision=end.decision, reason=end.reason,
-                                       peaks=live.peaks(), timeline=live.timeline(), breach=end.breach)
+                                       peaks=peaks, timeline=live.timeline(), breach=end.breach)
                 records.write(trial, record)
             except Exception:  # noqa: BLE001 - bookkeeping must not change how the trial ends
                 _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
@@ -186,11 +204,13 @@ def store_rejection(guard: "Guard", trial: optuna.Trial, state: TrialGuardState,
         guard.trials.close(state.trial_id)
 
 
-def _outcome(policy: "Policy", state: TrialGuardState, *, stopped: bool = False, soft_pruned: bool = False) -> Outcome:
-    """How an in-process trial ended: stopped by the interrupt, pruned at the soft line, or on its own."""
+def _outcome(policy: "Policy", state: TrialGuardState, *, stopped: bool = False, soft_pruned: bool = False,
+             out_of_memory: OutOfMemory | None = None) -> Outcome:
+    """How an in-process trial ended: stopped by the interrupt, out of memory, pruned at the soft line, or on
+    its own."""
     return trial_outcome(policy, state.reason, soft_reading=state.soft_reading, hard_reading=state.hard_reading,
                          stopped_by="in process" if stopped else None, soft_pruned=soft_pruned,
-                         ended_first="the objective ended first or caught the interrupt")
+                         out_of_memory=out_of_memory, ended_first="the objective ended first or caught the interrupt")
 
 
 class _Live:

@@ -12,6 +12,7 @@ from ..records import Decision
 
 if TYPE_CHECKING:
     from ..monitor import Reading
+    from ._oom import OutOfMemory
     from ._policy import Policy
 
 
@@ -32,13 +33,15 @@ def trial_outcome(
     stopped_by: str | None = None,
     soft_pruned: bool = False,
     failed: str | None = None,
+    out_of_memory: "OutOfMemory | None" = None,
     ended_first: str = "the objective ended first",
 ) -> Outcome:
     """The decision, reason and breach of a trial that ran.
 
     ``stopped_by`` ("in process", "by the runner") when the guard stopped the trial at the budget;
     ``soft_pruned`` when it ended pruned after the pruner answered True at the soft line; ``failed`` the
-    words for a trial that failed on its own (its process died, its objective raised). A trial that crossed
+    words for a trial that failed on its own (its process died, its objective raised); ``out_of_memory`` a
+    trial that ran out of memory (``_oom``), which ends PRUNED as infeasible. A trial that crossed
     the budget but was not stopped says so, with ``ended_first`` as the reason it was not. The breach is
     the soft reading of a soft-pruned trial, else the budget's crossing or the soft one.
 
@@ -57,6 +60,9 @@ def trial_outcome(
     if stopped_by is not None:
         decision = Decision.STOPPED
         reason = f"stopped {stopped_by}: {policy.describe_breach(hard_reading, 1.0)}"
+    elif out_of_memory is not None:
+        decision = Decision.OUT_OF_MEMORY
+        reason = out_of_memory.describe(policy.budget)
     elif soft_pruned:
         decision = Decision.SOFT_PRUNED
         reason = f"pruned at the soft line: {policy.describe_breach(soft_reading, policy.soft)}"

@@ -43,6 +43,7 @@ class TrialGuardState:
     concurrent: bool = False        # other guarded trials ran in this process at the same time
     first_seen: str | None = None   # the param the footprint asked for that no earlier trial suggested
     footprint_failed: bool = False  # the footprint raised, timed out or returned no Footprint at launch
+    oom_kills: int | None = None    # the host's OOM-kill count when the runner launched the trial's process
 
     @property
     def checked(self) -> bool:

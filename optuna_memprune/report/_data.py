@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import optuna
 
 SCHEMA = "memprune-report/1"
-NOTABLE = (Decision.REJECTED, Decision.CLAMPED, Decision.SOFT_PRUNED, Decision.STOPPED)
+NOTABLE = (Decision.REJECTED, Decision.CLAMPED, Decision.SOFT_PRUNED, Decision.STOPPED, Decision.OUT_OF_MEMORY)
 TIMELINE_ADMITTED = 3  # admitted trials drawn beside the stopped ones: the highest peaks
 TIMELINE_STOPPED = 8   # at most this many stopped trials in the timeline plot (the last ones)
 
@@ -143,7 +143,7 @@ class ReportData:
 
     @property
     def notable(self) -> list[GuardedTrial]:
-        """The rejected, clamped, soft-pruned and stopped trials, in number order."""
+        """The rejected, clamped, soft-pruned, stopped and out-of-memory trials, in number order."""
         return [t for t in self.trials if t.decision in NOTABLE]
 
     def trial(self, number: int) -> GuardedTrial:

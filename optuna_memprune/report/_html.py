@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 MiB = 2**20
 COLORS = {  # one colour per decision, the same in every plot and table
     Decision.ADMITTED: "#2b8a3e", Decision.CLAMPED: "#1c7ed6", Decision.REJECTED: "#868e96",
-    Decision.SOFT_PRUNED: "#f08c00", Decision.STOPPED: "#e03131", Decision.UNCHECKED: "#ae3ec9",
+    Decision.SOFT_PRUNED: "#f08c00", Decision.STOPPED: "#e03131", Decision.OUT_OF_MEMORY: "#0b7285",
+    Decision.UNCHECKED: "#ae3ec9",
 }
 MARKERS = {"COMPLETE": "o", "PRUNED": "s", "FAIL": "X", "RUNNING": "^", "WAITING": "v"}
 UNITS = {"ram": "MiB", "vram": "MiB", "threads": "threads"}
@@ -267,7 +268,7 @@ def _notable(data: "ReportData") -> str:
         + f"<td>{_e(fmt.reason(t))}</td></tr>" for t in data.notable
     ) or '<tr><td colspan="8">none: every guarded trial was admitted or unchecked</td></tr>'
     return (
-        f'<section id="notable"><h2>Rejected, clamped, soft-pruned and stopped trials</h2>'
+        f'<section id="notable"><h2>Rejected, clamped, soft-pruned, stopped and out-of-memory trials</h2>'
         f"<table><tr><th>#</th><th>state</th><th>decision</th><th>params</th><th>predicted</th><th>peak</th>"
         f"<th>budget</th><th>reason</th></tr>{rows}</table></section>"
     )

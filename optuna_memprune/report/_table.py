@@ -43,7 +43,7 @@ def render(data: "ReportData") -> "Group":
         by_state = [sum(t.decision is d and t.state == s for t in data.trials) for s in states]
         counts.add_row(d.value, str(data.counts[d.value]), *(str(n) if n else "-" for n in by_state))
 
-    notable = Table(title="rejected, clamped, soft-pruned and stopped trials", title_justify="left",
+    notable = Table(title="rejected, clamped, soft-pruned, stopped and out-of-memory trials", title_justify="left",
                     box=None, pad_edge=False)
     for head, justify in (("#", "right"), ("state", "left"), ("decision", "left"), ("params", "left"),
                           ("predicted", "right"), ("peak", "right"), ("budget", "right"), ("reason", "left")):

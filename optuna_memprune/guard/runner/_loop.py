@@ -21,9 +21,10 @@ import optuna
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
-from ... import _internals, records
+from ... import _internals, procfs, records
 from ...records import Decision
 from .._objective import store_rejection
+from .._oom import killed_by_oom_killer, out_of_memory
 from .._outcome import trial_outcome
 from .._pruner import GuardedPruner
 from .._sampler import GuardedSampler
@@ -277,6 +278,7 @@ class Runner:
             environ=dict(os.environ), cwd=os.getcwd(),
         )
         receive, send = self.ctx.Pipe(duplex=False)
+        state.oom_kills = procfs.oom_kills()  # an OOM kill counted from here on may have been this trial's
         process = self.ctx.Process(target=child_main, args=(payload, send), name=f"memprune-trial-{trial.number}")
         try:
             process.start()
@@ -335,7 +337,7 @@ class Runner:
             self.study.stop()
         peaks = {"ram": max(peak.rss if peak else 0, child_hwm) or None,
                  "vram": peak.vram if peak else None, "threads": peak.threads if peak else None}
-        values, failure, failed = None, None, None
+        values, failure, failed, oom = None, None, None, None
         state = TrialState.FAIL
         stopped = child.hard_reading is not None and (result is None or result[0] != "complete")
         if stopped:
@@ -344,7 +346,8 @@ class Runner:
             code = child.process.exitcode
             failed = (f"its process died from signal {signal.Signals(-code).name}" if code is not None and code < 0
                       else f"its process exited with code {code} without a result")
-            if code == -signal.SIGKILL:
+            oom = killed_by_oom_killer(code, child.state.oom_kills)
+            if code == -signal.SIGKILL and oom is None:
                 failed += " (sent from outside the runner: the kernel's OOM killer sends SIGKILL)"
         elif result[0] == "complete":
             state, values = TrialState.COMPLETE, result[1]
@@ -353,16 +356,20 @@ class Runner:
         else:  # "fail"
             exc, text, tb = result[1], result[2], result[3]
             failed = f"the objective raised {text}"
-            caught = exc is not None and isinstance(exc, self.catch)
+            oom = out_of_memory(exc, text)  # infeasible: PRUNED, never a failure that stops the run
+            caught = oom is not None or (exc is not None and isinstance(exc, self.catch))
             failure = None if caught else (exc if isinstance(exc, BaseException) else RuntimeError(text))
             if failure is not None and tb:
                 _logger.error("Trial %d failed in its process:\n%s", trial.number, tb)
+        state = TrialState.PRUNED if oom is not None else state  # the sampler learns from its constraint
         frozen = _retry("reading the trial",
                         lambda: _internals.storage_of(self.study).get_trial(child.state.trial_id))
         params = _without_prediction(child.state, frozen.params)
         end = trial_outcome(policy, child.state.reason, soft_reading=child.soft_reading,
                             hard_reading=child.hard_reading, stopped_by="by the runner" if stopped else None,
-                            soft_pruned=bool(result and result[0] == "pruned" and result[2]), failed=failed)
+                            soft_pruned=bool(result and result[0] == "pruned" and result[2]), failed=failed,
+                            out_of_memory=oom)
+        peaks = oom.needs(peaks, policy.budget) if oom is not None else peaks
         timeline = child.monitor.timeline() if child.monitor is not None else []
         record = policy.record(child.state, params, decision=end.decision, reason=end.reason, peaks=peaks,
                                timeline=timeline, breach=end.breach)
