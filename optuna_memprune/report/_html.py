@@ -99,6 +99,8 @@ def _pred_vs_peak(data: "ReportData") -> tuple[str | None, str]:
     note = f" No {', '.join(missing)} readings in this study." if missing else ""
     if "vram" not in shown:
         note += " VRAM is read through NVML only where a GPU exists."
+    if any(t.decision is Decision.OUT_OF_MEMORY for t in data.trials):
+        note += " Trials that ran out of memory are left out: their peak is only the least they needed."
     return _svg(fig), (f"Every trial with both figures; above the line = under-predicted. Marker shape is the "
                        f"trial's final state (circle COMPLETE, square PRUNED).{note}")
 
@@ -187,6 +189,10 @@ def _breakdown(data: "ReportData") -> tuple[str | None, str]:
 # -- helpers ------------------------------------------------------------------------------------------------
 
 def _pair(t: "GuardedTrial", r: str) -> tuple[int, int] | None:
+    """A trial's (predicted, observed) peak of ``r``; None where one is missing or, for a trial that ran out
+    of memory, the peak is only the least it needed."""
+    if t.decision is Decision.OUT_OF_MEMORY:
+        return None
     pred, peak = t.figure("pred", r), t.figure("peak", r)
     return (pred, peak) if pred is not None and peak is not None and (pred or peak) else None
 

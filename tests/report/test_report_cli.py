@@ -30,9 +30,9 @@ def test_table_shows_counts_notable_trials_quality_and_margin(guarded_url: str, 
     assert lines[0].startswith("study 'guarded': 7 trials, 7 guarded; budget per trial RAM ")
     counts = {ln.split()[0]: ln.split()[1] for ln in lines
               if ln.split() and ln.split()[0] in ("admitted", "clamped", "rejected", "soft_pruned", "stopped",
-                                                  "unchecked")}
+                                                  "out_of_memory", "unchecked")}
     assert counts == {"admitted": "3", "clamped": "1", "rejected": "1", "soft_pruned": "1", "stopped": "1",
-                      "unchecked": "0"}
+                      "out_of_memory": "0", "unchecked": "0"}
     trials = {int(ln.split()[0]): ln for ln in lines if ln.split() and ln.split()[0].isdigit()}
     assert sorted(trials) == [2, 3, 5, 6]  # rejected, clamped, soft-pruned, stopped; no admitted trial
     study = optuna.load_study(study_name="guarded", storage=guarded_url)
