@@ -20,8 +20,7 @@ from .. import procfs, records
 from ..budget import Budget
 
 _LABELS = {"ram": "RAM", "vram": "VRAM"}
-_SCALE = {"": 1, "b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
-          "eib": 2**60}
+_SCALE = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60}
 _SIZE = r"([0-9]+(?:\.[0-9]*)?)\s*(bytes|B|KiB|MiB|GiB|TiB|PiB|EiB)\b"
 # numpy's "Unable to allocate 3.00 GiB for an array ...", torch's CUDA "Tried to allocate 2.00 GiB" and its
 # CPU allocator's "you tried to allocate 1125899906842624 bytes"
