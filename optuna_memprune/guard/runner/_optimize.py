@@ -76,7 +76,9 @@ def optimize(
         timeout: seconds after which no new trial starts (running ones finish).
         n_workers: children running at the same time, >= 1.
         catch: exception types of the objective that fail the trial and let the study go on; any other
-            fails the trial and is raised once the running trials have finished.
+            fails the trial and is raised once the running trials have finished. Running out of memory
+            (``MemoryError``, torch's ``OutOfMemoryError``, the kernel's OOM killer) is neither: the trial
+            ends PRUNED as infeasible (decision ``out_of_memory``) and the study goes on.
         callbacks: ``callback(study, frozen_trial)`` after each trial, in the parent.
         host: this host's budget (:class:`~optuna_memprune.ledger.HostBudget`, default ``HostBudget()``:
             all of the memory available now, less 10%) or a :class:`~optuna_memprune.ledger.Ledger`
