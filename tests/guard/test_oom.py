@@ -271,6 +271,10 @@ def test_runner_a_memory_error_ends_pruned_with_a_positive_constraint_and_the_ru
     assert record.reason.startswith("ran out of memory: MemoryError: Unable to allocate 1.00 PiB"), record.reason
     assert record.peak_ram >= PiB and oom.constraints["memprune_ram"] > 0
     assert [t.state for t in rest] == [TrialState.COMPLETE] * 2 and len(study.trials) == 3
+    study.enqueue_trial({"oom": True})  # listed in catch=: still infeasible, not a failure
+    omp.optimize(study, objectives.numpy_oom, guard=guard, n_trials=1, catch=(MemoryError,), host=_host(tmp_path))
+    assert study.trials[-1].state is TrialState.PRUNED
+    assert read_record(study.trials[-1].user_attrs).decision is Decision.OUT_OF_MEMORY
 
 
 @pytest.mark.slow
