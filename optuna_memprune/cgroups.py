@@ -104,7 +104,7 @@ def _dir(mount: tuple[str, str, str, str], group: str) -> str | None:
     root, point = mount[0].rstrip("/"), mount[1]
     if group != root and not group.startswith(root + "/"):
         return None
-    return point + group[len(root):]
+    return (point + group[len(root):]).rstrip("/") or "/"
 
 
 def _own_start() -> int:
@@ -122,10 +122,24 @@ def place() -> tuple[Place | None, str]:
 
     Every candidate is tried by making (and removing) a probe group, so a read-only or undelegated
     hierarchy is refused here, not at the first trial."""
+    candidates, why = places()
+    if not candidates and not why:
+        return None, "no cgroup hierarchy of this process is mounted (no cgroupfs)"
+    for cand in candidates:
+        made = _probe(cand)
+        if made is None:
+            return cand, ""
+        why.append(f"{cand.label} {cand.name}: {made}")
+    return None, "; ".join(why)
+
+
+def places() -> tuple[list[Place], list[str]]:
+    """Every place of this process's own groups, best first (not yet probed), and why a v2 group has no
+    memory controller for sub-groups, where it has none."""
     try:
         mounts, groups = _mounts(), _memberships()
     except (OSError, ValueError) as exc:
-        return None, f"this process's cgroups cannot be read ({exc})"
+        return [], [f"this process's cgroups cannot be read ({exc})"]
     candidates, why = [], []
     for mount in mounts:
         if mount[2] == "cgroup2" and "" in groups:
@@ -136,21 +150,13 @@ def place() -> tuple[Place | None, str]:
             path = _dir(mount, groups["memory"])
             if path is not None:
                 candidates.append(Place(1, path, groups["memory"], True))
-    if not candidates:
-        return None, "no cgroup hierarchy of this process is mounted (no cgroupfs)"
-    v2 = [c for c in candidates if c.version == 2]
-    for cand in v2:
+    for cand in [c for c in candidates if c.version == 2]:
         memory, reason = _v2_memory(cand)
         if memory is not None:
             candidates.insert(0, memory)
         elif reason:
             why.append(reason)
-    for cand in sorted(candidates, key=lambda c: not c.memory):  # stable: v2 with memory, v1, v2 without
-        made = _probe(cand)
-        if made is None:
-            return cand, ""
-        why.append(f"{cand.label} {cand.name}: {made}")
-    return None, "; ".join(why)
+    return sorted(candidates, key=lambda c: not c.memory), why  # stable: v2 with memory, v1, v2 without
 
 
 def _v2_memory(cand: Place) -> tuple[Place | None, str]:
