@@ -85,8 +85,10 @@ def _mounts() -> list[tuple[str, str, str, str]]:
     return out
 
 
-def _unescape(field: str) -> str:
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+def _unescape(field: str) -> str:  # mountinfo writes a space, tab, newline or backslash as octal
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
 
 
 def _memberships() -> dict[str, str]:
@@ -107,13 +109,9 @@ def _dir(mount: tuple[str, str, str, str], group: str) -> str | None:
     return (point + group[len(root):]).rstrip("/") or "/"
 
 
-def _own_start() -> int:
-    return int(procfs.stat_fields(procfs.read("/proc/self/stat"))[19])
-
-
-def _owner_tag(pid: int | None = None, start: int | None = None) -> str:
-    """``memprune-<pid>-<start ticks>-``: the prefix of every group this process makes."""
-    return f"{PREFIX}{pid or os.getpid()}-{start if start is not None else _own_start()}-"
+def _owner_tag() -> str:
+    """``memprune-<pid>-<start ticks since boot>-``: the prefix of every group this process makes."""
+    return f"{PREFIX}{os.getpid()}-{int(procfs.stat_fields(procfs.read('/proc/self/stat'))[19])}-"
 
 
 def place() -> tuple[Place | None, str]:
@@ -161,37 +159,23 @@ def places() -> tuple[list[Place], list[str]]:
 
 def _v2_memory(cand: Place) -> tuple[Place | None, str]:
     """The v2 place with memory limits, enabling the controller for sub-groups where it is delegated to
-    this group but not yet enabled; a group with processes of its own cannot (cgroup v2's no-internal-
-    processes rule), so a runner alone in its group moves into a leaf of its own first."""
-    path = cand.path
-    if os.path.basename(path).startswith(_owner_tag()) and path.endswith("-runner"):
-        path = os.path.dirname(path)  # this runner's own leaf, made by an earlier call
-        cand = cand._replace(path=path, name=os.path.dirname(cand.name) or "/")
+    this group but not yet enabled. cgroup v2 lets no group with processes of its own do that, so a runner
+    alone in its group moves into a leaf of its own (``memprune-<pid>-<start>-runner``) first."""
+    path, name = cand.path, cand.name
+    if os.path.basename(path) == f"{_owner_tag()}runner":  # this runner's own leaf, made by an earlier call
+        path, name = os.path.dirname(path), os.path.dirname(name) or "/"
     try:
-        if "memory" in _read(f"{path}/cgroup.subtree_control").split():
-            return cand._replace(memory=True), ""
-        if "memory" not in _read(f"{path}/cgroup.controllers").split():
-            return None, f"cgroup v2 {cand.name}: no memory controller delegated to it"
-    except OSError as exc:
-        return None, f"cgroup v2 {cand.name}: {exc}"
-    try:
-        _write(f"{path}/cgroup.subtree_control", "+memory")
-        return cand._replace(memory=True), ""
-    except OSError as exc:
-        if exc.errno != errno.EBUSY:
-            return None, f"cgroup v2 {cand.name}: the memory controller cannot be enabled for sub-groups ({exc})"
-    try:
-        procs = [int(p) for p in _read(f"{path}/cgroup.procs").split()]
-        if procs != [os.getpid()]:
-            return None, (f"cgroup v2 {cand.name}: the memory controller cannot be enabled for sub-groups while "
-                          "other processes share this group (run the study in a delegated group of its own)")
-        leaf = f"{path}/{_owner_tag()}runner"
-        os.makedirs(leaf, exist_ok=True)
-        _write(f"{leaf}/cgroup.procs", str(os.getpid()))
-        _write(f"{path}/cgroup.subtree_control", "+memory")
-    except OSError as exc:
-        return None, f"cgroup v2 {cand.name}: the memory controller cannot be enabled for sub-groups ({exc})"
-    return cand._replace(memory=True), ""
+        if "memory" not in _read(f"{path}/cgroup.subtree_control").split():
+            if "memory" not in _read(f"{path}/cgroup.controllers").split():
+                return None, f"cgroup v2 {name}: no memory controller is delegated to it"
+            if [int(p) for p in _read(f"{path}/cgroup.procs").split()] == [os.getpid()]:
+                os.makedirs(f"{path}/{_owner_tag()}runner", exist_ok=True)
+                _write(f"{path}/{_owner_tag()}runner/cgroup.procs", str(os.getpid()))
+            _write(f"{path}/cgroup.subtree_control", "+memory")
+    except (OSError, ValueError) as exc:
+        return None, (f"cgroup v2 {name}: the memory controller cannot be enabled for its sub-groups ({exc}); "
+                      "run the study alone in a delegated group")
+    return cand._replace(path=path, name=name, memory=True), ""
 
 
 def _probe(cand: Place) -> str | None:
@@ -221,20 +205,20 @@ class TrialGroup:
     @classmethod
     def create(cls, where: Place, number: int) -> tuple["TrialGroup | None", str]:
         """A new group named ``memprune-<pid>-<start ticks>-<number>`` (its owner recognisable by pid and
-        start time), or ``(None, reason)``."""
-        path = f"{where.path}/{_owner_tag()}{number}"
-        try:
-            if os.path.isdir(path):
-                cls(where, path).kill()
-                _rmdir(path)
-            os.mkdir(path)
-        except OSError as exc:
-            return None, f"the trial's cgroup could not be made ({exc.strerror or exc})"
-        return cls(where, path), ""
+        start time; ``<number>.<k>`` where another study of this process has one of that number), or
+        ``(None, reason)``."""
+        base = f"{where.path}/{_owner_tag()}{number}"
+        for path in (base, *(f"{base}.{k}" for k in range(1, 100))):
+            try:
+                os.mkdir(path)
+                return cls(where, path), ""
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                return None, f"the trial's cgroup could not be made ({exc.strerror or exc})"
+        return None, f"the trial's cgroup could not be made ({base} and 99 others exist)"
 
-    @property
-    def memory(self) -> bool:
-        return self.place.memory
+    memory = property(lambda self: self.place.memory)
 
     def _file(self, v1: str, v2: str) -> str:
         return f"{self.path}/{v1 if self.place.version == 1 else v2}"
@@ -328,7 +312,7 @@ def _set_limits(path: str, version: int, hard: int, high: int | None) -> None:
 def _try_write(path: str, text: str) -> None:
     try:
         _write(path, text)
-    except OSError:
+    except OSError:  # the file is optional: the limit stands without it
         pass
 
 

@@ -129,18 +129,21 @@ def test_groups_of_a_dead_runner_are_reaped_and_a_live_runners_are_kept() -> Non
     left = f"{where.path}/memprune-{dead.pid}-{dead_start}-3"
     os.mkdir(left)
     mine, reason = cgroups.TrialGroup.create(where, 900003)
-    assert mine is not None, reason
+    twin, _ = cgroups.TrialGroup.create(where, 900003)  # another study's trial of the same number
+    assert mine is not None and twin is not None, reason
+    assert twin.path == mine.path + ".1"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         with open(f"{left}/cgroup.procs", "w") as f:
             f.write(str(sleeper.pid))  # a trial's process its runner left behind
         assert cgroups.reap(where) == [os.path.basename(left)]
         assert sleeper.wait(timeout=10) == -signal.SIGKILL
-        assert not os.path.exists(left) and os.path.isdir(mine.path)
+        assert not os.path.exists(left) and os.path.isdir(mine.path) and os.path.isdir(twin.path)
     finally:
         sleeper.kill()
         sleeper.wait()
         mine.remove()
+        twin.remove()
         if os.path.exists(left):
             os.rmdir(left)
 
