@@ -109,3 +109,55 @@ def test_enforce_is_checked_before_any_trial(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^enforce must be 'auto' .* but got 'kernel'\.$"):
         omp.optimize(study, objectives.hold, guard=guard, n_trials=1, host=ledger, enforce="kernel")
     assert study.trials == []
+
+
+_NO_CGROUP = """
+import functools, sys
+import optuna
+import optuna_memprune as omp
+from optuna_memprune.ledger import HostBudget, Ledger
+import _runner_objectives as objectives
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+d = sys.argv[1]
+guard = omp.MemoryGuard(functools.partial(objectives.footprint, base=100), omp.Budget(ram="700MiB"),
+                        search_space={"mb": optuna.distributions.IntDistribution(8, 16)})
+study = optuna.create_study(storage=f"sqlite:///{d}/study.db", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()),
+                            pruner=guard.wrap_pruner(None))
+ledger = Ledger(HostBudget(ram="8GiB", gpus=None, headroom=0.0), url=f"sqlite:///{d}/ledger.sqlite", host="h")
+try:
+    omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=1, host=ledger,
+                 enforce="cgroup")
+except RuntimeError as exc:
+    print("refused:", exc)
+print("trials:", len(study.trials))
+omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=1, host=ledger)
+(trial,) = study.trials
+print("auto:", trial.state.name, omp.read_record(trial.user_attrs).enforcement)
+"""
+
+
+# Runs the script below with every cgroup hierarchy mounted read-only in a mount namespace of its own, as a
+# container's runtime mounts them by default: no group can be made there.
+_READ_ONLY = ("mount --make-rprivate / && for m in $(awk '$9 ~ /^cgroup/ {print $5}' /proc/self/mountinfo); "
+              'do mount -o remount,bind,ro "$m" || exit 97; done && exec "$0" "$@"')
+
+
+def test_where_no_group_can_be_made_cgroup_is_refused_before_any_trial_and_auto_polls(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mount"):
+        pytest.skip("needs root with unshare and mount, to mount the cgroup hierarchies read-only for one process")
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": f"{here.parent.parent}{os.pathsep}{here}"}
+    run = subprocess.run(["unshare", "-m", "sh", "-c", _READ_ONLY, sys.executable, "-c", _NO_CGROUP, str(tmp_path)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    if run.returncode == 97 or (run.returncode != 0 and "unshare" in run.stderr):
+        pytest.skip(f"the cgroup hierarchies cannot be mounted read-only here: {run.stderr.strip()}")
+    out = run.stdout
+    assert run.returncode == 0, run.stderr
+    assert "refused: enforce='cgroup', but no cgroup can be made for the trials here: " in out, out
+    assert "Read-only file system" in out and "trials: 0" in out
+    assert "auto: COMPLETE polling" in out
