@@ -258,6 +258,14 @@ class TrialGroup:
         except (OSError, ValueError, IndexError):
             return None
 
+    def usage(self) -> int:
+        """What the group is charged now (v1 ``memory.usage_in_bytes``, v2 ``memory.current``); once its
+        processes are gone, that is the page cache they left (still charged to it); 0 where unreadable."""
+        try:
+            return int(_read(self._file("memory.usage_in_bytes", "memory.current")).split()[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+
     def oom_kills(self) -> int:
         """Processes the kernel's OOM killer killed in the group (v1 ``memory.oom_control``, v2
         ``memory.events``); 0 where not counted."""

@@ -42,3 +42,13 @@ def orphan(trial: optuna.Trial, marker: str) -> float:
             break
         time.sleep(0.1)
     return 0.0
+
+
+def write_file(trial: optuna.Trial, path: str, mib: int) -> float:
+    """Writes ``mib`` MiB to a file, 1 MiB at a time: page cache charged to its group, little RSS."""
+    trial.suggest_int("mb", 8, 16)
+    chunk = b"x" * 2**20
+    with open(path, "wb") as f:
+        for _ in range(mib):
+            f.write(chunk)
+    return 0.0

@@ -71,6 +71,18 @@ def test_a_burst_faster_than_the_poll_is_stopped_by_the_kernel_at_the_budget_and
     assert _own_groups() == [] and ledger.entries() == []
 
 
+@needs_limit
+def test_the_page_cache_a_trial_leaves_is_not_its_peak_ram(tmp_path: Path) -> None:
+    guard, study, ledger = _setup(tmp_path, "400MiB")
+    omp.optimize(study, functools.partial(cg_objectives.write_file, path=str(tmp_path / "data"), mib=300), guard=guard,
+                 n_trials=1, host=ledger)
+    (trial,) = study.trials
+    record = _record(trial)
+    assert trial.state is TrialState.COMPLETE and record.enforcement == f"cgroup v{PLACE.version} limit"
+    assert record.peak_ram < 250 * MiB  # its RSS; the 300 MiB of page cache it wrote are not counted
+    assert record.constraints()["memprune_ram"] < 0
+
+
 @needs_group
 def test_a_grandchild_ignoring_sigterm_whose_parent_died_first_is_gone_after_the_trial(tmp_path: Path) -> None:
     guard, study, ledger = _setup(tmp_path, "2GiB")

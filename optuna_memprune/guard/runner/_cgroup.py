@@ -93,19 +93,21 @@ class TrialCgroup:
         return f"cgroup v{version} limit" if self.hard is not None else f"cgroup v{version} tree kill + polling"
 
     def verdict(self, peak_ram: int | None) -> tuple[int | None, str | None]:
-        """After the trial's process ended (before :meth:`remove`): the trial's peak RAM, the largest of
-        the polled one and the group's exact peak plus what the process held when it joined, and the
+        """After the trial's process tree ended (before :meth:`remove`): the trial's peak RAM, the largest
+        of the polled one and the group's exact peak plus what the process held when it joined, and the
         reason when the kernel killed in the group at its limit (else None).
 
         The group charges only what the trial allocated after joining (see ``cgroups.join``); the limit
-        the trial set is ``hard - r0``, so ``r0`` is read back from it. A trial killed at the limit
-        needed at least one page more than it: its peak is at least that."""
+        the trial set is ``hard - r0``, so ``r0`` is read back from it. The group's peak counts the page
+        cache of the files the trial read or wrote too: what is still charged once its processes are gone
+        is that cache, and is left out. A trial killed at the limit needed at least one page more than
+        it: its peak is at least that."""
         if self.hard is None:
             return peak_ram, None
         limit, peak = self.group.hard_limit(), self.group.peak()
         r0 = self.hard - limit if limit is not None and limit <= self.hard else 0
         if peak is not None and self.group.ran():
-            peak_ram = max(peak_ram or 0, peak + r0)
+            peak_ram = max(peak_ram or 0, peak + r0 - self.group.usage())
         if self.group.oom_kills() == 0:
             return peak_ram, None
         peak_ram = max(peak_ram or 0, self.hard + cgroups.PAGE)
