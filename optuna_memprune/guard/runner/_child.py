@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import logging
 import os
 import signal
-import sys
 import traceback
 from typing import Any, Callable, Sequence
 
@@ -134,8 +134,8 @@ def _join(spec: Any) -> None:
     try:
         cgroups.join(spec)
     except (OSError, ValueError) as exc:
-        print(f"optuna-memprune: the trial's process could not join its cgroup ({exc}); it is watched by "
-              "polling only.", file=sys.stderr, flush=True)
+        logging.getLogger("optuna_memprune.guard").warning(
+            "The trial's process could not join its cgroup (%s): it is watched by polling only.", exc)
 
 
 def _own_session() -> None:
