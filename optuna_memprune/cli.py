@@ -189,7 +189,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     try:
         omp.optimize(study, objective, guard=guard, n_trials=args.n_trials, timeout=args.timeout,
                      n_workers=args.n_workers, host=ledger, on_host_full=args.on_host_full,
-                     progress=args.progress)
+                     progress=args.progress, enforce=args.enforce)
     finally:
         ledger.close()
     return 0
@@ -393,11 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--n-workers", type=int, default=1, help="trial processes at the same time")
     wk.add_argument("--host-id", default=None, help="this host's id in the ledger (default: the hostname)")
     wk.add_argument("--ledger", default=None, help="ledger database URL (default: a SQLite file per host)")
-    wk.add_argument("--host-ram", default="auto", help="RAM for all trials of this host (default: available now)")
+    wk.add_argument("--host-ram", default="auto", help="RAM for all trials of this host (default: available now, "
+                    "or the room under this process's cgroup limit where less)")
     wk.add_argument("--host-gpus", nargs="*", default="auto", help="memory per GPU (default: NVML's)")
     wk.add_argument("--host-threads", type=int, default=None)
     wk.add_argument("--headroom", type=float, default=0.1, help="fraction of the host kept free")
     wk.add_argument("--on-host-full", choices=["wait", "reject"], default="wait")
+    wk.add_argument("--enforce", choices=["auto", "cgroup", "polling"], default="auto",
+                    help="a cgroup per trial where one can be made (auto), or else an error (cgroup), or polling only")
     wk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     wk.set_defaults(func=_cmd_worker)
 

@@ -48,7 +48,11 @@ class TrialRecord:
     (``None``: not budgeted). ``clamped_from`` maps each lowered param to its sampled value, ``timeline``
     is a downsampled list of ``(t_s, rss, threads, vram)``, ``breakdown`` the footprint's ``to_dict()``,
     ``breach`` the reading that crossed the soft line or the budget. The process-per-trial runner adds
-    ``margin`` (the learned factor its host reservation applied per resource), ``host`` and ``gpu``.
+    ``margin`` (the learned factor its host reservation applied per resource), ``host``, ``gpu`` and
+    ``enforcement``: ``"cgroup v1 limit"`` or ``"cgroup v2 limit"`` (the kernel's limit on the trial's
+    cgroup, with polling), ``"cgroup v1 tree kill + polling"`` or ``"cgroup v2 tree kill + polling"`` (a
+    cgroup without a memory limit: the tree is killed whole, the budget is polled), ``"polling"``, or
+    ``"polling (...)"`` with the reason a group made for the trial did not apply.
     A trial that ran out of memory has the peak of the resource that ran out raised to the least it needed
     (more than its budget, where it has one): its constraint is positive even when it shared its process.
     """
@@ -73,6 +77,7 @@ class TrialRecord:
     margin: dict[str, float] = field(default_factory=dict)  # reservation = prediction x margin (per resource)
     host: str | None = None   # the host id of the process-per-trial runner that ran the trial
     gpu: int | None = None    # the GPU index the runner placed the trial on
+    enforcement: str | None = None  # how the runner held the trial to its RAM budget (above)
 
     def constraints(self) -> dict[str, float]:
         """``{"memprune_ram": GiB over the soft line, ...}`` per budgeted resource; <= 0 is feasible.
@@ -118,6 +123,8 @@ class TrialRecord:
             out["host"] = self.host
         if self.gpu is not None:
             out["gpu"] = int(self.gpu)
+        if self.enforcement is not None:
+            out["enforcement"] = str(self.enforcement)
         return {PREFIX + k: v for k, v in out.items()}
 
 
@@ -184,4 +191,5 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
         margin={r: float(get(f"margin_{r}")) for r in RESOURCES if get(f"margin_{r}") is not None},
         host=get("host"),
         gpu=get("gpu"),
+        enforcement=get("enforcement"),
     )

@@ -55,12 +55,16 @@ def test_constraints_measure_against_the_soft_line() -> None:
 
 
 def test_runner_fields_round_trip_and_are_absent_in_process() -> None:
-    record = _record(margin={"ram": 1.25, "threads": 1.0}, host="node-a", gpu=1)
+    record = _record(margin={"ram": 1.25, "threads": 1.0}, host="node-a", gpu=1, enforcement="cgroup v1 limit")
     attrs = record.attrs()
     assert attrs["memprune:margin_ram"] == 1.25 and "memprune:margin_vram" not in attrs
     assert (attrs["memprune:host"], attrs["memprune:gpu"]) == ("node-a", 1)
+    assert attrs["memprune:enforcement"] == "cgroup v1 limit"
     again = read_record(attrs)
     assert (again.margin, again.host, again.gpu) == ({"ram": 1.25, "threads": 1.0}, "node-a", 1)
+    assert again.enforcement == "cgroup v1 limit"
     plain = _record().attrs()
-    assert not any(k.startswith(("memprune:margin", "memprune:host", "memprune:gpu")) for k in plain)
+    assert not any(k.startswith(("memprune:margin", "memprune:host", "memprune:gpu", "memprune:enforcement"))
+                   for k in plain)
     assert read_record(plain).margin == {} and read_record(plain).gpu is None
+    assert read_record(plain).enforcement is None

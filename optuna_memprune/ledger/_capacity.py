@@ -6,11 +6,12 @@ database, its transactions or process liveness.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import psutil
 
+from .. import cgroups
 from ..units import check_int, check_number, format_bytes, parse_bytes
 
 
@@ -19,11 +20,13 @@ class HostCapacity:
     """What the running trials of one host may reserve in all: bytes and counts, ``None`` = unlimited.
 
     ``gpus[i]`` is the memory of GPU index ``i`` (NVML's index; see :class:`Ledger` on CUDA's order).
+    ``source`` says where an ``"auto"`` RAM figure came from (:func:`available_ram`); ``""`` when given.
     """
 
     ram: int | None
     gpus: tuple[int, ...] = ()
     threads: int | None = None
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.ram is not None:
@@ -38,7 +41,8 @@ class HostBudget:
 
     Args:
         ram: Host RAM for trials: bytes, a size such as ``"48GiB"``, ``"auto"`` (default: what
-            ``psutil.virtual_memory().available`` says when resolved) or ``None`` (unlimited).
+            :func:`available_ram` says when resolved: psutil's available memory, or the room left under
+            this process's cgroup limit where that is less) or ``None`` (unlimited).
         gpus: Memory per GPU index: a sequence of sizes (``["8GiB", "16GiB"]``), ``"auto"`` (default: NVML's
             totals; no GPUs where NVML is missing) or ``None``/``[]`` (no GPUs).
         headroom: Fraction of every RAM and GPU figure kept free, in [0, 1). Default 0.1.
@@ -48,6 +52,9 @@ class HostBudget:
         - ``"auto"`` RAM is *available* memory at the moment of :meth:`resolve` (psutil's ``available``,
           not ``free``: page cache counts as usable). Resolve before the trials start: memory the trials
           already hold is not available, so resolving later counts it twice.
+        - A container's, a Slurm job's or a systemd slice's memory limit is a cgroup limit that psutil does
+          not see: where the tightest limit of this process's cgroup ancestry is below physical memory,
+          ``"auto"`` is at most that limit less the group's usage, and ``HostCapacity.source`` says so.
 
     Example:
         >>> HostBudget(ram="10GiB", gpus=["8GiB"], headroom=0.5).resolve().gpus
@@ -85,13 +92,36 @@ class HostBudget:
     def resolve(self) -> HostCapacity:
         """Return the concrete capacity: each RAM and GPU figure x (1 - headroom); ``"auto"`` read now."""
         keep = 1.0 - self.headroom
-        ram = psutil.virtual_memory().available if self.ram == "auto" else self.ram
+        ram, source = available_ram() if self.ram == "auto" else (self.ram, "")
         gpus = _nvml_totals() if self.gpus == "auto" else self.gpus
         return HostCapacity(
             ram=None if ram is None else int(ram * keep),
             gpus=tuple(int(g * keep) for g in gpus),
             threads=self.threads,
+            source=source,
         )
+
+
+def available_ram() -> tuple[int, str]:
+    """The RAM this process may still take now, and where the figure came from: psutil's ``available``
+    (``"available memory"``), or the room under this process's tightest cgroup limit (its limit less its
+    usage) where that limit is below physical memory and the room is less."""
+    vm = psutil.virtual_memory()
+    limit = cgroups.host_limit()
+    if limit is None or limit.limit >= vm.total or vm.available <= limit.limit - limit.usage:
+        return vm.available, f"available memory {format_bytes(vm.available)}"
+    room = max(0, limit.limit - limit.usage)
+    return room, f"{limit.source} less usage {format_bytes(limit.usage)}"
+
+
+def physical_ram() -> tuple[int, str]:
+    """This machine's RAM as this process can ever use it: physical memory, or its tightest cgroup limit
+    where lower; and which of the two (``"physical memory"``, ``HostLimit.source``)."""
+    total = psutil.virtual_memory().total
+    limit = cgroups.host_limit()
+    if limit is None or limit.limit >= total:
+        return total, "physical memory"
+    return limit.limit, limit.source
 
 
 def _nvml_totals() -> tuple[int, ...]:

@@ -56,7 +56,7 @@ def test_a_child_over_its_budget_is_stopped_pruned_with_the_reading_and_the_next
     guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="700MiB"), search_space=_space(16))
     study = _study(tmp_path, guard)
     ledger = _ledger(tmp_path)
-    omp.optimize(study, objectives.grow, guard=guard, n_trials=1, host=ledger)
+    omp.optimize(study, objectives.grow, guard=guard, n_trials=1, host=ledger, enforce="polling")  # the watchdog's stop
     omp.optimize(study, objectives.hold, guard=guard, n_trials=1, host=ledger)
     stopped, after = study.trials
     record = _record(stopped)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import logging
 import os
 import signal
 import traceback
@@ -17,7 +18,7 @@ from typing import Any, Callable, Sequence
 import optuna
 from optuna.samplers import BaseSampler
 
-from ... import _internals
+from ... import _internals, cgroups
 from .._peak_rss import peak_rss
 
 SOFT_SIGNAL = signal.SIGUSR1   # runner -> child: the tree crossed the soft line; prune at should_prune()
@@ -38,6 +39,7 @@ class Payload:
     gpu: int | None
     environ: dict[str, str]   # the runner's, now: the fork server was started with an older copy
     cwd: str
+    cgroup: Any = None        # the trial's cgroup (``cgroups.Join``) or None: joined before anything else
 
 
 class _Served(BaseSampler):
@@ -78,6 +80,7 @@ def child_main(payload: Payload, conn: Any) -> None:
     ``kind`` is ``"complete"`` (with the values), ``"pruned"`` (message, whether the soft line answered) or
     ``"fail"`` (the exception if it pickles, its text, the traceback).
     """
+    _join(payload.cgroup)
     _die_with_parent()
     _own_session()
     signal.signal(SOFT_SIGNAL, lambda *_: setattr(_Signalled, "crossed", True))
@@ -121,6 +124,18 @@ def _picklable(exc: BaseException) -> BaseException | None:
         return exc
     except Exception:  # noqa: BLE001
         return None
+
+
+def _join(spec: Any) -> None:
+    """Enter the trial's cgroup and set its limit before any of the objective's code runs, so that every
+    process it starts is in the group (the runner reads the group to tell whether this succeeded)."""
+    if spec is None:
+        return
+    try:
+        cgroups.join(spec)
+    except (OSError, ValueError) as exc:
+        logging.getLogger("optuna_memprune.guard").warning(
+            "The trial's process could not join its cgroup (%s): it is watched by polling only.", exc)
 
 
 def _own_session() -> None:

@@ -41,6 +41,7 @@ from ._watchdog import TrialProcess
 if TYPE_CHECKING:
     from ...ledger import Entry, Ledger, Request
     from .._policy import Guard
+    from ._cgroup import Enforcement
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
@@ -82,11 +83,11 @@ class Runner:
 
     def __init__(self, study: optuna.Study, objective: Callable, guard: "Guard", ledger: "Ledger", *,
                  n_trials: int | None, timeout: float | None, n_workers: int, catch: tuple,
-                 callbacks: list, on_host_full: str) -> None:
+                 callbacks: list, on_host_full: str, enforcement: "Enforcement") -> None:
         self.study, self.objective, self.guard, self.ledger = study, objective, guard, ledger
         self.policy = guard.policy
         self.n_trials, self.n_workers, self.catch = n_trials, n_workers, catch
-        self.callbacks, self.on_host_full = callbacks, on_host_full
+        self.callbacks, self.on_host_full, self.enforcement = callbacks, on_host_full, enforcement
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.asked = 0
         self.children: dict[int, TrialProcess] = {}
@@ -271,11 +272,12 @@ class Runner:
 
     def _launch(self, waiting: _Waiting, entry: "Entry") -> None:
         trial, state = waiting.trial, waiting.state
+        cgroup = self.enforcement.open(trial.number)
         payload = Payload(
             objective=self.objective, storage=_internals.storage_of(self.study), study_name=self.study.study_name,
             trial_id=state.trial_id, assignment=dict(state.assignment), space=dict(state.space),
             sampler=self.base_sampler, pruner=self.inner_pruner, gpu=entry.gpu,
-            environ=dict(os.environ), cwd=os.getcwd(),
+            environ=dict(os.environ), cwd=os.getcwd(), cgroup=cgroup.join if cgroup is not None else None,
         )
         receive, send = self.ctx.Pipe(duplex=False)
         state.oom_kills = procfs.oom_kills()  # an OOM kill counted from here on may have been this trial's
@@ -284,6 +286,8 @@ class Runner:
             process.start()
         except Exception as exc:
             receive.close()
+            if cgroup is not None:
+                cgroup.remove()
             self.ledger.release(entry)
             reason = f"the trial could not be started in its own process: {type(exc).__name__}: {exc}"
             self._fail_before_launch(trial, state, reason)
@@ -293,7 +297,7 @@ class Runner:
             raise
         finally:
             send.close()
-        child = TrialProcess(self.policy, trial, state, waiting.margins, entry, process, receive)
+        child = TrialProcess(self.policy, trial, state, waiting.margins, entry, process, receive, cgroup)
         self.children[state.trial_id] = child
         child.watch()
         if self.heartbeats:
@@ -337,9 +341,10 @@ class Runner:
             self.study.stop()
         peaks = {"ram": max(peak.rss if peak else 0, child_hwm) or None,
                  "vram": peak.vram if peak else None, "threads": peak.threads if peak else None}
+        peaks["ram"], kernel = child.kernel_verdict(peaks["ram"])  # kernel: why it killed at the cgroup limit
         values, failure, failed, oom = None, None, None, None
         state = TrialState.FAIL
-        stopped = child.hard_reading is not None and (result is None or result[0] != "complete")
+        stopped = (child.hard_reading is not None or kernel is not None) and (result is None or result[0] != "complete")
         if stopped:
             state = TrialState.PRUNED
         elif result is None:
@@ -366,17 +371,20 @@ class Runner:
                         lambda: _internals.storage_of(self.study).get_trial(child.state.trial_id))
         params = _without_prediction(child.state, frozen.params)
         end = trial_outcome(policy, child.state.reason, soft_reading=child.soft_reading,
-                            hard_reading=child.hard_reading, stopped_by="by the runner" if stopped else None,
+                            hard_reading=child.hard_reading, stopped_by="by the runner" if stopped and not kernel else None,
                             soft_pruned=bool(result and result[0] == "pruned" and result[2]), failed=failed,
                             out_of_memory=oom)
         peaks = oom.needs(peaks, policy.budget) if oom is not None else peaks
         timeline = child.monitor.timeline() if child.monitor is not None else []
         record = policy.record(child.state, params, decision=end.decision, reason=end.reason, peaks=peaks,
                                timeline=timeline, breach=end.breach)
+        if stopped and kernel:
+            record = dataclasses.replace(record, decision=Decision.STOPPED, reason=kernel)
         # the margin its reservation applied; a trial unchecked at launch reserved the budget instead
         budgeted = ({r: m for r, m in child.margins.items() if r in policy.budget.resources}
                     if child.reserved_prediction else {})
-        record = dataclasses.replace(record, margin=budgeted, host=self.ledger.host, gpu=child.entry.gpu)
+        record = dataclasses.replace(record, margin=budgeted, host=self.ledger.host, gpu=child.entry.gpu,
+                                     enforcement=child.enforcement())
         if end.decision is Decision.STOPPED and child.hard_reading is not None:  # crossing reading -> tree gone
             stop_ms = round((child.ended - child.hard_reading.t) * 1000, 1)
             record = dataclasses.replace(record, breach={**record.breach, "stop_ms": stop_ms})

@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial
 from ... import _internals
 from ...units import check_int, check_number
 from .._guard import MemoryGuard
+from ._cgroup import Enforcement
 from ._forkserver import stop_fork_server
 from ._loop import Runner
 from ._progress import Progress
@@ -37,6 +38,7 @@ def optimize(
     host: "HostBudget | Ledger | None" = None,
     on_host_full: str = "wait",
     progress: bool | None = None,
+    enforce: str = "auto",
 ) -> None:
     """Run ``study`` with each trial in its own child process, at most ``n_workers`` at a time.
 
@@ -85,12 +87,21 @@ def optimize(
             (another host id or ledger database).
         on_host_full: ``"wait"`` (default) until the reservation fits, or ``"reject"`` the trial.
         progress: show a progress bar (default: when stderr is a terminal).
+        enforce: how a trial is held to its RAM budget. ``"auto"`` (default): a cgroup per trial where
+            one can be made below this process's own group, else polling; ``"cgroup"``: a cgroup per trial
+            or RuntimeError before any trial; ``"polling"``: the watchdog alone. In a group with a memory
+            controller (cgroup v2 delegated, cgroup v1's memory controller) the kernel holds the tree's RSS
+            to the budget exactly, even against an allocation faster than the poll: a trial killed at the
+            limit ends PRUNED (stopped), "stopped by the kernel at its cgroup limit (N MiB)", with the
+            group's exact peak. In a v2 group without one the tree is still killed whole. The watchdog
+            polls in every mode (soft line, VRAM, threads); the record's ``enforcement`` says which applied.
 
     Raises:
         ValueError: before any trial, for a bad argument, or a per-trial RAM budget over this machine's
-            RAM. A budget within the machine but over the host's capacity is warned about: a trial
+            RAM (or its cgroup's limit). A budget within the machine but over the host's capacity is warned about: a trial
             unchecked at launch, which reserves its whole budget, reserves the host's capacity instead.
         LedgerError: the host ledger's database cannot be opened (the message names the file).
+        RuntimeError: ``enforce="cgroup"`` where no cgroup can be made (the message says why).
     """
     if not isinstance(guard, MemoryGuard):
         raise TypeError(f"guard must be a MemoryGuard, but got {type(guard).__name__}.")
@@ -110,6 +121,7 @@ def optimize(
     if not all(isinstance(c, type) and issubclass(c, BaseException) for c in catch):
         raise TypeError(f"catch must be exception types, but got {catch!r}.")
     callbacks = _check_callbacks(callbacks)
+    enforcement = Enforcement(enforce, guard.budget, guard.policy.soft)
     from ...ledger import HostBudget, Ledger
 
     if host is None:
@@ -129,7 +141,7 @@ def optimize(
     if over_host:
         guard.warnings.once("budget-over-host", over_host)
     runner = Runner(study, objective, guard, ledger, n_trials=n_trials, timeout=timeout, n_workers=n_workers,
-                     catch=catch, callbacks=callbacks, on_host_full=on_host_full)
+                     catch=catch, callbacks=callbacks, on_host_full=on_host_full, enforcement=enforcement)
     show = sys.stderr.isatty() if progress is None else bool(progress)
     try:
         if show:

@@ -83,18 +83,17 @@ def check_budget_fits(budget: "Budget", ledger: "Ledger") -> str:
     was given is capped: an unchecked trial reserves the whole capacity (it runs alone), and the warning
     says so.
     """
-    import psutil
-
-    from ...ledger import Request
+    from ...ledger import Request, physical_ram
     from ...units import format_bytes
 
-    total = psutil.virtual_memory().total
+    total, source = physical_ram()
     if budget.ram is not None and budget.ram > total:
         capacity = "unlimited" if ledger.capacity.ram is None else format_bytes(ledger.capacity.ram)
         raise ValueError(
             f"the per-trial {budget} is more than this machine has: RAM {format_bytes(budget.ram)} > "
-            f"{format_bytes(total)} in all (host {ledger.host!r} may reserve {capacity} for all its trials); "
-            "lower the budget (one meant for a bigger machine?)."
+            f"{format_bytes(total)} in all ({'' if source == 'physical memory' else source + '; '}host "
+            f"{ledger.host!r} may reserve {capacity} for all its trials); lower the budget (one meant for a bigger "
+            "machine?)."
         )
     whole = Request(ram=budget.ram or 0, vram=(budget.vram or 0) if ledger.capacity.gpus else 0,
                     threads=budget.threads or 0)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ...ledger import Entry
     from .._policy import Policy
     from .._trials import TrialGuardState
+    from ._cgroup import TrialCgroup
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
@@ -29,7 +30,7 @@ class TrialProcess:
     """One trial's process: its watchdog, its reservation, what came back."""
 
     def __init__(self, policy: "Policy", trial: "optuna.Trial", state: "TrialGuardState", margins: dict[str, float],
-                 entry: "Entry", process: Any, conn: Any) -> None:
+                 entry: "Entry", process: Any, conn: Any, cgroup: "TrialCgroup | None" = None) -> None:
         self.trial, self.state, self.margins = trial, state, margins
         self.reserved_prediction = state.prediction is not None  # else it reserved the budget
         self.entry, self.process, self.conn = entry, process, conn
@@ -42,6 +43,7 @@ class TrialProcess:
         self.ended = 0.0
         self.monitor: Monitor | None = None
         self.heartbeat: Any = None
+        self.cgroup = cgroup  # the trial's group, where one was made (``_cgroup``)
 
     def watch(self) -> None:
         try:
@@ -75,9 +77,21 @@ class TrialProcess:
         if sig == signal.SIGKILL:
             self.kill_group()
 
+    def kernel_verdict(self, peak_ram: int | None) -> tuple[int | None, str | None]:
+        """The trial's peak RAM with its cgroup's exact peak, and the reason when the kernel killed in the
+        group at its limit (``TrialCgroup.verdict``); the polled peak and None without a group."""
+        return (peak_ram, None) if self.cgroup is None else self.cgroup.verdict(peak_ram)
+
+    def enforcement(self) -> str:
+        """Which enforcement applied, for the record: the group's (``TrialCgroup.label``) or polling."""
+        return "polling" if self.cgroup is None else self.cgroup.label()
+
     def kill_group(self) -> None:
         """SIGKILL what is left of the trial's process group (its process leads a session of its own:
-        ``_child``), the helpers that outlive it included; nothing once the whole group is gone."""
+        ``_child``), the helpers that outlive it included; nothing once the whole group is gone. With a
+        cgroup, everything in it: a grandchild in a session of its own, or whose parent died first."""
+        if self.cgroup is not None:
+            self.cgroup.kill()
         pid = self.process.pid
         if pid is None or pid == os.getpgid(0):
             return
@@ -92,6 +106,8 @@ class TrialProcess:
         if self.heartbeat is not None:
             self.heartbeat.join()
         self.conn.close()
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
 def _signal(pid: int, sig: int) -> None:
