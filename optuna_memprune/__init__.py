@@ -12,7 +12,7 @@ from typing import Any
 from .budget import Budget
 from .units import format_bytes, parse_bytes
 from .estimate.footprint import Component, Footprint, Kind
-from .exceptions import CalibrationError, EstimateError, MemPruneError
+from .exceptions import CalibrationError, EnforcementError, EstimateError, MemPruneError
 
 logging.getLogger("optuna_memprune").addHandler(logging.NullHandler())
 
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Budget", "Component", "Footprint", "Kind", "format_bytes", "parse_bytes",
-    "MemPruneError", "EstimateError", "CalibrationError",
+    "MemPruneError", "EstimateError", "CalibrationError", "EnforcementError",
     "MemoryGuard", "GuardedSampler", "GuardedPruner", "MemoryBudgetExceeded", "read_record",
     "optimize", "HostBudget", "Ledger",
     "estimate",

@@ -16,3 +16,7 @@ class EstimateError(MemPruneError, ValueError):
 
 class CalibrationError(MemPruneError, RuntimeError):
     """Measuring this host's baseline failed (a calibration subprocess crashed or timed out)."""
+
+
+class EnforcementError(MemPruneError, RuntimeError):
+    """``enforce="cgroup"`` where no cgroup can be made for the trials (the reason is in the message)."""

@@ -140,7 +140,7 @@ ledger = Ledger(HostBudget(ram="8GiB", gpus=None, headroom=0.0), url=f"sqlite://
 try:
     omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=1, host=ledger,
                  enforce="cgroup")
-except RuntimeError as exc:
+except omp.EnforcementError as exc:  # a MemPruneError: the CLI prints its one line, exit 1
     print("refused:", exc)
 print("trials:", len(study.trials))
 omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=1, host=ledger)

@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ... import cgroups
+from ...exceptions import EnforcementError
 from ...units import MiB
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ class Enforcement:
 
     Raises:
         ValueError: ``enforce`` is not one of ``ENFORCE``.
-        RuntimeError: ``enforce="cgroup"`` where no group can be made here (the reason is in the message).
+        EnforcementError: (a RuntimeError) ``enforce="cgroup"`` where no group can be made here (the
+            reason is in the message).
     """
 
     def __init__(self, enforce: str, budget: "Budget", soft: float) -> None:
@@ -51,7 +53,7 @@ class Enforcement:
         self.place, self.reason = cgroups.place()
         if self.place is None:
             if enforce == "cgroup":
-                raise RuntimeError(f"enforce='cgroup', but no cgroup can be made for the trials here: {self.reason}. "
+                raise EnforcementError(f"enforce='cgroup', but no cgroup can be made for the trials here: {self.reason}. "
                                    "Use enforce='auto' (polling where no group can be made) or 'polling'.")
             _logger.info("Trials are watched by polling only: no cgroup can be made here (%s).", self.reason)
             return

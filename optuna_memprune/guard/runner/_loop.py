@@ -24,12 +24,12 @@ from optuna.trial import TrialState
 from ... import _internals, procfs, records
 from ...records import Decision
 from .._objective import store_rejection
-from .._oom import killed_by_oom_killer, out_of_memory
 from .._outcome import trial_outcome
 from .._pruner import GuardedPruner
 from .._sampler import GuardedSampler
 from .._trials import TrialGuardState
 from ._child import Payload, child_main
+from ._ending import judge
 from ._forkserver import fork_server
 from ._owners import ASKED, LAUNCHED, DeadRunners, TrialKey
 from ._progress import Status
@@ -334,63 +334,33 @@ class Runner:
 
     def _finish(self, child: TrialProcess) -> None:
         policy, trial = self.policy, child.trial
-        result = child.result if child.result and child.result[0] != "lost" else None
-        peak = child.monitor.peak if child.monitor is not None else None
-        child_hwm = result[-1] if result else 0
-        if result and result[-2]:  # the objective called trial.study.stop()
+        end = judge(child, self.catch)
+        if end.stop_asked:  # the objective called trial.study.stop()
             self.study.stop()
-        peaks = {"ram": max(peak.rss if peak else 0, child_hwm) or None,
-                 "vram": peak.vram if peak else None, "threads": peak.threads if peak else None}
-        peaks["ram"], kernel = child.kernel_verdict(peaks["ram"])  # kernel: why it killed at the cgroup limit
-        values, failure, failed, oom = None, None, None, None
-        state = TrialState.FAIL
-        stopped = (child.hard_reading is not None or kernel is not None) and (result is None or result[0] != "complete")
-        if stopped:
-            state = TrialState.PRUNED
-        elif result is None:
-            code = child.process.exitcode
-            failed = (f"its process died from signal {signal.Signals(-code).name}" if code is not None and code < 0
-                      else f"its process exited with code {code} without a result")
-            oom = killed_by_oom_killer(code, child.state.oom_kills)
-            if code == -signal.SIGKILL and oom is None:
-                failed += " (sent from outside the runner: the kernel's OOM killer sends SIGKILL)"
-        elif result[0] == "complete":
-            state, values = TrialState.COMPLETE, result[1]
-        elif result[0] == "pruned":
-            state = TrialState.PRUNED
-        else:  # "fail"
-            exc, text, tb = result[1], result[2], result[3]
-            failed = f"the objective raised {text}"
-            oom = out_of_memory(exc, text)  # infeasible: PRUNED, never a failure that stops the run
-            caught = oom is not None or (exc is not None and isinstance(exc, self.catch))
-            failure = None if caught else (exc if isinstance(exc, BaseException) else RuntimeError(text))
-            if failure is not None and tb:
-                _logger.error("Trial %d failed in its process:\n%s", trial.number, tb)
-        state = TrialState.PRUNED if oom is not None else state  # the sampler learns from its constraint
         frozen = _retry("reading the trial",
                         lambda: _internals.storage_of(self.study).get_trial(child.state.trial_id))
         params = _without_prediction(child.state, frozen.params)
-        end = trial_outcome(policy, child.state.reason, soft_reading=child.soft_reading,
-                            hard_reading=child.hard_reading, stopped_by="by the runner" if stopped and not kernel else None,
-                            soft_pruned=bool(result and result[0] == "pruned" and result[2]), failed=failed,
-                            out_of_memory=oom)
-        peaks = oom.needs(peaks, policy.budget) if oom is not None else peaks
+        outcome = trial_outcome(policy, child.state.reason, soft_reading=child.soft_reading,
+                                hard_reading=child.hard_reading,
+                                stopped_by="by the runner" if end.stopped and not end.kernel else None,
+                                soft_pruned=end.soft_pruned, failed=end.failed, out_of_memory=end.oom)
+        peaks = end.oom.needs(end.peaks, policy.budget) if end.oom is not None else end.peaks
         timeline = child.monitor.timeline() if child.monitor is not None else []
-        record = policy.record(child.state, params, decision=end.decision, reason=end.reason, peaks=peaks,
-                               timeline=timeline, breach=end.breach)
-        if stopped and kernel:
-            record = dataclasses.replace(record, decision=Decision.STOPPED, reason=kernel)
+        record = policy.record(child.state, params, decision=outcome.decision, reason=outcome.reason, peaks=peaks,
+                               timeline=timeline, breach=outcome.breach)
+        if end.stopped and end.kernel:
+            record = dataclasses.replace(record, decision=Decision.STOPPED, reason=end.kernel)
         # the margin its reservation applied; a trial unchecked at launch reserved the budget instead
         budgeted = ({r: m for r, m in child.margins.items() if r in policy.budget.resources}
                     if child.reserved_prediction else {})
         record = dataclasses.replace(record, margin=budgeted, host=self.ledger.host, gpu=child.entry.gpu,
                                      enforcement=child.enforcement())
-        if end.decision is Decision.STOPPED and child.hard_reading is not None:  # crossing reading -> tree gone
+        if outcome.decision is Decision.STOPPED and child.hard_reading is not None:  # crossing reading -> tree gone
             stop_ms = round((child.ended - child.hard_reading.t) * 1000, 1)
             record = dataclasses.replace(record, breach={**record.breach, "stop_ms": stop_ms})
-        self._end(trial, child.state, record, state, values)
-        if failure is not None and self.fatal is None:
-            self.fatal = failure
+        self._end(trial, child.state, record, end.state, end.values)
+        if end.failure is not None and self.fatal is None:
+            self.fatal = end.failure
 
     def _end(self, trial: optuna.Trial, state: TrialGuardState, record: records.TrialRecord,
              final: TrialState, values: Any = None) -> None:
