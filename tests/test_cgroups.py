@@ -162,13 +162,14 @@ def test_host_ram_auto_comes_from_a_2gib_cgroup_limit_and_names_it() -> None:
 
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         out = subprocess.run(
-            [sys.executable, "-c", "from optuna_memprune.ledger import HostBudget, physical_ram\n"
+            [sys.executable, "-c", "from optuna_memprune.ledger import HostBudget, describe, physical_ram\n"
              "c = HostBudget(ram='auto', gpus=None, headroom=0.0).resolve()\n"
-             "print(c.ram); print(c.source); print(physical_ram()[0])"],
+             "print(c.ram); print(c.source); print(physical_ram()[0]); print(describe(c))"],
             env=env, preexec_fn=enter, capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
         ram, source, physical = int(out[0]), out[1], int(out[2])
         assert 0 < ram <= 2 * GiB
         assert source.startswith(f"cgroup v{where.version} ") and "limit 2.00 GiB" in source, source
         assert physical == 2 * GiB
+        assert out[3].endswith(f"(ram from {source})"), out[3]  # what the runner logs at its start
     finally:
         assert group.remove()

@@ -163,7 +163,8 @@ class Usage(NamedTuple):
 
 
 def describe(x: Request | Usage | HostCapacity) -> str:
-    """``ram=..., threads=..., vram=...`` in human sizes."""
+    """``ram=..., threads=..., vram=...`` in human sizes; a capacity whose RAM was read as ``"auto"`` says
+    where from (available memory, or a cgroup's limit less its usage)."""
     vram = getattr(x, "vram", None)
     if vram is None:
         vram = x.gpus
@@ -173,4 +174,5 @@ def describe(x: Request | Usage | HostCapacity) -> str:
         parts.append("vram=[" + ", ".join(format_bytes(v) for v in vram) + "]")
     else:
         parts.append(f"vram={format_bytes(vram)}")
-    return ", ".join(parts)
+    source = getattr(x, "source", "")
+    return ", ".join(parts) + (f" (ram from {source})" if source else "")

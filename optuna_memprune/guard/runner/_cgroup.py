@@ -54,12 +54,20 @@ class Enforcement:
         if self.place is None:
             if enforce == "cgroup":
                 raise EnforcementError(f"enforce='cgroup', but no cgroup can be made for the trials here: {self.reason}. "
-                                   "Use enforce='auto' (polling where no group can be made) or 'polling'.")
+                                       "Use enforce='auto' (polling where no group can be made) or 'polling'.")
             _logger.info("Trials are watched by polling only: no cgroup can be made here (%s).", self.reason)
             return
         reaped = cgroups.reap(self.place)
         if reaped:
             _logger.info("Removed %d cgroup(s) left by dead runners: %s", len(reaped), ", ".join(reaped))
+
+    def describe(self) -> str:
+        """One line: what holds the trials to their RAM budget here."""
+        if self.place is None:
+            return f"trials are held to their RAM budget by polling ({self.reason})"
+        what = "the kernel's limit on a cgroup per trial" if self.place.memory and self.hard is not None else (
+            "polling, with a cgroup per trial for the tree kill")
+        return f"trials are held to their RAM budget by {what} ({self.place.label} {self.place.name})"
 
     def open(self, number: int) -> "TrialCgroup | None":
         """The cgroup of trial ``number``, limited, before its process starts; None for polling alone."""

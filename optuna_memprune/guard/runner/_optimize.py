@@ -6,6 +6,7 @@ progress bar, the fork server); the loop itself is ``_loop``'s, the trial's proc
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -24,6 +25,8 @@ from ._reserve import check_budget_fits
 if TYPE_CHECKING:
     from ...ledger import HostBudget, Ledger
 
+
+_logger = logging.getLogger("optuna_memprune.guard")
 
 def optimize(
     study: optuna.Study,
@@ -140,6 +143,9 @@ def optimize(
         raise
     if over_host:
         guard.warnings.once("budget-over-host", over_host)
+    from ...ledger import describe
+
+    _logger.info("Host %s: trials may reserve %s; %s.", ledger.host, describe(ledger.capacity), enforcement.describe())
     runner = Runner(study, objective, guard, ledger, n_trials=n_trials, timeout=timeout, n_workers=n_workers,
                      catch=catch, callbacks=callbacks, on_host_full=on_host_full, enforcement=enforcement)
     show = sys.stderr.isatty() if progress is None else bool(progress)
