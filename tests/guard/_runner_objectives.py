@@ -96,3 +96,15 @@ def guard() -> "object":
     import optuna_memprune as omp
 
     return omp.MemoryGuard(footprint, omp.Budget(ram="600MiB"), on_infeasible="reject")
+
+
+def nap(trial: optuna.Trial) -> float:
+    """Sleeps a second without touching the study's storage (a storage error in it is the runner's alone)."""
+    time.sleep(1.0)
+    return 1.0
+
+
+def fixed_footprint(params: dict) -> "object":
+    import optuna_memprune as omp
+
+    return omp.Footprint.of(ram=300 * MiB)

@@ -390,7 +390,7 @@ class Runner:
             _retry("telling the result", lambda: self.study.tell(trial, values, skip_if_finished=True))
         else:
             _retry("telling the result", lambda: self.study.tell(trial, state=final, skip_if_finished=True))
-        frozen = _internals.storage_of(self.study).get_trial(state.trial_id)
+        frozen = _retry("reading the trial", lambda: _internals.storage_of(self.study).get_trial(state.trial_id))
         key = {TrialState.COMPLETE: "done", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}[frozen.state]
         self.counts[key] += 1
         if record.decision is Decision.REJECTED:
@@ -410,7 +410,7 @@ class Runner:
         _retry("telling the result", lambda: self.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True))
         self.counts["rejected"] += 1
         self.counts["pruned"] += 1
-        frozen = _internals.storage_of(self.study).get_trial(state.trial_id)
+        frozen = _retry("reading the trial", lambda: _internals.storage_of(self.study).get_trial(state.trial_id))
         for callback in self.callbacks:
             callback(self.study, frozen)
 
