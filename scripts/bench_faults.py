@@ -51,6 +51,7 @@ import inspect
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -71,6 +72,7 @@ import sqlalchemy as sa
 from optuna_memprune.ledger import HostCapacity, Request
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+warnings.filterwarnings("ignore", message="Heartbeat of storage")  # the drill asks trials only to fill a ledger
 
 MiB = 2**20
 BUDGET_MIB = 256         # per trial
@@ -225,6 +227,7 @@ class Reader(threading.Thread):
         self.admitted: dict[int, float] = {}   # trial id -> created of its reservation (first seen)
         self.host_admits: dict[str, list[float]] = {h: [] for h in urls}
         self.loads: list[float] = []
+        self.available = psutil.virtual_memory().available
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -234,6 +237,7 @@ class Reader(threading.Thread):
             if time.monotonic() - last_load >= 1.0:
                 last_load = time.monotonic()
                 self.loads.append(os.getloadavg()[0])
+                self.available = min(self.available, psutil.virtual_memory().available)
             sums = {h: 0 for h in self.urls}
             try:
                 for url, engine in self.engines.items():
@@ -496,7 +500,6 @@ class Drill:
         lost, running_left, enforcement, decisions = [], 0, {}, {}
         overshoot, kinds = [], {}
         admit = []
-        by_pid: dict[int, list] = {}
         filled = set(self.filler.get("trials", ()))
         for t in trials:
             states[t.state.name] = states.get(t.state.name, 0) + 1
@@ -517,8 +520,6 @@ class Drill:
             tid = t._trial_id
             if tid in self.reader.admitted and t.datetime_start is not None and t.number not in filled:
                 admit.append((self.reader.admitted[tid] - t.datetime_start.timestamp()) * 1000)
-            if "drill_pid" in t.user_attrs:
-                by_pid.setdefault(t.user_attrs["drill_pid"], []).append(t)
         exits = [p.returncode for _, p in self.workers]
         aborted = [i for i, (_, p) in enumerate(self.workers) if p.returncode not in (0, -signal.SIGKILL)]
         aborted += [len(self.workers) + i for i, p in enumerate(finals) if p.returncode != 0]
@@ -530,15 +531,13 @@ class Drill:
         for t in lost[:10]:
             r = read_record(t.user_attrs)
             print(f"lost: trial {t.number} {t.state.name} record={'none' if r is None else repr(r.reason)}", flush=True)
-        for pid, when in self.killed_trials:
-            cands = [t for t in by_pid.get(pid, []) if t.datetime_start and t.datetime_start.timestamp() <= when]
-            if cands:
-                t = max(cands, key=lambda t: t.datetime_start)
-                r = read_record(t.user_attrs)
-                print(f"killed trial process {pid}: trial {t.number} ended {t.state.name}: "
-                      f"{r.reason if r else 'no record'}", flush=True)
-            else:
-                print(f"killed trial process {pid}: its trial was not found (killed before it wrote its pid)", flush=True)
+        signalled = [t for t in trials if (r := read_record(t.user_attrs)) is not None and "SIGKILL" in r.reason
+                     and "its runner (pid" not in r.reason]
+        print(f"trial processes SIGKILLed by the drill: {len(self.killed_trials)}; trials whose record names a "
+              f"SIGKILL: {len(signalled)} ({_tally(t.state.name for t in signalled)})", flush=True)
+        why = _tally(re.sub(r"\d+(\.\d+)?", "N", read_record(t.user_attrs).reason)[:110]
+                     for t in trials if t.state.name == "FAIL" and read_record(t.user_attrs) is not None)
+        print(f"FAIL reasons: {why}", flush=True)
         died = [t for t in trials if (r := read_record(t.user_attrs)) is not None and "its runner (pid" in r.reason]
         print(f"trials of dead runners failed with the reason: {len(died)}; workers killed: {len(self.killed_workers)}",
               flush=True)
@@ -567,7 +566,7 @@ class Drill:
         n = len(self.workers)
         print(f"LOAD load_avg_1m mean={np.mean(loads):.1f} max={max(loads):.1f} on {os.cpu_count()} CPUs, "
               f"workers={n} ({a.hosts} hosts x {a.workers_per_host}), duration={a.duration:.0f} s "
-              f"(ran {ran_s:.0f} s), ledger={a.ledger}; {passed}; enforcement in the records: {how or 'none'}",
+              f"(ran {ran_s:.0f} s), least memory available {self.reader.available / 2**30:.1f} GiB, ledger={a.ledger}; {passed}; enforcement in the records: {how or 'none'}",
               flush=True)
         return (f"FAULTS workers={n} trials={len(trials)} admit_p50_ms={pct(admit, 50):.0f} "
                 f"admit_p99_ms={pct(admit, 99):.0f} overcommit={self.reader.overcommit} "
@@ -585,6 +584,13 @@ class Drill:
             print(f"kept {self.tmp}", flush=True)
         else:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _tally(items: object) -> dict:
+    out: dict = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def _cmd(pid: int) -> str:
