@@ -1,8 +1,10 @@
-"""The process-per-trial runner rides out a restart of the PostgreSQL server that holds its study and its
-host ledger: no exception leaves optimize() and every trial ends with its record."""
+"""The process-per-trial runner on a PostgreSQL server: it rides out a restart of the server that holds its
+study and its host ledger (no exception leaves optimize(), every trial ends with its record), and a trial
+waiting for its reservation does not keep trying the ledger 20 times a second."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -12,7 +14,7 @@ import optuna
 import pytest
 
 import optuna_memprune as omp
-from optuna_memprune.ledger import HostCapacity, Ledger
+from optuna_memprune.ledger import HostCapacity, Ledger, Request
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _runner_objectives import fixed_footprint, nap  # noqa: E402
@@ -47,3 +49,33 @@ def test_optimize_rides_out_a_postgresql_restart(postgres_cluster) -> None:
     assert all(r is not None and r.reason for r in records), [t.user_attrs for t in trials]
     assert all(t.state is optuna.trial.TrialState.COMPLETE for t in trials[-2:])  # the study went on after it
     assert ledger.entries() == []
+
+
+class CountingLedger(Ledger):
+    """A real ledger that counts the runner's admission attempts."""
+
+    tries = 0
+
+    def try_admit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        CountingLedger.tries += 1
+        return super().try_admit(*args, **kwargs)
+
+
+def test_a_waiting_trial_tries_a_full_postgresql_ledger_a_few_times_a_second_not_twenty(postgres_url: str) -> None:
+    guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="400MiB"))
+    study = optuna.create_study(storage=postgres_url, study_name="pace",
+                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    ledger = CountingLedger(HostCapacity(ram=500 * MiB), url=postgres_url, host="h")
+    owner = subprocess.Popen(["sleep", "60"])  # a live process whose reservation fills the host
+    try:
+        assert ledger.try_admit(Request(ram=500 * MiB), "other", owner_pid=owner.pid) is not None
+        threading.Timer(4.0, owner.kill).start()  # then its entry is reaped and the trial admitted
+        CountingLedger.tries = 0
+        omp.optimize(study, nap, guard=guard, host=ledger, n_trials=1, progress=False)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert study.trials[0].state is optuna.trial.TrialState.COMPLETE
+    # 4 s of waiting: 10 tries in the first half second, then one every 0.25-0.75 s (at most 14 more);
+    # every 50 ms it was about 80, which with 48 waiting runners kept two cores busy
+    assert 2 <= CountingLedger.tries <= 30, CountingLedger.tries

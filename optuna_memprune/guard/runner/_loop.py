@@ -32,7 +32,7 @@ from ._child import Payload, child_main
 from ._forkserver import fork_server
 from ._owners import ASKED, LAUNCHED, DeadRunners, TrialKey
 from ._progress import Status
-from ._reserve import Reservations
+from ._reserve import Reservations, next_try
 from ._storage import retry as _retry
 from ._storage import storage_id
 from ._watchdog import TrialProcess
@@ -57,6 +57,7 @@ class _Waiting:
     margins: dict[str, float]
     since: float
     hold: "Entry | None"  # the empty entry that names the trial on the ledger until its reservation does
+    due: float = 0.0      # when to try the ledger again (``next_try``)
 
 
 class RunnerTerminated(SystemExit):
@@ -152,7 +153,7 @@ class Runner:
                 self._reap_finished()
                 if self._may_ask() and self.waiting is None and len(self.children) < self.n_workers:
                     self._ask()
-                if self.waiting is not None:
+                if self.waiting is not None and time.monotonic() >= self.waiting.due:
                     self._admit()
                 if on_tick is not None:
                     on_tick()
@@ -251,6 +252,7 @@ class Runner:
         if ledger.take_reaped():
             self.dead_runners.end_trials()
         if entry is None:
+            waiting.due = time.monotonic() + next_try(time.monotonic() - waiting.since)
             if self.on_host_full == "reject":
                 self.waiting = None
                 self._end_rejected(waiting.trial, waiting.state, reason=(
