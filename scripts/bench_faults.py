@@ -84,6 +84,12 @@ STUDY = "faults"
 HEARTBEAT_S, GRACE_S = 2, 30
 
 
+# given to the guard: 64 workers starting at once would otherwise run their first trials unchecked
+SPACE = {"u": optuna.distributions.FloatDistribution(0.0, 1.0),
+         "mb": optuna.distributions.IntDistribution(16, 112, step=8),
+         "hold_s": optuna.distributions.FloatDistribution(0.2, 2.0)}
+
+
 def kind_of(u: float) -> str:
     return "hold" if u < 0.55 else "over" if u < 0.7 else "burst" if u < 0.85 else "helper"
 
@@ -130,7 +136,7 @@ def worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(name)s %(message)s")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        guard = omp.MemoryGuard(footprint, omp.Budget(ram=f"{BUDGET_MIB}MiB"))
+        guard = omp.MemoryGuard(footprint, omp.Budget(ram=f"{BUDGET_MIB}MiB"), search_space=SPACE)
         study = optuna.load_study(study_name=STUDY, storage=storage_of(args.storage),
                                   sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()),
                                   pruner=guard.wrap_pruner())
@@ -343,6 +349,7 @@ class Drill:
         self.workers: list[tuple[str, subprocess.Popen]] = []
         self.pg = Postgres(self.tmp)
         self.notes: list[str] = []
+        self.timeline: list[str] = []   # each fault: when it began (s into the run) and how long it took
         self.killed_workers: list[int] = []
         self.killed_trials: list[tuple[int, float]] = []
         self.filler: dict = {}
@@ -401,10 +408,12 @@ class Drill:
         events += [(0.5 * a.duration, "restart_pg"), (0.3 * a.duration, "fill_ledger")]
         for at, what in sorted(events):
             time.sleep(max(0.0, t0 + at - time.monotonic()))
+            began = time.monotonic()
             try:
                 getattr(self, what)(hosts)
             except Exception as exc:  # noqa: BLE001 - the drill goes on; the line says what failed
                 self.notes.append(f"{what} at {time.monotonic() - t0:.0f} s failed: {type(exc).__name__}: {exc}")
+            self.timeline.append(f"{what} {began - t0:.0f}s+{time.monotonic() - began:.1f}")
         hung = 0
         deadline = t0 + a.duration + 180
         for _, p in self.workers:
@@ -442,9 +451,15 @@ class Drill:
         if not trials:
             self.notes.append("kill_trial: no trial process was running")
             return
-        victim = self.rng.choice(trials)
-        victim.send_signal(signal.SIGKILL)
-        self.killed_trials.append((victim.pid, time.time()))
+        self.rng.shuffle(trials)
+        for victim in trials:
+            try:
+                victim.send_signal(signal.SIGKILL)
+            except psutil.Error:  # ended meanwhile
+                continue
+            self.killed_trials.append((victim.pid, time.time()))
+            return
+        self.notes.append("kill_trial: every trial process ended before it could be killed")
 
     def restart_pg(self, hosts: list[str]) -> None:
         t = time.monotonic()
@@ -455,7 +470,8 @@ class Drill:
                           f"{time.monotonic() - t:.1f} s")
 
     def fill_ledger(self, hosts: list[str]) -> None:
-        """A runner that admits RUNNING trials of the study on host 0 until the host is full, then dies."""
+        """A runner that admits RUNNING trials of the study on host 0 (32 MiB each, as space frees up) until
+        it holds half the host or 15 s passed, then dies."""
         import optuna_memprune as omp
         from optuna_memprune import records
         # the drill plays a runner: its entries carry the runner's own keys (storage, study, trial)
@@ -467,11 +483,11 @@ class Drill:
         study = optuna.load_study(study_name=STUDY, storage=storage_of(self.study_url))
         ledger = omp.Ledger(HostCapacity(ram=self.args.host_ram_mib * MiB), url=self.ledger_urls[hosts[0]],
                             host=hosts[0])
-        entries, trials, until, trial = [], [], time.monotonic() + 3.0, None
-        while time.monotonic() < until:
+        entries, trials, until, trial = [], [], time.monotonic() + 15.0, None
+        while time.monotonic() < until and 64 * len(entries) < self.args.host_ram_mib:
             trial = trial or study.ask()
             key = TrialKey(storage_id(study), STUDY, trial._trial_id, trial.number, "admitted").dumps()
-            entry = ledger.try_admit(Request(ram=64 * MiB), key, owner_pid=owner.pid)
+            entry = ledger.try_admit(Request(ram=32 * MiB), key, owner_pid=owner.pid)
             if entry is None:
                 time.sleep(0.05)
                 continue
@@ -485,7 +501,7 @@ class Drill:
         ledger.close()
         owner.kill()
         owner.wait()
-        self.filler = {"host": hosts[0], "entries": len(entries), "mib": 64 * len(entries), "trials": trials,
+        self.filler = {"host": hosts[0], "entries": len(entries), "mib": 32 * len(entries), "trials": trials,
                        "died": time.time()}
 
     # -- the figures ---------------------------------------------------------------------------------
@@ -549,6 +565,7 @@ class Drill:
                   f"its death: {first}", flush=True)
         for note in self.notes:
             print(note, flush=True)
+        print("faults (start s + seconds taken): " + ", ".join(self.timeline), flush=True)
         pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
         print(f"states {states}; decisions {decisions}; by kind {kinds}", flush=True)
         print(f"reader: {self.reader.samples} samples, {self.reader.gaps} gaps (server down), peak reserved per "
