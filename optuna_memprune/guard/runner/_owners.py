@@ -11,6 +11,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, NamedTuple
 
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from ... import _internals, records
@@ -101,7 +102,9 @@ class DeadRunners:
             return
         died = f"{_died(entry, key.phase)}; reaped by pid {reaped.reaped_by}"
         written = records.read(frozen.user_attrs)
-        if written is not None:  # the runner died between the trial's record and its end
+        if written is not None and _died(entry, key.phase) in written.reason:
+            record = None  # another runner of this host is failing it: its record says why already
+        elif written is not None:  # the runner died between the trial's record and its end
             record = dataclasses.replace(written, reason=f"{written.reason}; then {died} before its end was written")
         else:
             try:
@@ -110,9 +113,13 @@ class DeadRunners:
                 decision = Decision.UNCHECKED
             record = records.TrialRecord(decision=decision, reason=died, host=entry.host, gpu=entry.gpu,
                                          **{f"budget_{r}": getattr(self._budget, r) for r in RESOURCES})
-        retry("writing the record", lambda: records.write_frozen(self._study, key.trial_id, record))
-        retry("failing the trial", lambda: storage.set_trial_state_values(key.trial_id, state=TrialState.FAIL))
-        _logger.warning("Trial %d of study %r failed: %s", frozen.number, key.study, record.reason)
+        if record is not None:
+            retry("writing the record", lambda: records.write_frozen(self._study, key.trial_id, record))
+        try:
+            retry("failing the trial", lambda: storage.set_trial_state_values(key.trial_id, state=TrialState.FAIL))
+        except UpdateFinishedTrialError:  # that other runner failed it first
+            return
+        _logger.warning("Trial %d of study %r failed: %s", frozen.number, key.study, (record or written).reason)
 
 
 class RunnerState(NamedTuple):

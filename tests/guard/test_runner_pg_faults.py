@@ -1,9 +1,11 @@
 """The process-per-trial runner on a PostgreSQL server: it rides out a restart of the server that holds its
 study and its host ledger (no exception leaves optimize(), every trial ends with its record), and a trial
-waiting for its reservation does not keep trying the ledger 20 times a second."""
+waiting for its reservation does not keep trying the ledger 20 times a second, and a dead runner's trial that
+another runner of its host is failing keeps one reason."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -14,6 +16,7 @@ import optuna
 import pytest
 
 import optuna_memprune as omp
+from optuna_memprune import records
 from optuna_memprune.ledger import HostCapacity, Ledger, Request
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -79,3 +82,37 @@ def test_a_waiting_trial_tries_a_full_postgresql_ledger_a_few_times_a_second_not
     # 4 s of waiting: 10 tries in the first half second, then one every 0.25-0.75 s (at most 14 more);
     # every 50 ms it was about 80, which with 48 waiting runners kept two cores busy
     assert 2 <= CountingLedger.tries <= 30, CountingLedger.tries
+
+
+def test_a_dead_runners_trial_already_being_failed_by_another_runner_keeps_one_reason(postgres_url: str,
+                                                                                        tmp_path: Path) -> None:
+    marker = tmp_path / "pid"
+    cmd = [sys.executable, "-m", "optuna_memprune.cli", "worker", "_runner_objectives:wait_to_be_killed",
+           "--storage", postgres_url, "--study", "s", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB",
+           "--n-trials", "1", "--host-id", "h", "--ledger", postgres_url, "--host-ram", "4GiB", "--no-progress"]
+    worker = subprocess.Popen(cmd, cwd=Path(__file__).parent, env={**os.environ, "MEMPRUNE_TEST_MARKER": str(marker)})
+    try:
+        for _ in range(1200):
+            if marker.exists() or worker.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert marker.exists(), "the worker's trial never started"
+    finally:
+        worker.kill()
+        worker.wait()
+    ledger = Ledger(HostCapacity(ram=4 * 2**30), url=postgres_url, host="h")
+    # another runner of the host got there first: it reaped the entry and wrote the record, and has not yet
+    # failed the trial (two runners of one host read the same reaped entry in the drill)
+    reaped = ledger.reap()
+    assert len(reaped) == 1
+    study = optuna.load_study(storage=postgres_url, study_name="s")
+    (trial,) = study.trials
+    first = f"its runner (pid {worker.pid} on host h) died while the trial ran; reaped by pid {os.getpid()}"
+    records.write_frozen(study, trial._trial_id, records.TrialRecord(decision=records.Decision.ADMITTED, reason=first))
+    guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="400MiB"))
+    omp.optimize(optuna.load_study(storage=postgres_url, study_name="s", sampler=guard.wrap_sampler(
+        optuna.samplers.RandomSampler())), nap, guard=guard, host=ledger, n_trials=0, progress=False)
+    (trial,) = optuna.load_study(storage=postgres_url, study_name="s").trials
+    assert trial.state is optuna.trial.TrialState.FAIL
+    assert omp.read_record(trial.user_attrs).reason == first  # was "<first>; then its runner ... died ..." twice
+    assert ledger.reaped() == [] and ledger.entries() == []
