@@ -351,6 +351,7 @@ class Drill:
         self.notes: list[str] = []
         self.timeline: list[str] = []   # each fault: when it began (s into the run) and how long it took
         self.killed_workers: list[int] = []
+        self.helpers_at_kill = 0   # children of the killed workers' trials (helpers) when they were killed
         self.killed_trials: list[tuple[int, float]] = []
         self.filler: dict = {}
 
@@ -443,8 +444,15 @@ class Drill:
         alive = [p for _, p in self.workers if p.poll() is None and p.pid not in self.killed_workers]
         busy = [p for p in alive if trial_processes(p.pid)]
         victim = self.rng.choice(busy or alive)
+        helpers = 0
+        for trial in trial_processes(victim.pid):
+            try:
+                helpers += len(trial.children())
+            except psutil.Error:
+                pass
         victim.send_signal(signal.SIGKILL)
         self.killed_workers.append(victim.pid)
+        self.helpers_at_kill += helpers
 
     def kill_trial(self, hosts: list[str]) -> None:
         trials = [t for _, p in self.workers if p.poll() is None for t in trial_processes(p.pid)]
@@ -555,8 +563,8 @@ class Drill:
                      for t in trials if t.state.name == "FAIL" and read_record(t.user_attrs) is not None)
         print(f"FAIL reasons: {why}", flush=True)
         died = [t for t in trials if (r := read_record(t.user_attrs)) is not None and "its runner (pid" in r.reason]
-        print(f"trials of dead runners failed with the reason: {len(died)}; workers killed: {len(self.killed_workers)}",
-              flush=True)
+        print(f"trials of dead runners failed with the reason: {len(died)}; workers killed: {len(self.killed_workers)} "
+              f"(their trials had {self.helpers_at_kill} helper processes then)", flush=True)
         if self.filler:
             after = [c for c in self.reader.host_admits[self.filler["host"]] if c > self.filler["died"]]
             first = f"{(min(after) - self.filler['died']) * 1000:.0f} ms" if after else "never"
