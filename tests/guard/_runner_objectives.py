@@ -108,3 +108,8 @@ def fixed_footprint(params: dict) -> "object":
     import optuna_memprune as omp
 
     return omp.Footprint.of(ram=300 * MiB)
+
+
+def nap_with(trial: optuna.Trial, ballast: bytes) -> float:
+    """``nap`` with a large argument: the trial's process takes a while to read its payload."""
+    return nap(trial)

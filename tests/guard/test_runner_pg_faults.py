@@ -1,10 +1,12 @@
 """The process-per-trial runner on a PostgreSQL server: it rides out a restart of the server that holds its
 study and its host ledger (no exception leaves optimize(), every trial ends with its record), and a trial
-waiting for its reservation does not keep trying the ledger 20 times a second, and a dead runner's trial that
-another runner of its host is failing keeps one reason."""
+waiting for its reservation does not keep trying the ledger 20 times a second, a dead runner's trial that
+another runner of its host is failing keeps one reason, and a trial's process killed while it starts fails
+that trial only."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 import optuna
+import psutil
 import pytest
 
 import optuna_memprune as omp
@@ -20,7 +23,7 @@ from optuna_memprune import records
 from optuna_memprune.ledger import HostCapacity, Ledger, Request
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _runner_objectives import fixed_footprint, nap  # noqa: E402
+from _runner_objectives import fixed_footprint, nap, nap_with  # noqa: E402
 
 MiB = 2**20
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -116,3 +119,36 @@ def test_a_dead_runners_trial_already_being_failed_by_another_runner_keeps_one_r
     assert trial.state is optuna.trial.TrialState.FAIL
     assert omp.read_record(trial.user_attrs).reason == first  # was "<first>; then its runner ... died ..." twice
     assert ledger.reaped() == [] and ledger.entries() == []
+
+
+def test_a_trial_process_killed_while_it_reads_its_payload_fails_that_trial_only(postgres_url: str) -> None:
+    guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="1GiB"))
+    study = optuna.create_study(storage=postgres_url, study_name="started",
+                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    objective = functools.partial(nap_with, ballast=bytes(128 * MiB))  # read from a pipe: it takes a while
+    killed: list[int] = []
+
+    def kill_the_first_trial_process() -> None:  # as the kernel's OOM killer may, at any moment
+        me = psutil.Process()
+        for _ in range(60_000):
+            for server in me.children():
+                try:
+                    if "forkserver" in " ".join(server.cmdline()):
+                        for child in server.children():
+                            child.kill()
+                            killed.append(child.pid)
+                            return
+                except psutil.Error:
+                    pass
+            time.sleep(0.001)
+
+    killer = threading.Thread(target=kill_the_first_trial_process, daemon=True)
+    killer.start()
+    omp.optimize(study, objective, guard=guard, host=Ledger(HostCapacity(ram=2 * 2**30), url=postgres_url, host="h"),
+                 n_trials=2, progress=False)  # raised BrokenPipeError before
+    killer.join(5)
+    assert killed
+    first, second = optuna.load_study(storage=postgres_url, study_name="started").trials
+    assert first.state is optuna.trial.TrialState.FAIL
+    assert "could not be started in its own process" in omp.read_record(first.user_attrs).reason
+    assert second.state is optuna.trial.TrialState.COMPLETE

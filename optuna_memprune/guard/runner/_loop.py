@@ -285,8 +285,12 @@ class Runner:
         except Exception as exc:
             receive.close()
             self.ledger.release(entry)
-            reason = f"the trial could not be started in its own process: {type(exc).__name__}: {exc}"
+            died = isinstance(exc, (BrokenPipeError, ConnectionResetError))  # killed from outside as it started
+            reason = f"the trial could not be started in its own process: {type(exc).__name__}: {exc}" + (
+                " (the process died while it read the trial from the runner)" if died else "")
             self._fail_before_launch(trial, state, reason)
+            if died:
+                return
             if "pickle" in str(exc).lower() or isinstance(exc, (TypeError, AttributeError)):
                 raise TypeError(f"{reason}. optimize() needs a picklable objective: a module-level function "
                                 "or a functools.partial of one.") from exc
