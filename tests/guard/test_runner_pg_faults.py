@@ -87,12 +87,12 @@ def test_a_waiting_trial_tries_a_full_postgresql_ledger_a_few_times_a_second_not
     assert 2 <= CountingLedger.tries <= 30, CountingLedger.tries
 
 
-def test_a_dead_runners_trial_already_being_failed_by_another_runner_keeps_one_reason(postgres_url: str,
-                                                                                        tmp_path: Path) -> None:
+def _killed_worker(url: str, tmp_path: Path) -> int:
+    """A `memprune worker` of study "s" on host "h" (study and ledger in ``url``), SIGKILLed mid-trial; its pid."""
     marker = tmp_path / "pid"
     cmd = [sys.executable, "-m", "optuna_memprune.cli", "worker", "_runner_objectives:wait_to_be_killed",
-           "--storage", postgres_url, "--study", "s", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB",
-           "--n-trials", "1", "--host-id", "h", "--ledger", postgres_url, "--host-ram", "4GiB", "--no-progress"]
+           "--storage", url, "--study", "s", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB",
+           "--n-trials", "1", "--host-id", "h", "--ledger", url, "--host-ram", "4GiB", "--no-progress"]
     worker = subprocess.Popen(cmd, cwd=Path(__file__).parent, env={**os.environ, "MEMPRUNE_TEST_MARKER": str(marker)})
     try:
         for _ in range(1200):
@@ -103,6 +103,19 @@ def test_a_dead_runners_trial_already_being_failed_by_another_runner_keeps_one_r
     finally:
         worker.kill()
         worker.wait()
+    return worker.pid
+
+
+def _second_runner(url: str, ledger: Ledger) -> None:
+    """A runner of study "s" on host "h" that runs no trial: it only ends the trials of dead runners."""
+    guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="400MiB"))
+    study = optuna.load_study(storage=url, study_name="s", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
+    omp.optimize(study, nap, guard=guard, host=ledger, n_trials=0, progress=False)
+
+
+def test_a_dead_runners_trial_already_being_failed_by_another_runner_keeps_one_reason(postgres_url: str,
+                                                                                        tmp_path: Path) -> None:
+    pid = _killed_worker(postgres_url, tmp_path)
     ledger = Ledger(HostCapacity(ram=4 * 2**30), url=postgres_url, host="h")
     # another runner of the host got there first: it reaped the entry and wrote the record, and has not yet
     # failed the trial (two runners of one host read the same reaped entry in the drill)
@@ -110,11 +123,9 @@ def test_a_dead_runners_trial_already_being_failed_by_another_runner_keeps_one_r
     assert len(reaped) == 1
     study = optuna.load_study(storage=postgres_url, study_name="s")
     (trial,) = study.trials
-    first = f"its runner (pid {worker.pid} on host h) died while the trial ran; reaped by pid {os.getpid()}"
+    first = f"its runner (pid {pid} on host h) died while the trial ran; reaped by pid {os.getpid()}"
     records.write_frozen(study, trial._trial_id, records.TrialRecord(decision=records.Decision.ADMITTED, reason=first))
-    guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="400MiB"))
-    omp.optimize(optuna.load_study(storage=postgres_url, study_name="s", sampler=guard.wrap_sampler(
-        optuna.samplers.RandomSampler())), nap, guard=guard, host=ledger, n_trials=0, progress=False)
+    _second_runner(postgres_url, ledger)
     (trial,) = optuna.load_study(storage=postgres_url, study_name="s").trials
     assert trial.state is optuna.trial.TrialState.FAIL
     assert omp.read_record(trial.user_attrs).reason == first  # was "<first>; then its runner ... died ..." twice
@@ -152,3 +163,24 @@ def test_a_trial_process_killed_while_it_reads_its_payload_fails_that_trial_only
     assert first.state is optuna.trial.TrialState.FAIL
     assert "could not be started in its own process" in omp.read_record(first.user_attrs).reason
     assert second.state is optuna.trial.TrialState.COMPLETE
+
+
+def test_a_trial_reaped_by_another_live_runner_is_left_to_it(postgres_url: str, tmp_path: Path) -> None:
+    _killed_worker(postgres_url, tmp_path)
+    reap = ("import sys, time; from optuna_memprune.ledger import HostCapacity, Ledger; "
+            "print(len(Ledger(HostCapacity(ram=1), url=sys.argv[1], host='h').reap()), flush=True); time.sleep(120)")
+    reaper = subprocess.Popen([sys.executable, "-c", reap, postgres_url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert reaper.stdout.readline().strip() == "1"  # it reaped the dead worker's entry and runs on
+        ledger = Ledger(HostCapacity(ram=4 * 2**30), url=postgres_url, host="h")
+        _second_runner(postgres_url, ledger)  # left to the reaper: two runners failing one trial interleave
+        (trial,) = optuna.load_study(storage=postgres_url, study_name="s").trials
+        assert trial.state is optuna.trial.TrialState.RUNNING and len(ledger.reaped()) == 1
+    finally:
+        reaper.kill()
+        reaper.wait()
+    _second_runner(postgres_url, ledger)  # the reaper is gone: this runner ends the trial
+    (trial,) = optuna.load_study(storage=postgres_url, study_name="s").trials
+    assert trial.state is optuna.trial.TrialState.FAIL
+    assert "died while the trial ran" in omp.read_record(trial.user_attrs).reason
+    assert ledger.reaped() == []

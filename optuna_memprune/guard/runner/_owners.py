@@ -9,8 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import time
 from typing import TYPE_CHECKING, NamedTuple
 
+import psutil
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
+#: How long a reaped entry is left to the live process that reaped it before another runner ends its trial.
+_REAPER_S = 30.0
 ASKED = "asked"        # the trial was asked and waits to be checked, reserved and launched
 LAUNCHED = "launched"  # the trial's process was started
 
@@ -61,9 +66,21 @@ def _died(entry: "Entry", phase: str) -> str:
     return f"its runner (pid {entry.owner_pid} on host {entry.host}) died {when}"
 
 
+def _reaper_at_work(reaped: "Reaped") -> bool:
+    """Whether another live process reaped the entry less than ``_REAPER_S`` ago: a runner that reaps an
+    entry fails its trial next, and two runners failing one trial interleave the writes of its record."""
+    if reaped.reaped_by == os.getpid() or time.time() - reaped.reaped > _REAPER_S:
+        return False
+    try:
+        return psutil.Process(reaped.reaped_by).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class DeadRunners:
     """Ends the trials of this host's dead runners that live in one study's storage, and settles their
-    reaped entries; those of other storages are left to their own runners (a warning says so once)."""
+    reaped entries; those of other storages are left to their own runners (a warning says so once), and
+    an entry another live runner reaped in the last 30 s is left to that runner."""
 
     def __init__(self, study: "optuna.Study", ledger: "Ledger", budget: "Budget") -> None:
         self._study, self._ledger, self._budget = study, ledger, budget
@@ -83,6 +100,8 @@ class DeadRunners:
                         "The runner of trial %d of study %r (pid %d) died; that study is in another storage, so "
                         "the trial stays RUNNING until a runner of its storage starts on this host and fails it.",
                         key.number, key.study, reaped.entry.owner_pid)
+                continue
+            if _reaper_at_work(reaped):
                 continue
             try:
                 self._fail(reaped, key)
