@@ -18,9 +18,10 @@ The host capacity (``--host-ram-mib``, 1 GiB) holds about 5 trials, so most work
 
 Faults, at random times of the run: SIGKILL of ``--kill-workers`` workers (chosen among those running a
 trial), SIGKILL of ``--kill-trials`` trial processes (children of a worker's fork server), one restart of
-PostgreSQL (``pg_ctl -m fast stop``, 2 s down, started again on the same port), and host 0's ledger filled
-with the reservations of a runner that then dies (a process that admits RUNNING trials of the study, with
-the runner's own keys, and is SIGKILLed).
+PostgreSQL (``pg_ctl -m fast stop``, 2 s down, started again on the same port); and before the workers
+start, host 0's ledger is filled with the reservations of a runner that then dies (a process that admits
+RUNNING trials of the study with the runner's own keys, 128 MiB each up to the host's capacity, and is
+SIGKILLed): they must be reaped, and their trials failed with the reason, not block the host.
 
 Measured independently of the runners: a reader thread reads the ledger tables every 100 ms (overcommit =
 samples where a host's reservations sum above its capacity; the admission time of each trial = the
@@ -82,6 +83,7 @@ BURST_MIB = BUDGET_MIB - BASE_MIB + 100   # touched at once: about 100 MiB over 
 TOKEN = "MEMPRUNE_FAULT_DRILL"
 STUDY = "faults"
 HEARTBEAT_S, GRACE_S = 2, 30
+ABORTED = "memprune-drill: optimize() raised"
 
 
 # given to the guard: 64 workers starting at once would otherwise run their first trials unchecked
@@ -163,6 +165,7 @@ def worker(args: argparse.Namespace) -> int:
                      timeout=timeout, catch=catch, progress=False, **kwargs)
     except BaseException:  # noqa: BLE001 - the drill counts it
         traceback.print_exc()
+        print(ABORTED, flush=True)  # the drill may SIGKILL this worker while it exits: the log still says it
         sys.stderr.flush()
         return 3
     return 0
@@ -237,6 +240,10 @@ class Reader(threading.Thread):
         self.halt = threading.Event()
 
     def run(self) -> None:
+        try:  # this thread only: its samples stay 100 ms apart however loaded the machine is
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -5)
+        except OSError:
+            pass
         q = sa.text("SELECT host, key, ram, created FROM memprune_ledger_entries")
         last_load = 0.0
         while not self.halt.wait(0.1):
@@ -325,15 +332,35 @@ def kill_all(procs: list[subprocess.Popen], token: str) -> None:
             pass
 
 
-def trial_processes(worker_pid: int) -> list[psutil.Process]:
+def children_map() -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc (psutil's children() reads all of /proc per call,
+    which took the drill 30 s per fault at a load of 40)."""
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            out.setdefault(ppid, []).append(int(entry))
+    return out
+
+
+def trial_processes(worker_pid: int, tree: dict[int, list[int]]) -> list[psutil.Process]:
     """A worker's trial processes: the children of its fork server, started at least 0.3 s ago."""
     out = []
-    try:
-        for server in psutil.Process(worker_pid).children():
-            if "forkserver" in " ".join(server.cmdline()):
-                out += [p for p in server.children() if time.time() - p.create_time() > 0.3]
-    except psutil.Error:
-        pass
+    for server in tree.get(worker_pid, []):
+        try:
+            with open(f"/proc/{server}/cmdline", "rb") as f:
+                if b"forkserver" not in f.read():
+                    continue
+            for pid in tree.get(server, []):
+                p = psutil.Process(pid)
+                if time.time() - p.create_time() > 0.3:
+                    out.append(p)
+        except (OSError, psutil.Error):
+            pass
     return out
 
 
@@ -399,6 +426,7 @@ class Drill:
         print(f"{n} workers ready in {time.monotonic() - started:.0f} s", flush=True)
         self.reader = Reader(self.ledger_urls, a.host_ram_mib * MiB)
         self.reader.start()
+        self.fill_ledger(hosts)
         t0_wall = time.time()
         with open(go + ".tmp", "w") as f:
             f.write(str(t0_wall + a.duration))
@@ -406,7 +434,7 @@ class Drill:
         t0 = time.monotonic()
         events = [(self.rng.uniform(0.15, 0.8) * a.duration, "kill_worker") for _ in range(a.kill_workers)]
         events += [(self.rng.uniform(0.15, 0.8) * a.duration, "kill_trial") for _ in range(a.kill_trials)]
-        events += [(0.5 * a.duration, "restart_pg"), (0.3 * a.duration, "fill_ledger")]
+        events += [(0.5 * a.duration, "restart_pg")]
         for at, what in sorted(events):
             time.sleep(max(0.0, t0 + at - time.monotonic()))
             began = time.monotonic()
@@ -442,10 +470,14 @@ class Drill:
 
     def kill_worker(self, hosts: list[str]) -> None:
         alive = [p for _, p in self.workers if p.poll() is None and p.pid not in self.killed_workers]
-        busy = [p for p in alive if trial_processes(p.pid)]
+        if not alive:
+            self.notes.append("kill_worker: no worker was left")
+            return
+        tree = children_map()
+        busy = [p for p in alive if trial_processes(p.pid, tree)]
         victim = self.rng.choice(busy or alive)
         helpers = 0
-        for trial in trial_processes(victim.pid):
+        for trial in trial_processes(victim.pid, tree):
             try:
                 helpers += len(trial.children())
             except psutil.Error:
@@ -455,7 +487,8 @@ class Drill:
         self.helpers_at_kill += helpers
 
     def kill_trial(self, hosts: list[str]) -> None:
-        trials = [t for _, p in self.workers if p.poll() is None for t in trial_processes(p.pid)]
+        tree = children_map()
+        trials = [t for _, p in self.workers if p.poll() is None for t in trial_processes(p.pid, tree)]
         if not trials:
             self.notes.append("kill_trial: no trial process was running")
             return
@@ -478,10 +511,9 @@ class Drill:
                           f"{time.monotonic() - t:.1f} s")
 
     def fill_ledger(self, hosts: list[str]) -> None:
-        """A runner that admits RUNNING trials of the study on host 0 (32 MiB each, as space frees up) until
-        it holds half the host or 15 s passed, then dies."""
+        """Before the workers start: a runner admits RUNNING trials of the study on host 0, 128 MiB each,
+        until the host is full, and dies (SIGKILL)."""
         import optuna_memprune as omp
-        from optuna_memprune import records
         # the drill plays a runner: its entries carry the runner's own keys (storage, study, trial)
         from optuna_memprune.guard.runner._owners import TrialKey
         from optuna_memprune.guard.runner._storage import storage_id
@@ -491,25 +523,16 @@ class Drill:
         study = optuna.load_study(study_name=STUDY, storage=storage_of(self.study_url))
         ledger = omp.Ledger(HostCapacity(ram=self.args.host_ram_mib * MiB), url=self.ledger_urls[hosts[0]],
                             host=hosts[0])
-        entries, trials, until, trial = [], [], time.monotonic() + 15.0, None
-        while time.monotonic() < until and 64 * len(entries) < self.args.host_ram_mib:
-            trial = trial or study.ask()
+        trials = []
+        for _ in range(self.args.host_ram_mib // 128):
+            trial = study.ask()
             key = TrialKey(storage_id(study), STUDY, trial._trial_id, trial.number, "admitted").dumps()
-            entry = ledger.try_admit(Request(ram=32 * MiB), key, owner_pid=owner.pid)
-            if entry is None:
-                time.sleep(0.05)
-                continue
-            entries.append(entry)
+            assert ledger.try_admit(Request(ram=128 * MiB), key, owner_pid=owner.pid) is not None
             trials.append(trial.number)
-            trial = None
-        if trial is not None:  # asked, never reserved: not the dead runner's, so the drill ends it here
-            records.write(trial, records.TrialRecord(decision=records.Decision.REJECTED,
-                                                     reason="the drill's dead runner got no reservation for it"))
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         ledger.close()
         owner.kill()
         owner.wait()
-        self.filler = {"host": hosts[0], "entries": len(entries), "mib": 32 * len(entries), "trials": trials,
+        self.filler = {"host": hosts[0], "entries": len(trials), "mib": 128 * len(trials), "trials": trials,
                        "died": time.time()}
 
     # -- the figures ---------------------------------------------------------------------------------
@@ -545,13 +568,14 @@ class Drill:
             if tid in self.reader.admitted and t.datetime_start is not None and t.number not in filled:
                 admit.append((self.reader.admitted[tid] - t.datetime_start.timestamp()) * 1000)
         exits = [p.returncode for _, p in self.workers]
-        aborted = [i for i, (_, p) in enumerate(self.workers) if p.returncode not in (0, -signal.SIGKILL)]
-        aborted += [len(self.workers) + i for i, p in enumerate(finals) if p.returncode != 0]
+        logs = [os.path.join(self.tmp, f"worker-{i}.log") for i in range(len(self.workers))]
+        logs += [os.path.join(self.tmp, f"final-{h}.log") for h in hosts]
+        codes = [p.returncode for _, p in self.workers] + [p.returncode for p in finals]
+        aborted = [i for i, (code, log) in enumerate(zip(codes, logs)) if code not in (0, -signal.SIGKILL)
+                   or ABORTED in open(log, errors="replace").read()]
         for i in aborted:
-            log = os.path.join(self.tmp, f"worker-{i}.log" if i < len(self.workers) else
-                               f"final-{hosts[i - len(self.workers)]}.log")
-            with open(log, errors="replace") as f:
-                print(f"-- worker {i} exited {'abnormally'}; the end of its log:\n" + f.read()[-3000:], flush=True)
+            with open(logs[i], errors="replace") as f:
+                print(f"-- {os.path.basename(logs[i])} (exit {codes[i]}) ends:\n" + f.read()[-3000:], flush=True)
         for t in lost[:10]:
             r = read_record(t.user_attrs)
             print(f"lost: trial {t.number} {t.state.name} record={'none' if r is None else repr(r.reason)}", flush=True)
@@ -566,11 +590,14 @@ class Drill:
         print(f"trials of dead runners failed with the reason: {len(died)}; workers killed: {len(self.killed_workers)} "
               f"(their trials had {self.helpers_at_kill} helper processes then)", flush=True)
         if self.filler:
-            after = [c for c in self.reader.host_admits[self.filler["host"]] if c > self.filler["died"]]
-            first = f"{(min(after) - self.filler['died']) * 1000:.0f} ms" if after else "never"
+            def first(host: str) -> str:
+                after = [c for c in self.reader.host_admits[host] if c > self.filler["died"]]
+                return f"{(min(after) - self.filler['died']) * 1000:.0f} ms" if after else "never"
+
             print(f"dead runner on {self.filler['host']}: {self.filler['entries']} reservations "
-                  f"({self.filler['mib']} MiB) of trials {self.filler['trials']}; next admission on that host after "
-                  f"its death: {first}", flush=True)
+                  f"({self.filler['mib']} MiB, the whole host) of trials {self.filler['trials']}, then SIGKILL; "
+                  f"first admission on that host {first(hosts[0])} after its death (on the other hosts: "
+                  f"{', '.join(first(h) for h in hosts[1:]) or '-'})", flush=True)
         for note in self.notes:
             print(note, flush=True)
         print("faults (start s + seconds taken): " + ", ".join(self.timeline), flush=True)
