@@ -184,3 +184,37 @@ def test_a_trial_reaped_by_another_live_runner_is_left_to_it(postgres_url: str, 
     assert trial.state is optuna.trial.TrialState.FAIL
     assert "died while the trial ran" in omp.read_record(trial.user_attrs).reason
     assert ledger.reaped() == []
+
+
+class StopsTheServerOnce(optuna.samplers.RandomSampler):
+    """A real sampler that stops the PostgreSQL server in the middle of the first trial's check (between
+    the ask and the guard's lookahead, which reads the study's trials) and starts it again 3 s later."""
+
+    def __init__(self, cluster) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(seed=0)
+        self.cluster, self.restarts = cluster, []
+
+    def infer_relative_search_space(self, study, trial):  # type: ignore[no-untyped-def]
+        if not self.restarts:
+            self.cluster.stop("fast")
+            self.restarts.append(threading.Timer(3.0, self.cluster.start))
+            self.restarts[0].start()
+        return super().infer_relative_search_space(study, trial)
+
+    def __getstate__(self) -> dict:  # the trial's process gets a copy without the timer
+        return {**self.__dict__, "restarts": [None]}
+
+
+def test_the_server_going_away_during_a_trials_check_does_not_stop_the_run(postgres_cluster) -> None:
+    url = postgres_cluster.url()
+    guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="400MiB"))
+    sampler = StopsTheServerOnce(postgres_cluster)
+    study = optuna.create_study(storage=url, study_name="check", sampler=guard.wrap_sampler(sampler))
+    try:
+        omp.optimize(study, nap, guard=guard, host=Ledger(HostCapacity(ram=500 * MiB), url=url, host="h"),
+                     n_trials=2, progress=False)  # raised "the sampler failed: StorageInternalError" before
+    finally:
+        if sampler.restarts:
+            sampler.restarts[0].join()
+    trials = optuna.load_study(storage=url, study_name="check").trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2

@@ -197,7 +197,7 @@ class Runner:
         state = guard.trials.open(_internals.trial_id(trial), trial.number)
         state.enforced = True
         try:
-            trial.relative_params  # the guarded sampler's lookahead
+            _retry("checking the trial", lambda: trial.relative_params)  # the guarded sampler's lookahead
         except Exception as exc:
             self._fail_before_launch(trial, state, f"the sampler failed: {type(exc).__name__}: {exc}")
             self._release(hold)
@@ -210,7 +210,7 @@ class Runner:
             self._end_rejected(trial, state)
             self._release(hold)
             return
-        margins = self.reservations.margins()
+        margins = _retry("reading the finished trials", self.reservations.margins)
         request = self.reservations.request(state.prediction, margins)
         self.waiting = _Waiting(trial, state, request, margins, time.monotonic(), hold)
 
