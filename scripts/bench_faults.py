@@ -627,6 +627,8 @@ class Drill:
                 f"study_aborted={int(bool(aborted))}")
 
     def close(self) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if getattr(self, "reader", None) is not None:
             self.reader.halt.set()
         kill_all(self.procs, self.token)
@@ -691,6 +693,7 @@ def main() -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background of a shell
     try:
         line = drill.run()
     finally:
