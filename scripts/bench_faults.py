@@ -17,8 +17,9 @@ faster than the 100 ms poll), ``helper`` (starts a child that ignores SIGTERM an
 The host capacity (``--host-ram-mib``, 1 GiB) holds about 5 trials, so most workers wait for admission.
 
 Faults, at random times of the run: SIGKILL of ``--kill-workers`` workers (chosen among those running a
-trial), SIGKILL of ``--kill-trials`` trial processes (children of a worker's fork server), one restart of
-PostgreSQL (``pg_ctl -m fast stop``, 2 s down, started again on the same port); and before the workers
+trial; the first one, where it can, among those whose trial has a helper child: the orphan case), SIGKILL
+of ``--kill-trials`` trial processes (children of a worker's fork server), one restart of PostgreSQL
+(``pg_ctl -m fast stop``, 2 s down, started again on the same port); and before the workers
 start, host 0's ledger is filled with the reservations of a runner that then dies (a process that admits
 RUNNING trials of the study with the runner's own keys, 128 MiB each up to the host's capacity, and is
 SIGKILLed): they must be reaped, and their trials failed with the reason, not block the host.
@@ -264,7 +265,8 @@ class Reader(threading.Thread):
                             k = json.loads(key)
                         except ValueError:
                             continue
-                        if isinstance(k, dict) and k.get("phase") == "launched" and k.get("trial_id") not in self.admitted:
+                        launched = isinstance(k, dict) and k.get("phase") == "launched"
+                        if launched and k.get("trial_id") not in self.admitted:
                             self.admitted[k["trial_id"]] = created
                             self.host_admits[host].append(created)
             except Exception:  # noqa: BLE001 - the server is restarting: a gap in the samples
@@ -420,7 +422,8 @@ class Drill:
                                                   log=os.path.join(self.tmp, f"worker-{i}.log"))))
         n = len(self.workers)
         for _ in range(3000):
-            if len(glob.glob(os.path.join(self.tmp, "ready-*"))) + sum(p.poll() is not None for _, p in self.workers) >= n:
+            ended = sum(p.poll() is not None for _, p in self.workers)
+            if len(glob.glob(os.path.join(self.tmp, "ready-*"))) + ended >= n:
                 break
             time.sleep(0.2)
         print(f"{n} workers ready in {time.monotonic() - started:.0f} s", flush=True)
@@ -473,15 +476,15 @@ class Drill:
         if not alive:
             self.notes.append("kill_worker: no worker was left")
             return
-        tree = children_map()
-        busy = [p for p in alive if trial_processes(p.pid, tree)]
-        victim = self.rng.choice(busy or alive)
-        helpers = 0
-        for trial in trial_processes(victim.pid, tree):
-            try:
-                helpers += len(trial.children())
-            except psutil.Error:
-                pass
+        for _ in range(20):  # the first kill waits up to 2 s for a trial with a helper child: the orphan case
+            tree = children_map()
+            busy = [p for p in alive if trial_processes(p.pid, tree)]
+            helped = [p for p in busy if any(tree.get(t.pid) for t in trial_processes(p.pid, tree))]
+            if helped or self.killed_workers:
+                break
+            time.sleep(0.1)
+        victim = self.rng.choice(helped or busy or alive)
+        helpers = sum(len(tree.get(t.pid, [])) for t in trial_processes(victim.pid, tree))
         victim.send_signal(signal.SIGKILL)
         self.killed_workers.append(victim.pid)
         self.helpers_at_kill += helpers
@@ -618,7 +621,8 @@ class Drill:
         n = len(self.workers)
         print(f"LOAD load_avg_1m mean={np.mean(loads):.1f} max={max(loads):.1f} on {os.cpu_count()} CPUs, "
               f"workers={n} ({a.hosts} hosts x {a.workers_per_host}), duration={a.duration:.0f} s "
-              f"(ran {ran_s:.0f} s), least memory available {self.reader.available / 2**30:.1f} GiB, ledger={a.ledger}; {passed}; enforcement in the records: {how or 'none'}",
+              f"(ran {ran_s:.0f} s), least memory available {self.reader.available / 2**30:.1f} GiB, "
+              f"ledger={a.ledger}; {passed}; enforcement in the records: {how or 'none'}",
               flush=True)
         return (f"FAULTS workers={n} trials={len(trials)} admit_p50_ms={pct(admit, 50):.0f} "
                 f"admit_p99_ms={pct(admit, 99):.0f} overcommit={self.reader.overcommit} "

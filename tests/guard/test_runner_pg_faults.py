@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 def test_optimize_rides_out_a_postgresql_restart(postgres_cluster) -> None:
     url = postgres_cluster.url()
     guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="400MiB"))
-    study = optuna.create_study(storage=url, study_name="restart", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+    study = optuna.create_study(storage=url, study_name="restart",
+                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
                                 pruner=guard.wrap_pruner())
     ledger = Ledger(HostCapacity(ram=500 * MiB), url=url, host="h")  # one 300 MiB trial at a time: one waits
 
