@@ -32,8 +32,15 @@ more runner per pseudo-host starts with ``n_trials=0`` (a user's next run: it re
 fails the trials of its dead runners, nothing else). Then: ``running_left`` (trials still RUNNING),
 ``orphans`` (processes left that carry the drill's token in their environment or a ``memprune-trial-`` name:
 workers, fork servers, trial processes, their children), ``lost`` (trials not finished, or without a record
-or its reason), ``study_aborted`` (a worker that exited with an exception). Everything the script started is
+or its reason), ``study_aborted`` (a worker that exited with an exception, seen in its exit status or its
+log), and ``burst_overshoot_max_pct``: the largest (peak RAM in the record / budget - 1) x 100 over the burst
+trials (a burst trial that completed has its process's exact VmHWM; one stopped by the polling watchdog has
+the reading that crossed, a lower bound; under a cgroup, the group's peak). Everything the script started is
 killed and the server removed on exit, Ctrl-C and errors included.
+
+The workers pass ``catch=`` the storage's connection errors: a trial whose own process meets the server
+down (it suggests while the server restarts) fails with the reason and the study goes on, as a user riding
+out database restarts would ask; errors of the runner itself are not caught and count in ``study_aborted``.
 
 ``--enforce`` is passed to ``omp.optimize`` only when the installed version takes ``enforce=``; the line
 before the last says which enforcement the records name. Last line::
