@@ -71,3 +71,46 @@ def postgres_url(postgres_server: str) -> str:
                          autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return f"{postgres_server}/{name}"
+
+
+class PostgresCluster:
+    """A throwaway PostgreSQL cluster of one test that the test may stop and start again on the same port."""
+
+    def __init__(self, root: Path, initdb: str, pg_ctl: str) -> None:
+        self.root, self.data, self.port, self.pg_ctl = root, root / "data", _free_port(), pg_ctl
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.as_user:
+            shutil.chown(root, "postgres", "postgres")
+        subprocess.run([*self.as_user, initdb, "-D", str(self.data), "-A", "trust", "-U", "postgres"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start(self) -> None:
+        subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-w", "-l", str(self.root / "log"), "-o",
+                        f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
+                       check=True, stdout=subprocess.DEVNULL)
+
+    def stop(self, mode: str = "fast") -> None:
+        subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-m", mode, "-w", "stop"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+
+@pytest.fixture
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A started cluster of this test alone (``postgres_server``'s requirements and skips), to restart."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL server binaries (initdb, pg_ctl) are missing; .ci/run should install them")
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install -e '.[test]')")
+    root = Path(tempfile.mkdtemp(prefix="memprune-pg-"))
+    cluster = PostgresCluster(root, initdb, pg_ctl)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)

@@ -11,9 +11,10 @@ import os
 import socket
 import threading
 import time
+from typing import Callable, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from ..paths import cache_dir
 from ..units import check_number, format_bytes, is_int
@@ -23,9 +24,13 @@ from ._db import (SQLITE_BUSY_TIMEOUT_S, Entry, LedgerError, Reaped, cannot_open
 from ._owners import owner_alive, start_of
 
 _logger = logging.getLogger("optuna_memprune.ledger")
+T = TypeVar("T")
 
 #: A reaped entry nobody settled (no process of its trial's storage ran since) is forgotten after this long.
 _REAPED_KEPT_S = 30 * 24 * 3600.0
+#: How long a transaction on a database server (not SQLite) is retried while the server cannot be reached
+#: (restarting, failing over), with backoff from 0.1 s to 2 s between attempts.
+RETRY_S = 60.0
 
 
 class Ledger:
@@ -56,6 +61,10 @@ class Ledger:
         - A database that cannot be opened (a corrupted file, a directory that cannot be written) raises
           :class:`LedgerError` with one line naming the file and what to do.
         - Processes of one host that use different capacities all check the same sums against their own.
+        - On a database server (PostgreSQL, ...), a transaction that loses its connection or cannot get one
+          (the server restarting) is retried for up to ``RETRY_S`` (60 s), each retry logged; an admission
+          retried after a commit whose answer was lost finds its entry (same owner and key) instead of adding
+          a second one. SQLite's errors are raised at once (its lock waits are its busy timeout).
         - GPU indices are NVML's (PCI bus order); CUDA numbers devices fastest-first unless
           ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set for the trial.
         - SQLite's WAL needs a local filesystem (not NFS). Across hosts use PostgreSQL, one ``host`` each.
@@ -94,6 +103,7 @@ class Ledger:
             check_ledger_url(url)
         self.url = url
         self._engine = open_engine(url)
+        self._sqlite = sa.engine.make_url(url).get_backend_name() == "sqlite"
         self._pid = os.getpid()
         self._reaped: list[Entry] = []
         self._lock = threading.Lock()
@@ -119,16 +129,24 @@ class Ledger:
         start = start_of(pid)
         if start is None or not owner_alive(pid, start):
             raise ValueError(f"owner_pid must be the pid of a running process, but got {owner_pid!r}.")
-        with self._connect() as conn, conn.begin():
+
+        def admit(conn: sa.Connection, retried: bool) -> tuple[list[Entry], Entry | None]:
             reaped = self._reap(conn)
-            used = self._usage(conn)
-            gpu = self._place(request, used)
-            entry = None
-            if gpu is not False:
-                row = dict(host=self.host, owner_pid=pid, owner_start=start, key=key, ram=request.ram,
-                           vram=request.vram, gpu=gpu, threads=request.threads, created=time.time())
-                result = conn.execute(entries_table.insert().values(**row))
-                entry = Entry(id=result.inserted_primary_key[0], **row)
+            if retried:  # the lost attempt may have committed before its connection went away
+                c = entries_table.c
+                row = conn.execute(entries_table.select().where(c.host == self.host, c.owner_pid == pid,
+                                                                c.owner_start == start, c.key == key)).first()
+                if row is not None:
+                    return reaped, entry_of(row)
+            gpu = self._place(request, self._usage(conn))
+            if gpu is False:
+                return reaped, None
+            row = dict(host=self.host, owner_pid=pid, owner_start=start, key=key, ram=request.ram,
+                       vram=request.vram, gpu=gpu, threads=request.threads, created=time.time())
+            result = conn.execute(entries_table.insert().values(**row))
+            return reaped, Entry(id=result.inserted_primary_key[0], **row)
+
+        reaped, entry = self._transaction(admit)
         if reaped:
             with self._lock:
                 self._reaped.extend(reaped)
@@ -173,30 +191,27 @@ class Ledger:
         entry_id = entry_or_id.id if isinstance(entry_or_id, Entry) else entry_or_id
         if not is_int(entry_id):
             raise TypeError(f"entry_or_id must be an Entry or an int id, but got {entry_or_id!r}.")
-        with self._connect() as conn, conn.begin():
-            conn.execute(entries_table.delete().where(entries_table.c.id == entry_id))
+        self._transaction(lambda conn, _: conn.execute(entries_table.delete().where(entries_table.c.id == entry_id)))
 
     # -- dead owners -----------------------------------------------------------------------------------
 
     def reap(self) -> list[Entry]:
         """Remove this host's entries whose owner process is gone and return them (not kept for take_reaped;
         kept in :meth:`reaped` until settled)."""
-        with self._connect() as conn, conn.begin():
-            return self._reap(conn)
+        return self._transaction(lambda conn, _: self._reap(conn))
 
     def reaped(self) -> list[Reaped]:
         """This host's reaped entries not yet settled, oldest first: the trials of dead owners that a
         process able to end them has not ended yet."""
-        with self._connect(read=True) as conn, conn.begin():
-            rows = conn.execute(reaped_table.select().where(reaped_table.c.host == self.host).order_by(reaped_table.c.id))
-            return [reaped_of(r) for r in rows]
+        select = reaped_table.select().where(reaped_table.c.host == self.host).order_by(reaped_table.c.id)
+        return self._transaction(lambda conn, _: [reaped_of(r) for r in conn.execute(select)], read=True)
 
     def settle(self, reaped: Reaped) -> bool:
         """Forget a reaped entry once its trial is ended; False when another process settled it first."""
         if not isinstance(reaped, Reaped):
             raise TypeError(f"reaped must be a Reaped, but got {reaped!r}.")
-        with self._connect() as conn, conn.begin():
-            return conn.execute(reaped_table.delete().where(reaped_table.c.id == reaped.id)).rowcount > 0
+        delete = reaped_table.delete().where(reaped_table.c.id == reaped.id)
+        return self._transaction(lambda conn, _: conn.execute(delete).rowcount > 0)
 
     def take_reaped(self) -> list[Entry]:
         """Return, and forget, the entries that :meth:`try_admit` and :meth:`admit` of this object reaped."""
@@ -208,14 +223,12 @@ class Ledger:
 
     def entries(self) -> list[Entry]:
         """This host's committed entries, oldest first."""
-        with self._connect(read=True) as conn, conn.begin():
-            rows = conn.execute(entries_table.select().where(entries_table.c.host == self.host).order_by(entries_table.c.id))
-            return [entry_of(r) for r in rows]
+        select = entries_table.select().where(entries_table.c.host == self.host).order_by(entries_table.c.id)
+        return self._transaction(lambda conn, _: [entry_of(r) for r in conn.execute(select)], read=True)
 
     def in_use(self) -> Usage:
         """The sums of this host's committed entries; ``vram`` has one figure per GPU of the capacity."""
-        with self._connect(read=True) as conn, conn.begin():
-            return self._usage(conn)
+        return self._transaction(lambda conn, _: self._usage(conn), read=True)
 
     def close(self) -> None:
         """Close the database connections; the entries stay (release them first)."""
@@ -232,6 +245,23 @@ class Ledger:
             self._pid = os.getpid()
         conn = self._engine.connect()
         return conn.execution_options(memprune_read=True) if read else conn
+
+    def _transaction(self, work: Callable[[sa.Connection, bool], T], *, read: bool = False) -> T:
+        """``work(conn, retried)`` in one transaction; on a database server, retried for up to ``RETRY_S``
+        while the server cannot be reached (``retried`` is True from the second attempt on)."""
+        deadline, delay, retried = time.monotonic() + RETRY_S, 0.1, False
+        while True:
+            try:
+                with self._connect(read=read) as conn, conn.begin():
+                    return work(conn, retried)
+            except (OperationalError, InterfaceError) as exc:
+                if self._sqlite or time.monotonic() + delay > deadline:
+                    raise
+                cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+                _logger.warning("The ledger database of host %s cannot be reached (%s); retrying in %.1f s",
+                                self.host, cause, delay)
+                time.sleep(delay)
+                delay, retried = min(2 * delay, 2.0), True
 
     def _create_tables(self) -> None:
         try:

@@ -96,3 +96,20 @@ def guard() -> "object":
     import optuna_memprune as omp
 
     return omp.MemoryGuard(footprint, omp.Budget(ram="600MiB"), on_infeasible="reject")
+
+
+def nap(trial: optuna.Trial) -> float:
+    """Sleeps a second without touching the study's storage (a storage error in it is the runner's alone)."""
+    time.sleep(1.0)
+    return 1.0
+
+
+def fixed_footprint(params: dict) -> "object":
+    import optuna_memprune as omp
+
+    return omp.Footprint.of(ram=300 * MiB)
+
+
+def nap_with(trial: optuna.Trial, ballast: bytes) -> float:
+    """``nap`` with a large argument: the trial's process takes a while to read its payload."""
+    return nap(trial)

@@ -33,7 +33,7 @@ from ._ending import judge
 from ._forkserver import fork_server
 from ._owners import ASKED, LAUNCHED, DeadRunners, TrialKey
 from ._progress import Status
-from ._reserve import Reservations
+from ._reserve import Reservations, next_try
 from ._storage import retry as _retry
 from ._storage import storage_id
 from ._watchdog import TrialProcess
@@ -59,6 +59,7 @@ class _Waiting:
     margins: dict[str, float]
     since: float
     hold: "Entry | None"  # the empty entry that names the trial on the ledger until its reservation does
+    due: float = 0.0      # when to try the ledger again (``next_try``)
 
 
 class RunnerTerminated(SystemExit):
@@ -154,7 +155,7 @@ class Runner:
                 self._reap_finished()
                 if self._may_ask() and self.waiting is None and len(self.children) < self.n_workers:
                     self._ask()
-                if self.waiting is not None:
+                if self.waiting is not None and time.monotonic() >= self.waiting.due:
                     self._admit()
                 if on_tick is not None:
                     on_tick()
@@ -198,7 +199,7 @@ class Runner:
         state = guard.trials.open(_internals.trial_id(trial), trial.number)
         state.enforced = True
         try:
-            trial.relative_params  # the guarded sampler's lookahead
+            _retry("checking the trial", lambda: trial.relative_params)  # the guarded sampler's lookahead
         except Exception as exc:
             self._fail_before_launch(trial, state, f"the sampler failed: {type(exc).__name__}: {exc}")
             self._release(hold)
@@ -211,7 +212,7 @@ class Runner:
             self._end_rejected(trial, state)
             self._release(hold)
             return
-        margins = self.reservations.margins()
+        margins = _retry("reading the finished trials", self.reservations.margins)
         request = self.reservations.request(state.prediction, margins)
         self.waiting = _Waiting(trial, state, request, margins, time.monotonic(), hold)
 
@@ -253,6 +254,7 @@ class Runner:
         if ledger.take_reaped():
             self.dead_runners.end_trials()
         if entry is None:
+            waiting.due = time.monotonic() + next_try(time.monotonic() - waiting.since)
             if self.on_host_full == "reject":
                 self.waiting = None
                 self._end_rejected(waiting.trial, waiting.state, reason=(
@@ -289,8 +291,12 @@ class Runner:
             if cgroup is not None:
                 cgroup.remove()
             self.ledger.release(entry)
-            reason = f"the trial could not be started in its own process: {type(exc).__name__}: {exc}"
+            died = isinstance(exc, (BrokenPipeError, ConnectionResetError))  # killed from outside as it started
+            reason = f"the trial could not be started in its own process: {type(exc).__name__}: {exc}" + (
+                " (the process died while it read the trial from the runner)" if died else "")
             self._fail_before_launch(trial, state, reason)
+            if died:
+                return
             if "pickle" in str(exc).lower() or isinstance(exc, (TypeError, AttributeError)):
                 raise TypeError(f"{reason}. optimize() needs a picklable objective: a module-level function "
                                 "or a functools.partial of one.") from exc
@@ -375,7 +381,7 @@ class Runner:
             _retry("telling the result", lambda: self.study.tell(trial, values, skip_if_finished=True))
         else:
             _retry("telling the result", lambda: self.study.tell(trial, state=final, skip_if_finished=True))
-        frozen = _internals.storage_of(self.study).get_trial(state.trial_id)
+        frozen = _retry("reading the trial", lambda: _internals.storage_of(self.study).get_trial(state.trial_id))
         key = {TrialState.COMPLETE: "done", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}[frozen.state]
         self.counts[key] += 1
         if record.decision is Decision.REJECTED:
@@ -395,7 +401,7 @@ class Runner:
         _retry("telling the result", lambda: self.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True))
         self.counts["rejected"] += 1
         self.counts["pruned"] += 1
-        frozen = _internals.storage_of(self.study).get_trial(state.trial_id)
+        frozen = _retry("reading the trial", lambda: _internals.storage_of(self.study).get_trial(state.trial_id))
         for callback in self.callbacks:
             callback(self.study, frozen)
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import time
 from typing import TYPE_CHECKING, NamedTuple
 
+import psutil
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from ... import _internals, records
@@ -25,6 +29,8 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
+#: How long a reaped entry is left to the live process that reaped it before another runner ends its trial.
+_REAPER_S = 30.0
 ASKED = "asked"        # the trial was asked and waits to be checked, reserved and launched
 LAUNCHED = "launched"  # the trial's process was started
 
@@ -60,9 +66,21 @@ def _died(entry: "Entry", phase: str) -> str:
     return f"its runner (pid {entry.owner_pid} on host {entry.host}) died {when}"
 
 
+def _reaper_at_work(reaped: "Reaped") -> bool:
+    """Whether another live process reaped the entry less than ``_REAPER_S`` ago: a runner that reaps an
+    entry fails its trial next, and two runners failing one trial interleave the writes of its record."""
+    if reaped.reaped_by == os.getpid() or time.time() - reaped.reaped > _REAPER_S:
+        return False
+    try:
+        return psutil.Process(reaped.reaped_by).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class DeadRunners:
     """Ends the trials of this host's dead runners that live in one study's storage, and settles their
-    reaped entries; those of other storages are left to their own runners (a warning says so once)."""
+    reaped entries; those of other storages are left to their own runners (a warning says so once), and
+    an entry another live runner reaped in the last 30 s is left to that runner."""
 
     def __init__(self, study: "optuna.Study", ledger: "Ledger", budget: "Budget") -> None:
         self._study, self._ledger, self._budget = study, ledger, budget
@@ -83,6 +101,8 @@ class DeadRunners:
                         "the trial stays RUNNING until a runner of its storage starts on this host and fails it.",
                         key.number, key.study, reaped.entry.owner_pid)
                 continue
+            if _reaper_at_work(reaped):
+                continue
             try:
                 self._fail(reaped, key)
             except Exception:  # noqa: BLE001 - tried again at the next trial; the study goes on
@@ -101,7 +121,9 @@ class DeadRunners:
             return
         died = f"{_died(entry, key.phase)}; reaped by pid {reaped.reaped_by}"
         written = records.read(frozen.user_attrs)
-        if written is not None:  # the runner died between the trial's record and its end
+        if written is not None and _died(entry, key.phase) in written.reason:
+            record = None  # another runner of this host is failing it: its record says why already
+        elif written is not None:  # the runner died between the trial's record and its end
             record = dataclasses.replace(written, reason=f"{written.reason}; then {died} before its end was written")
         else:
             try:
@@ -110,9 +132,13 @@ class DeadRunners:
                 decision = Decision.UNCHECKED
             record = records.TrialRecord(decision=decision, reason=died, host=entry.host, gpu=entry.gpu,
                                          **{f"budget_{r}": getattr(self._budget, r) for r in RESOURCES})
-        retry("writing the record", lambda: records.write_frozen(self._study, key.trial_id, record))
-        retry("failing the trial", lambda: storage.set_trial_state_values(key.trial_id, state=TrialState.FAIL))
-        _logger.warning("Trial %d of study %r failed: %s", frozen.number, key.study, record.reason)
+        if record is not None:
+            retry("writing the record", lambda: records.write_frozen(self._study, key.trial_id, record))
+        try:
+            retry("failing the trial", lambda: storage.set_trial_state_values(key.trial_id, state=TrialState.FAIL))
+        except UpdateFinishedTrialError:  # that other runner failed it first
+            return
+        _logger.warning("Trial %d of study %r failed: %s", frozen.number, key.study, (record or written).reason)
 
 
 class RunnerState(NamedTuple):

@@ -1,5 +1,5 @@
 """What a trial reserves on the host's ledger: its prediction times the study's learned margin, capped by
-the per-trial budget.
+the per-trial budget; and how often a trial waiting for it tries the ledger again.
 
 Owns reading the (observed, predicted) pairs from the study's finished records; knows nothing of how
 the ledger admits a reservation or how trials are launched.
@@ -8,6 +8,7 @@ the ledger admits a reservation or how trials are launched.
 from __future__ import annotations
 
 import math
+import random
 from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
@@ -22,6 +23,14 @@ if TYPE_CHECKING:
     from ...budget import Budget
     from ...estimate.footprint import Footprint
     from ...ledger import Ledger, Request
+
+
+def next_try(waited: float) -> float:
+    """Seconds until a trial that has waited ``waited`` seconds for its reservation tries the ledger again:
+    0.05 for its first half second (a reservation released now is taken at once), then 0.25-0.75 at random
+    (runners of one host do not try in step). One try is a locking transaction that costs about 7 ms of CPU
+    on a PostgreSQL ledger; 48 runners trying every 50 ms kept a 2-core host busy with admissions alone."""
+    return 0.05 if waited < 0.5 else random.uniform(0.25, 0.75)
 
 
 class Reservations:

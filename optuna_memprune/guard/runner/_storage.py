@@ -19,26 +19,32 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
-_RETRIES = 6           # storage calls: attempts, with backoff 0.1 s x 2^k between them
+#: Storage calls are retried for this long (a database server restarting or failing over), with backoff
+#: from 0.1 s doubling up to 2 s between attempts.
+RETRY_S = 60.0
 
 
 def retry(what: str, call: Callable[[], Any]) -> Any:
-    """``call()``, retried with backoff on storage errors; each failure is logged, the last raised."""
+    """``call()``, retried with backoff on storage errors for up to ``RETRY_S``; each failure is logged,
+    the last raised."""
     import optuna
     import sqlalchemy.exc
 
     errors = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError,
               sqlalchemy.exc.InterfaceError)
-    for attempt in range(_RETRIES):
+    deadline, delay, attempt = time.monotonic() + RETRY_S, 0.1, 0
+    while True:
+        attempt += 1
         try:
             return call()
         except errors as exc:
-            if attempt == _RETRIES - 1:
+            if time.monotonic() + delay > deadline:
                 raise
-            delay = 0.1 * 2 ** attempt
-            _logger.warning("Storage error while %s (attempt %d of %d, retrying in %.1f s): %s",
-                            what, attempt + 1, _RETRIES, delay, exc)
+            cause = str(getattr(exc, "__cause__", None) or exc).strip().splitlines()[0]
+            _logger.warning("Storage error while %s (attempt %d, retrying in %.1f s for up to %.0f s in all): %s",
+                            what, attempt, delay, RETRY_S, cause)
             time.sleep(delay)
+            delay = min(2 * delay, 2.0)
 
 
 def storage_id(study: "optuna.Study") -> str | None:
