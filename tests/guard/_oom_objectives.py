@@ -6,6 +6,9 @@ Trial 0 (``oom=True``) runs out of memory for real; the others hold a few MiB an
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import optuna
@@ -46,4 +49,19 @@ def cgroup_oom(trial: optuna.Trial) -> float:
             f.write(str(os.getpid()))
         held = np.ones(300 * MiB, dtype=np.uint8)  # the group holds 64 MiB
         return float(held[:: 4096].sum())
+    return 1.0
+
+
+_ELSEWHERE = ("import os, sys\n"
+              "with open(os.path.join(sys.argv[1], 'cgroup.procs'), 'w') as f: f.write(str(os.getpid()))\n"
+              "import numpy as np\n"
+              "np.ones(300 << 20, dtype=np.uint8)\n")
+
+
+def oom_elsewhere_then_killed(trial: optuna.Trial) -> float:
+    """Has another process, in the test-made group of $MEMPRUNE_TEST_CGROUP, killed by the kernel's OOM
+    killer (the host's OOM-kill count rises), then this process is SIGKILLed from outside: not out of memory."""
+    if trial.suggest_categorical("oom", [True, False]):
+        subprocess.run([sys.executable, "-c", _ELSEWHERE, os.environ["MEMPRUNE_TEST_CGROUP"]], check=False)
+        os.kill(os.getpid(), signal.SIGKILL)
     return 1.0

@@ -325,7 +325,8 @@ def test_runner_a_trial_killed_by_the_kernels_oom_killer_ends_pruned_and_the_run
         guard = _runner_guard()
         study = _runner_study(tmp_path, guard)
         before = procfs.oom_kills()
-        omp.optimize(study, objectives.cgroup_oom, guard=guard, n_trials=3, host=_host(tmp_path))
+        # polling: the trial's process leaves its own group below, so only the host's count can tell
+        omp.optimize(study, objectives.cgroup_oom, guard=guard, n_trials=3, host=_host(tmp_path), enforce="polling")
         assert int(dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
                    ["oom_kill"]) == 1 and procfs.oom_kills() > before  # the kernel did kill it
     finally:
@@ -336,3 +337,33 @@ def test_runner_a_trial_killed_by_the_kernels_oom_killer_ends_pruned_and_the_run
     assert record.reason.startswith("killed by the kernel's OOM killer (SIGKILL while the host's OOM kill count rose")
     assert record.peak_ram > 2 * GiB and oom.constraints["memprune_ram"] > 0  # over its budget
     assert [t.state for t in rest] == [TrialState.COMPLETE] * 2
+
+
+@pytest.mark.slow
+def test_runner_with_a_cgroup_a_sigkill_from_outside_is_not_taken_for_another_processes_oom_kill(
+        tmp_path, monkeypatch) -> None:
+    from optuna_memprune import cgroups
+
+    parent, (where, why) = _memory_cgroup_v1(), cgroups.place()
+    if parent is None or where is None or not where.memory or procfs.oom_kills() is None:
+        pytest.skip(f"needs a writable cgroup v1 memory controller (root) for the test's group and the trial's: {why}")
+    group = parent / f"memprune-test-oom-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(64 * MiB))
+        if (group / "memory.memsw.limit_in_bytes").exists():
+            (group / "memory.memsw.limit_in_bytes").write_text(str(64 * MiB))
+        monkeypatch.setenv("MEMPRUNE_TEST_CGROUP", str(group))
+        guard = _runner_guard()
+        study = _runner_study(tmp_path, guard)
+        before = procfs.oom_kills()
+        omp.optimize(study, objectives.oom_elsewhere_then_killed, guard=guard, n_trials=2, host=_host(tmp_path),
+                     enforce="cgroup")
+        assert procfs.oom_kills() > before  # the host's count rose while the trial ran
+    finally:
+        group.rmdir()
+    killed, after = study.trials
+    record = read_record(killed.user_attrs)
+    assert killed.state is TrialState.FAIL and record.decision is not Decision.OUT_OF_MEMORY, record.reason
+    assert "died from signal SIGKILL (sent from outside the runner" in record.reason
+    assert record.enforcement == "cgroup v1 limit" and after.state is TrialState.COMPLETE

@@ -99,8 +99,13 @@ class TrialCgroup:
         """The record's ``enforcement``: which one applied to the trial that ran."""
         version = self.group.place.version
         if not self.group.ran():
-            return "polling (the trial's process could not join its cgroup)"
+            return "polling (no process of the trial ran in its cgroup)"
         return f"cgroup v{version} limit" if self.hard is not None else f"cgroup v{version} tree kill + polling"
+
+    def counts_oom_kills(self) -> bool:
+        """Whether the group's OOM-kill count is exact for the trial: a memory controller, and the trial's
+        process ran in it (the kernel counts a kill in the victim's group, at its limit or for the host)."""
+        return self.hard is not None and self.group.ran()
 
     def verdict(self, peak_ram: int | None) -> tuple[int | None, str | None]:
         """After the trial's process tree ended (before :meth:`remove`): the trial's peak RAM, the largest

@@ -56,7 +56,9 @@ def judge(child: "TrialProcess", catch: tuple) -> Ending:
         code = child.process.exitcode
         end.failed = (f"its process died from signal {signal.Signals(-code).name}" if code is not None and code < 0
                       else f"its process exited with code {code} without a result")
-        end.oom = killed_by_oom_killer(code, child.state.oom_kills)
+        # the host's count rises for any OOM kill; the trial's own group, where it counts, is exact
+        exact = child.cgroup is not None and child.cgroup.counts_oom_kills()
+        end.oom = None if exact else killed_by_oom_killer(code, child.state.oom_kills)
         if code == -signal.SIGKILL and end.oom is None:
             end.failed += " (sent from outside the runner: the kernel's OOM killer sends SIGKILL)"
     elif result[0] == "complete":
