@@ -192,7 +192,9 @@ def rlzoo3(
     if n_eval_envs:
         profile = sb3_recipe.env_profile(env_id, frame_stack, cal)
         evals = env_instances(profile, n_eval_envs) if vec_env == "dummy" else env_workers(profile, n_eval_envs)
-        fp = fp + Footprint(tuple(replace(c, name=f"eval env: {c.name}") for c in evals.components))
+        # subproc: the training envs already started multiprocessing's helpers; the eval env adds workers only
+        fp = fp + Footprint(tuple(replace(c, name=f"eval env: {c.name}") for c in evals.components
+                                  if c.name != "multiprocessing helpers"))
     return fp
 
 
