@@ -215,7 +215,7 @@ def largest_fitting(
 
     Example:
         >>> largest_fitting("dqn", "PongNoFrameskip-v4", "4GiB")   # doctest: +SKIP
-        70211
+        67253
     """
     limit = units.parse_bytes(budget, name="budget")
     fixed = {**fixed_hyperparams(algo, env_id, options.get("conf_file")), **(hyperparams or {})}
@@ -235,9 +235,9 @@ def largest_fitting(
 
 def budget_advice(algo: str, env_id: str, budget: int | str, name: str = "buffer_size",
                   params: Mapping[str, Any] | None = None, **options: Any) -> str | None:
-    """None if the trial fits ``budget``, else one line: ``"buffer_size 100000 needs 5.48 GiB at 4 GiB;
-    70000 fits"`` (the fitting value rounded down to two significant digits), or ``"...; no buffer_size
-    fits"``."""
+    """None if the trial fits ``budget``, else one line: ``"buffer_size 100000 needs 5.72 GiB at 4.00 GiB;
+    67000 fits"`` (the whole trial's RAM; the fitting value rounded down to two significant digits), or
+    ``"...; no buffer_size fits"``. ``options`` are ``rlzoo3``'s keyword arguments."""
     limit = units.parse_bytes(budget, name="budget")
     hyperparams = options.pop("hyperparams", None)
     need = rlzoo3(algo, env_id, params, hyperparams=hyperparams, **options).ram
@@ -329,6 +329,6 @@ def _bisect(ram: Callable[[int], int], present: int, limit: int) -> int | None:
 
 
 def _round_down(value: int) -> int:
-    """``value`` rounded down to two significant digits (70211 -> 70000)."""
+    """``value`` rounded down to two significant digits (67253 -> 67000)."""
     step = 10 ** max(len(str(value)) - 2, 0)
     return value // step * step
