@@ -126,7 +126,7 @@ def test_every_recipe_exports_what_the_registry_reads():
         assert callable(recipe.from_args) and parser._actions, name
         if hasattr(recipe, "calibrate_env"):  # env ids are checked before any probe is started for them
             assert callable(recipe.check_env), name
-    assert set(recipes.stacks()) == {"python", "torch", "sb3", "sb3-atari"}
+    assert set(recipes.stacks()) == {"python", "torch", "sb3", "sb3-atari", "rlzoo3", "rlzoo3-atari"}
 
 
 def test_process_takes_the_recipes_stack_names():
@@ -149,3 +149,91 @@ def test_the_recipe_and_process_share_one_calibrated_entry_keyed_by_the_recipes_
     keys = [k for k in stacks if k.startswith(f"stack:{atari}:1:")]
     assert len(keys) == 1  # keyed by the SB3 libraries' versions as well as the file's
     assert _kind(fp, Kind.BASELINE) == stacks[keys[0]]["points"][0][1]["warm"]["VmHWM"]
+
+
+def _real_networks(model, algo):
+    """The real model's networks by the recipe's component names, as parameter bytes."""
+    def nbytes(module):
+        return sum(p.numel() * p.element_size() for p in module.parameters())
+
+    if algo in ("dqn", "qrdqn"):
+        online = model.policy.quantile_net if algo == "qrdqn" else model.q_net
+        target = model.policy.quantile_net_target if algo == "qrdqn" else model.q_net_target
+        return {"q_net weights": nbytes(online), "q_net frozen weights": nbytes(target)}
+    if algo in ("ppo", "a2c", "trpo"):
+        return {"policy weights": nbytes(model.policy)}
+    out = {"actor weights": nbytes(model.actor), "critic weights": nbytes(model.critic),
+           "critic frozen weights": nbytes(model.critic_target)}
+    if algo in ("td3", "ddpg"):
+        out["actor frozen weights"] = nbytes(model.actor_target)
+    return out
+
+
+@pytest.mark.parametrize(("algo", "env", "policy_kwargs"), [
+    ("dqn", "CartPole-v1", "dict(net_arch=[256, 256])"),
+    ("qrdqn", "CartPole-v1", {"net_arch": [64, 64], "n_quantiles": 170}),
+    ("ppo", "CartPole-v1", "dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, "
+                           "net_arch=dict(pi=[256, 256], vf=[128]))"),
+    ("a2c", "CartPole-v1", {"net_arch": {"pi": [64], "vf": [64]}, "activation_fn": "tanh"}),
+    ("trpo", "CartPole-v1", None),
+    ("sac", "Pendulum-v1", "dict(net_arch=dict(pi=[256, 256], qf=[1024, 1024]), n_critics=3)"),
+    ("td3", "Pendulum-v1", "dict(net_arch=[400, 300])"),
+    ("ddpg", "Pendulum-v1", None),  # DDPG's one critic
+    ("tqc", "Pendulum-v1", "dict(net_arch=[512, 512, 512], n_critics=2, n_quantiles=10)"),
+])
+def test_every_algo_has_the_real_models_parameter_bytes(algo, env, policy_kwargs):
+    """Each algo's networks as the recipe builds them on meta, against the real SB3/sb3-contrib model built with
+    the same policy_kwargs (text read as rl-zoo3's yml writes it)."""
+    import gymnasium as gym
+    import torch.nn as nn
+    from stable_baselines3 import A2C, DDPG, DQN, PPO, SAC, TD3
+
+    sb3_contrib = pytest.importorskip("sb3_contrib", reason="sb3-contrib is not installed")
+    classes = {"dqn": DQN, "ppo": PPO, "a2c": A2C, "sac": SAC, "td3": TD3, "ddpg": DDPG,
+               "qrdqn": sb3_contrib.QRDQN, "trpo": sb3_contrib.TRPO, "tqc": sb3_contrib.TQC}
+    real_kwargs = recipes.sb3_recipe.read_kwargs(policy_kwargs, "policy_kwargs")
+    if real_kwargs.get("activation_fn") == "nn.ReLU":
+        real_kwargs["activation_fn"] = nn.ReLU
+    elif real_kwargs.get("activation_fn") == "tanh":
+        real_kwargs["activation_fn"] = nn.Tanh
+    model = classes[algo]("MlpPolicy", gym.make(env), policy_kwargs=real_kwargs, buffer_size=1000, device="cpu") \
+        if algo in ("dqn", "qrdqn", "sac", "td3", "ddpg", "tqc") else \
+        classes[algo]("MlpPolicy", gym.make(env), policy_kwargs=real_kwargs, device="cpu")
+    params = {"buffer_size": 1000} if "buffer_size" in ALGO_DEFAULTS[algo] else {}
+    if policy_kwargs is not None:
+        params["policy_kwargs"] = policy_kwargs
+    fp = recipes.sb3(algo, env, params)
+    got = {c.name.removeprefix(f"{algo} "): c.ram for c in fp.components if c.name.endswith("weights")}
+    assert got == _real_networks(model, algo)
+    if algo in ("dqn", "qrdqn", "sac", "td3", "ddpg", "tqc"):
+        arrays = [a for a in vars(model.replay_buffer).values() if hasattr(a, "nbytes")]
+        real = sum(a.nbytes for a in arrays)
+        predicted = next(c.ram for c in fp.components if c.name == "replay buffer")
+        assert 0 <= predicted - real < 4096 * len(arrays)  # each array's RSS in whole pages
+
+
+ALGO_DEFAULTS = {algo: defaults for algo, (_, defaults) in recipes.SB3_ALGOS.items()}
+
+
+def test_the_optimizer_is_the_algos():
+    a2c = recipes.sb3("a2c", "CartPole-v1", {"net_arch": [64]})
+    adam = recipes.sb3("a2c", "CartPole-v1", {"net_arch": [64], "use_rms_prop": False})
+    state = {fp: next(c.ram for c in fp.components if c.name.endswith("optimizer state")) for fp in (a2c, adam)}
+    weights = next(c.ram for c in a2c.components if c.name.endswith("policy weights"))
+    assert abs(state[a2c] - weights) < 1024 and abs(state[adam] - 2 * weights) < 1024  # RMSprop 1 buffer, Adam 2
+
+
+@pytest.mark.parametrize(("params", "word"), [
+    ({"policy_kwargs": "dict(net_arch=[64], lstm_hidden_size=64)"}, r"unknown policy_kwargs key\(s\) \['lstm_hidden_size'\]"),
+    ({"policy_kwargs": "__import__('os').system('echo hacked')"}, "would need running code"),
+    ({"policy_kwargs": "dict(net_arch=[64]"}, "policy_kwargs' must be Python text"),
+    ({"policy_kwargs": {"n_quantiles": 10}}, r"\['n_quantiles'\] are not parameters of dqn"),
+    ({"policy_kwargs": {"net_arch": {"pi": [64], "vf": [64]}}}, "net_arch.*of dqn must be a list"),
+    ({"net_arch": [64], "policy_kwargs": {"net_arch": [128]}}, "'net_arch' is given twice"),
+    ({"policy_kwargs": {"activation_fn": "swish"}}, "activation_fn"),
+    ({"policy": "MultiInputPolicy"}, "param 'policy'"),
+    ({"replay_buffer_class": "HerReplayBuffer"}, "replay_buffer_class"),
+])
+def test_bad_policy_kwargs_name_what_was_wrong(params, word):
+    with pytest.raises(EstimateError, match=word):
+        recipes.sb3("dqn", "CartPole-v1", params)

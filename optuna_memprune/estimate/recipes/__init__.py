@@ -17,11 +17,13 @@ from ..footprint import Footprint
 from ..processes import STACKS as PROCESS_STACKS
 from ..processes import Stack
 from ..processes import process as _process
+from . import rlzoo3 as rlzoo3_recipe
 from . import sb3 as sb3_recipe
 from .sb3 import ALGOS as SB3_ALGOS
+from .rlzoo3 import rlzoo3
 from .sb3 import sb3
 
-__all__ = ["sb3", "SB3_ALGOS", "RECIPES", "process", "stacks", "calibrate"]
+__all__ = ["sb3", "rlzoo3", "SB3_ALGOS", "RECIPES", "process", "stacks", "calibrate"]
 
 # A recipe is one module of this package that exports its estimate function and what the registry reads:
 #   HELP                      one line for ``memprune predict --help``
@@ -35,7 +37,7 @@ __all__ = ["sb3", "SB3_ALGOS", "RECIPES", "process", "stacks", "calibrate"]
 # Adding a recipe: its module, one line in RECIPES, its tests.
 
 #: The recipes, by the name ``memprune predict <name>`` takes.
-RECIPES: dict[str, ModuleType] = {"sb3": sb3_recipe}
+RECIPES: dict[str, ModuleType] = {"sb3": sb3_recipe, "rlzoo3": rlzoo3_recipe}
 
 
 def stacks() -> dict[str, Stack]:
@@ -55,7 +57,7 @@ def process(
     calibration: Calibration | None = None,
 ) -> Footprint:
     """The baseline of the trial's process, as measured on this host (``processes.process``), where
-    ``stack`` may also name a recipe's stack: ``"sb3"``, ``"sb3-atari"``.
+    ``stack`` may also name a recipe's stack: ``"sb3"``, ``"sb3-atari"``, ``"rlzoo3"``, ``"rlzoo3-atari"``.
 
     Example:
         >>> fp = process("sb3-atari", torch_threads=2)   # doctest: +SKIP

@@ -1,16 +1,15 @@
-"""The SB3 recipe: a Stable-Baselines3 run's footprint (DQN, QR-DQN, PPO, A2C, SAC, TD3) from rl-zoo3 params.
+"""The SB3 recipe: a Stable-Baselines3 run's footprint (DQN, QR-DQN, PPO, A2C, TRPO, SAC, TD3, DDPG, TQC) from
+rl-zoo3-style params and SB3's ``policy_kwargs``.
 
-SB3's own policies built on the meta device, env calibrated once, buffers and process added; knows no Optuna.
+SB3's own policies built on the meta device (``_sb3_nets``), env calibrated once, buffers and process added;
+knows no Optuna and no rl-zoo3 file.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import functools
 import importlib
-import math
-import threading
 from typing import Any, Mapping
 
 from ...exceptions import EstimateError
@@ -20,6 +19,8 @@ from ..calibration import Calibration, load
 from ..checks import check_count, check_total
 from ..footprint import Footprint
 from ..processes import Stack, env_instances, env_workers, process
+from . import _sb3_nets as nets
+from .kwargs_text import read_kwargs
 
 #: Libraries whose versions key this recipe's calibrated stacks and env profiles.
 VERSIONED = ("stable-baselines3", "sb3-contrib", "gymnasium", "ale-py", "opencv-python-headless")
@@ -37,30 +38,49 @@ STACKS = {
     "sb3-atari": Stack(sb3_imports(atari=True), VERSIONED),
 }
 #: One line for ``memprune predict --help``.
-HELP = "Stable-Baselines3 (dqn, qrdqn, ppo, a2c, sac, td3) with rl-zoo3-style params"
+HELP = "Stable-Baselines3 (dqn, qrdqn, ppo, a2c, trpo, sac, td3, ddpg, tqc) with rl-zoo3-style params"
 
+_OFF = {"buffer_size": 1_000_000, "optimize_memory_usage": False}
 #: algo -> (family, the defaults SB3 uses for the memory params when a trial leaves them out)
 ALGOS: dict[str, tuple[str, dict[str, Any]]] = {
-    "dqn": ("offpolicy", {"buffer_size": 1_000_000, "batch_size": 32, "optimize_memory_usage": False}),
-    "qrdqn": ("offpolicy", {"buffer_size": 1_000_000, "batch_size": 32, "optimize_memory_usage": False}),
-    "sac": ("offpolicy", {"buffer_size": 1_000_000, "batch_size": 256, "optimize_memory_usage": False}),
-    "td3": ("offpolicy", {"buffer_size": 1_000_000, "batch_size": 256, "optimize_memory_usage": False}),
+    "dqn": ("offpolicy", {**_OFF, "batch_size": 32}),
+    "qrdqn": ("offpolicy", {**_OFF, "batch_size": 32}),
+    "sac": ("offpolicy", {**_OFF, "batch_size": 256}),
+    "td3": ("offpolicy", {**_OFF, "batch_size": 256}),
+    "ddpg": ("offpolicy", {**_OFF, "batch_size": 256}),
+    "tqc": ("offpolicy", {**_OFF, "batch_size": 256}),
     "ppo": ("onpolicy", {"n_steps": 2048, "batch_size": 64}),
     "a2c": ("onpolicy", {"n_steps": 5}),
+    "trpo": ("onpolicy", {"n_steps": 2048, "batch_size": 128}),
 }
-_KNOWN_PARAMS = {
-    "buffer_size", "batch_size", "n_steps", "optimize_memory_usage", "net_arch", "n_quantiles",
-    "torch_threads", "learning_starts", "gradient_steps", "train_freq", "n_epochs", "learning_rate", "gamma",
-    "tau", "target_update_interval", "exploration_fraction", "exploration_final_eps", "ent_coef", "vf_coef",
-    "max_grad_norm", "gae_lambda", "clip_range", "activation_fn", "ortho_init", "policy_delay",
-    "target_policy_noise", "use_sde", "sde_sample_freq", "normalize_advantage", "handle_timeout_termination",
-    "total_timesteps", "n_timesteps", "policy", "features_dim",
+#: The algos whose classes come from sb3-contrib.
+CONTRIB = ("qrdqn", "tqc", "trpo")
+_CONTINUOUS = ("sac", "td3", "ddpg", "tqc")
+#: Top-level names that are policy_kwargs (rl-zoo3's trial params name them flat).
+_FLAT_POLICY = ("net_arch", "n_quantiles", "n_critics", "activation_fn", "ortho_init", "log_std_init")
+#: SB3 params the recipe accepts by name: they change no array or tensor size.
+_ACCEPTED = {
+    "learning_starts", "gradient_steps", "train_freq", "n_epochs", "learning_rate", "gamma", "tau",
+    "target_update_interval", "exploration_fraction", "exploration_initial_eps", "exploration_final_eps",
+    "ent_coef", "vf_coef", "max_grad_norm", "gae_lambda", "clip_range", "clip_range_vf", "policy_delay",
+    "target_policy_noise", "target_noise_clip", "sde_sample_freq", "use_sde_at_warmup", "normalize_advantage",
+    "handle_timeout_termination", "target_entropy", "top_quantiles_to_drop_per_net", "cg_max_steps",
+    "cg_damping", "line_search_shrinking_factor", "line_search_max_iter", "n_critic_updates", "target_kl",
+    "rms_prop_eps", "action_noise", "stats_window_size", "seed", "verbose", "tensorboard_log",
 }
-_NET_ARCH = {  # rl-zoo3's names for net_arch choices
-    "tiny": [64], "small": [64, 64], "medium": [256, 256], "big": [400, 300], "large": [256, 256, 256],
-    "verybig": [512, 512, 512],
+_KNOWN_PARAMS = _ACCEPTED | set(_FLAT_POLICY) | {
+    "buffer_size", "batch_size", "n_steps", "optimize_memory_usage", "torch_threads", "use_sde", "use_rms_prop",
+    "total_timesteps", "n_timesteps", "policy", "features_dim", "policy_kwargs", "sub_sampling_factor",
+    "replay_buffer_class", "replay_buffer_kwargs",
 }
-_build_lock = threading.Lock()
+#: The policy_kwargs keys the recipe takes (forwarded to SB3's policy class, or the optimizer read).
+POLICY_KWARGS = nets.FORWARDED + nets.OPTIMIZER
+_POLICIES = ("MlpPolicy", "CnnPolicy")
+
+
+def known_params() -> frozenset[str]:
+    """Every top-level param name ``sb3()`` takes (memory params, policy names, SB3's others)."""
+    return frozenset(_KNOWN_PARAMS)
 
 
 def is_atari(env_id: str) -> bool:
@@ -124,15 +144,17 @@ def calibrate_env(env_id: str, calibration: Calibration | None = None) -> EnvPro
 
 #: The memory params (those that size an array or a tensor) and the kind of value each is (``checks.CEILINGS``).
 _COUNTS = {"buffer_size": "items", "n_steps": "items", "total_timesteps": "items", "n_timesteps": "items",
-           "batch_size": "dimension", "n_quantiles": "dimension", "features_dim": "dimension",
-           "torch_threads": "processes"}
+           "batch_size": "dimension", "n_quantiles": "dimension", "n_critics": "dimension",
+           "features_dim": "dimension", "sub_sampling_factor": "dimension", "torch_threads": "processes"}
 #: The memory params that are switches: ``bool()`` of any other value (the text "maybe") would be a guess.
-_FLAGS = ("optimize_memory_usage",)
+_FLAGS = ("optimize_memory_usage", "use_sde", "use_rms_prop")
+_SDE = ("ppo", "a2c", "trpo", "sac", "tqc")  # SB3 passes the algo's use_sde to these policies
 
 
-def _check_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The memory params checked (each an int within its kind's ceiling; ``net_arch`` widths too), the rest as
-    given; before any probe runs."""
+def _check_params(algo: str, params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """The params checked before any probe runs: the top-level ones (memory params each an int within its
+    kind's ceiling), the policy kwargs forwarded to SB3's policy class (``policy_kwargs`` merged with the flat
+    names rl-zoo3's trials use; widths, quantiles, critics checked) and the optimizer."""
     out = dict(params)
     for name, kind in _COUNTS.items():
         if out.get(name) is not None:
@@ -141,26 +163,52 @@ def _check_params(params: Mapping[str, Any]) -> dict[str, Any]:
         value = out.get(name)
         if value is not None and type(value).__name__ not in ("bool", "bool_"):  # numpy's too
             raise EstimateError(f"param {name!r} must be True or False, but got {value!r}.")
-    arch = _net_arch(out.get("net_arch"))
-    layers = arch if isinstance(arch, list) else [w for v in (arch or {}).values()
-                                                  for w in (v if isinstance(v, list) else [v])]
-    for width in layers:
-        check_count(width, "param 'net_arch' layer width", "dimension")
-    out["net_arch"] = arch
-    return out
+    if out.get("policy") is not None and out["policy"] not in _POLICIES:
+        raise EstimateError(f"param 'policy' must be one of {list(_POLICIES)} (MultiInputPolicy and custom "
+                            f"policies are not modelled), but got {out['policy']!r}.")
+    rb_class = out.get("replay_buffer_class")
+    if rb_class is not None and str(getattr(rb_class, "__name__", rb_class)).rpartition(".")[2] != "ReplayBuffer":
+        raise EstimateError(f"param 'replay_buffer_class' must be SB3's ReplayBuffer (others, HerReplayBuffer "
+                            f"included, are not modelled), but got {rb_class!r}.")
+    rb_kwargs = read_kwargs(out.get("replay_buffer_kwargs"), "param 'replay_buffer_kwargs'")
+    if set(rb_kwargs) - {"handle_timeout_termination"}:
+        raise EstimateError(f"param 'replay_buffer_kwargs' may only hold handle_timeout_termination, but got "
+                            f"{sorted(rb_kwargs)}.")
+    pk = read_kwargs(out.pop("policy_kwargs", None), "param 'policy_kwargs'")
+    unknown = sorted(set(pk) - set(POLICY_KWARGS))
+    if unknown:
+        raise EstimateError(f"unknown policy_kwargs key(s) {unknown} for {algo}; known: {sorted(POLICY_KWARGS)}.")
+    for name in _FLAT_POLICY:
+        if out.get(name) is not None:
+            if name in pk and pk[name] != out[name]:
+                raise EstimateError(f"param {name!r} is given twice, {out[name]!r} and policy_kwargs "
+                                    f"{name}={pk[name]!r}.")
+            pk[name] = out.pop(name)
+    fe = read_kwargs(pk.get("features_extractor_kwargs"), "policy_kwargs 'features_extractor_kwargs'")
+    if out.get("features_dim") is not None:
+        fe["features_dim"] = out["features_dim"]
+    if "features_dim" in fe:
+        fe["features_dim"] = check_count(fe["features_dim"], "param 'features_dim'", "dimension")
+    if fe:
+        pk["features_extractor_kwargs"] = fe
+    if algo in _SDE and out.get("use_sde") is not None:
+        pk["use_sde"] = bool(out["use_sde"])
+    if algo == "ddpg":
+        pk.setdefault("n_critics", 1)  # as DDPG.__init__ sets it
+    pk["net_arch"] = nets.net_arch(pk.get("net_arch"), algo)
+    if pk["net_arch"] is None:
+        del pk["net_arch"]
+    for name in ("n_quantiles", "n_critics"):
+        if name in pk:
+            pk[name] = check_count(pk[name], f"param {name!r}", "dimension")
+    if "activation_fn" in pk:
+        pk["activation_fn"] = nets.activation_name(pk["activation_fn"])
+    optimizer = nets.optimizer_of(algo, pk, out.get("use_rms_prop", True) is not False)
+    return out, {k: v for k, v in pk.items() if k in nets.FORWARDED}, optimizer
 
 
 def _positive_int(params: Mapping[str, Any], name: str, default: Any) -> int:
     return check_count(params.get(name, default), f"param {name!r}", _COUNTS[name])
-
-
-def _net_arch(value: Any) -> Any:
-    if value is None or isinstance(value, (list, dict)):
-        return value
-    if isinstance(value, str) and value in _NET_ARCH:
-        return list(_NET_ARCH[value])
-    raise EstimateError(f"param 'net_arch' must be a list of layer widths, a dict or one of "
-                        f"{sorted(_NET_ARCH)}, but got {value!r}.")
 
 
 def sb3(
@@ -172,25 +220,37 @@ def sb3(
     frame_stack: int | None = None,
     vec_env: str = "dummy",
     device: str = "cpu",
+    stack: Stack | None = None,
     calibration: Calibration | None = None,
 ) -> Footprint:
     """The peak footprint of training ``algo`` on ``env_id`` with rl-zoo3-style ``params``.
 
     Args:
-        algo: one of ``dqn``, ``qrdqn``, ``ppo``, ``a2c``, ``sac``, ``td3``.
+        algo: one of ``dqn``, ``qrdqn``, ``ppo``, ``a2c``, ``trpo``, ``sac``, ``td3``, ``ddpg``, ``tqc``
+            (``qrdqn``, ``trpo``, ``tqc`` need sb3-contrib).
         env_id: a Gymnasium id; ``ALE/...`` ids get SB3's Atari wrappers (84x84 grey).
-        params: the trial's params: ``buffer_size``, ``batch_size``, ``n_steps``, ``optimize_memory_usage``,
-            ``net_arch`` (list, dict or an rl-zoo3 name), ``n_quantiles``, ``torch_threads``,
+        params: the trial's params as SB3 takes them: ``buffer_size``, ``batch_size``, ``n_steps``,
+            ``optimize_memory_usage``, ``policy`` (``MlpPolicy``/``CnnPolicy``; default by the observation),
+            ``policy_kwargs`` (a dict or its text ``"dict(net_arch=[64, 64])"``: ``net_arch`` as a list, a
+            dict ``pi``/``vf`` or ``pi``/``qf``, or an rl-zoo3 name; ``n_quantiles``, ``n_critics``,
+            ``activation_fn``, ``features_extractor_kwargs``, ``share_features_extractor``, ``use_sde`` and
+            ``optimizer_class`` change memory; ``ortho_init``, ``log_std_init``, ``use_expln``... are taken
+            too), the same policy names flat (``net_arch=small``, ``n_quantiles=50``: rl-zoo3's trials),
+            ``use_rms_prop`` (A2C's RMSprop), ``sub_sampling_factor`` (TRPO), ``torch_threads``,
             ``total_timesteps`` (the replay buffer then holds ``min(total_timesteps, buffer_size)``
-            transitions at the peak; otherwise it is assumed full), and the rest of the zoo's names
-            (accepted; they do not change memory).
+            transitions at the peak; otherwise it is assumed full), and SB3's other names (accepted; they
+            do not change memory). An unknown name is an ``EstimateError`` listing the known ones.
         n_envs: parallel envs (``n_envs`` of the zoo's yml file).
         frame_stack: ``VecFrameStack`` depth (a positive int), or None.
-
-    Every count is checked against its kind's ceiling (``checks.CEILINGS``) and the env id against Gymnasium's
-    registry before anything is measured; a total over 1 PiB is an error (beyond any real machine).
         vec_env: ``"dummy"`` (envs in the trial's process) or ``"subproc"`` (one worker process each).
         device: ``"cpu"`` (networks in RAM) or ``"cuda"`` (networks in VRAM through the allocator model).
+        stack: what the trial's process imports, its calibrated baseline (default: ``STACKS``' by the env, with
+            sb3-contrib for its algos).
+
+    Every count is checked against its kind's ceiling (``checks.CEILINGS``) and the env id against Gymnasium's
+    registry before anything is measured; a total over 1 PiB is an error (beyond any real machine). TRPO's
+    policy step runs on the whole rollout with its gradient graph kept (Hessian-vector products): it is
+    traced as one training step at that batch, which leaves the double-backward graph out.
 
     Example:
         >>> fp = sb3("dqn", "ALE/Pong-v5", {"buffer_size": 100_000, "batch_size": 32}, frame_stack=4)
@@ -207,7 +267,7 @@ def sb3(
     unknown = set(params) - _KNOWN_PARAMS
     if unknown:
         raise EstimateError(f"unknown SB3 param(s) {sorted(unknown)} for {algo}; known: {sorted(_KNOWN_PARAMS)}.")
-    params = _check_params(params)
+    params, policy_kwargs, optimizer = _check_params(algo, params)
     family, defaults = ALGOS[algo]
     cal = calibration or load()
     profile = env_profile(env_id, frame_stack, cal)
@@ -217,7 +277,7 @@ def sb3(
                             "is not supported by the sb3 recipe yet.")
     if algo in ("dqn", "qrdqn") and act["type"] != "Discrete":
         raise EstimateError(f"{algo} needs a Discrete action space; {env_id} has {act['type']}.")
-    if algo in ("sac", "td3") and act["type"] != "Box":
+    if algo in _CONTINUOUS and act["type"] != "Box":
         raise EstimateError(f"{algo} needs a Box action space; {env_id} has {act['type']}.")
 
     image = len(obs["shape"]) == 3 and obs["dtype"] == "uint8"
@@ -228,14 +288,16 @@ def sb3(
     act_dtype = act["dtype"] or "int64"
 
     torch_threads = params.get("torch_threads")
-    stack = STACKS["sb3-atari" if profile.atari else "sb3"]
-    if algo == "qrdqn":
+    if stack is None:
+        stack = STACKS["sb3-atari" if profile.atari else "sb3"]
+    if algo in CONTRIB and "sb3_contrib" not in stack.imports:
         stack = Stack(stack.imports + ("sb3_contrib",), stack.versioned)
     parts = [process(stack, torch_threads=torch_threads, calibration=cal)]
     parts.append(env_instances(profile, n_envs) if vec_env == "dummy" else env_workers(profile, n_envs))
 
-    net_arch = params.get("net_arch")
-    nets = _networks(algo, obs, act, obs_shape, net_arch, params)
+    cnn = image if params.get("policy") is None else params["policy"] == "CnnPolicy"
+    nets.check_forwarded(algo, cnn, policy_kwargs)
+    built = nets.networks(algo, cnn, obs, act, policy_kwargs)
     if family == "offpolicy":
         batch = _positive_int(params, "batch_size", defaults["batch_size"])
         buffer_size = _positive_int(params, "buffer_size", defaults["buffer_size"])
@@ -251,9 +313,11 @@ def sb3(
         rollout = n_steps * n_envs
         batch = rollout if algo == "a2c" and "batch_size" not in params else \
             _positive_int(params, "batch_size", defaults["batch_size"])
-        parts.append(rollout_buffer(obs_shape, obs["dtype"], act_shape, act_dtype, n_steps=n_steps,
-                                    n_envs=n_envs, batch_size=None if algo == "a2c" else batch, device=device))
-    parts.append(_train_step(algo, nets, obs_shape, obs["dtype"], act_shape, batch, device))
+        if algo == "trpo":  # the policy step takes the whole rollout (sub-sampled), the critic's minibatches less
+            batch = max(batch, rollout // (params.get("sub_sampling_factor") or 1), 1)
+        parts.append(rollout_buffer(obs_shape, obs["dtype"], act_shape, act_dtype, n_steps=n_steps, n_envs=n_envs,
+                                    batch_size=None if algo in ("a2c", "trpo") else batch, device=device))
+    parts.append(nets.train_step(algo, built, obs_shape, obs["dtype"], act_shape, batch, device, optimizer))
     fp = sum(parts, Footprint())
     hint = "buffer_size, n_steps, batch_size, n_envs, frame_stack and net_arch"
     check_total(fp.ram, f"the predicted RAM of {algo} on {env_id}", hint)
@@ -263,7 +327,7 @@ def sb3(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``memprune predict sb3`` (the params come as ``name=value`` words)."""
-    parser.add_argument("--algo", required=True, help="dqn, qrdqn, ppo, a2c, sac or td3")
+    parser.add_argument("--algo", required=True, help=", ".join(ALGOS))
     parser.add_argument("--env", required=True, help="Gymnasium env id, e.g. ALE/Pong-v5")
     parser.add_argument("--n-envs", type=int, default=1)
     parser.add_argument("--frame-stack", type=int, default=None)
@@ -276,122 +340,3 @@ def from_args(args: argparse.Namespace, params: dict[str, Any]) -> tuple[str, Fo
     fp = sb3(args.algo, args.env, params, n_envs=args.n_envs, frame_stack=args.frame_stack,
              vec_env=args.vec_env, device=args.device)
     return f"sb3 {args.algo} on {args.env} " + " ".join(f"{k}={v}" for k, v in params.items()), fp
-
-
-@functools.lru_cache(maxsize=64)
-def _policy_on_meta(algo: str, obs_key: str, act_key: str, arch_key: str, extra_key: str):
-    """SB3's policy class built on the meta device (its ``device`` property pinned to meta, so the
-    ``.to(self.device)`` calls inside SB3 become no-ops); cached per architecture."""
-    import json
-
-    import gymnasium as gym
-    import numpy as np
-    import torch
-
-    obs, act = json.loads(obs_key), json.loads(act_key)
-    net_arch, extra = json.loads(arch_key), json.loads(extra_key)
-    shape = tuple(obs["shape"])
-    if len(shape) == 3 and obs["dtype"] == "uint8" and shape[-1] < shape[0]:
-        shape = (shape[-1], *shape[:-1])
-    low, high = (0, 255) if obs["dtype"] == "uint8" else (-np.inf, np.inf)
-    obs_space = gym.spaces.Box(low, high, shape, np.dtype(obs["dtype"]))
-    if act["type"] == "Discrete":
-        act_space = gym.spaces.Discrete(act["n"])
-    elif act["type"] == "MultiDiscrete":
-        act_space = gym.spaces.MultiDiscrete(act["nvec"])
-    elif act["type"] == "MultiBinary":
-        act_space = gym.spaces.MultiBinary(act["shape"][0])
-    else:
-        act_space = gym.spaces.Box(-1.0, 1.0, tuple(act["shape"]), np.float32)
-    image = len(shape) == 3 and obs["dtype"] == "uint8"
-    if algo == "qrdqn":
-        from sb3_contrib.qrdqn.policies import CnnPolicy as Cnn, QRDQNPolicy as Mlp
-    elif algo == "dqn":
-        from stable_baselines3.dqn.policies import CnnPolicy as Cnn, DQNPolicy as Mlp
-    elif algo == "sac":
-        from stable_baselines3.sac.policies import CnnPolicy as Cnn, SACPolicy as Mlp
-    elif algo == "td3":
-        from stable_baselines3.td3.policies import CnnPolicy as Cnn, TD3Policy as Mlp
-    else:
-        from stable_baselines3.common.policies import ActorCriticCnnPolicy as Cnn, ActorCriticPolicy as Mlp
-    cls = Cnn if image else Mlp
-    meta_cls = type("Meta" + cls.__name__, (cls,), {"device": property(lambda self: torch.device("meta"))})
-    kwargs: dict[str, Any] = {}
-    if net_arch is not None:
-        kwargs["net_arch"] = net_arch
-    kwargs.update(extra)
-    with _build_lock, torch.device("meta"):
-        policy = meta_cls(obs_space, act_space, lambda _: 1e-4, **kwargs)
-    return policy
-
-
-def _networks(algo, obs, act, obs_shape, net_arch, params) -> dict:
-    import json
-
-    extra = {}
-    if algo == "qrdqn" and "n_quantiles" in params:
-        extra["n_quantiles"] = int(params["n_quantiles"])
-    if "features_dim" in params:
-        extra["features_extractor_kwargs"] = {"features_dim": int(params["features_dim"])}
-    try:
-        policy = _policy_on_meta(algo, json.dumps(obs, sort_keys=True), json.dumps(act, sort_keys=True),
-                                 json.dumps(net_arch, sort_keys=True), json.dumps(extra, sort_keys=True))
-    except (TypeError, ValueError, KeyError) as exc:
-        raise EstimateError(f"SB3 could not build a {algo} policy with net_arch={net_arch!r}: {exc}") from exc
-    return {"policy": policy, "key": (algo, json.dumps(obs, sort_keys=True), json.dumps(act, sort_keys=True),
-                                      json.dumps(net_arch, sort_keys=True), json.dumps(extra, sort_keys=True))}
-
-
-def _train_step(algo, nets, obs_shape, obs_dtype, act_shape, batch, device) -> Footprint:
-    """The networks' weights, gradients, optimizer state and one training step's activations (traced)."""
-    import torch.nn as nn
-
-    from ..torchnet import torch_training
-
-    policy, key = nets["policy"], nets["key"]
-
-    class _Eval(nn.Module):
-        """What PPO/A2C differentiate: features -> policy logits and value (distribution math is O(B))."""
-
-        def __init__(self, p):
-            super().__init__()
-            self.p = p
-
-        def forward(self, x):
-            lp, lv = self.p.mlp_extractor(self.p.extract_features(x))
-            return self.p.action_net(lp), self.p.value_net(lv)
-
-    class _Actor(nn.Module):
-        """SAC's actor up to the distribution's parameters (its Normal would validate values: .item())."""
-
-        def __init__(self, actor):
-            super().__init__()
-            self.actor = actor
-
-        def forward(self, x):
-            mean, log_std, _ = self.actor.get_action_dist_params(x)
-            return mean, log_std
-
-    class _Critic(nn.Module):
-        def __init__(self, critic):
-            super().__init__()
-            self.critic = critic
-
-        def forward(self, x, a):
-            return self.critic(x, a)
-
-    act_dim = max(1, math.prod(act_shape)) if act_shape else 1
-    if algo in ("dqn", "qrdqn"):
-        q_net = policy.quantile_net if algo == "qrdqn" else policy.q_net
-        models, frozen, shapes = {"q_net": lambda: q_net}, {"q_net": 1}, [obs_shape]
-    elif algo in ("ppo", "a2c"):
-        models, frozen, shapes = {"policy": lambda: _Eval(policy)}, 0, [obs_shape]
-    else:
-        actor = (lambda: _Actor(policy.actor)) if algo == "sac" else (lambda: policy.actor)
-        models = {"actor": actor, "critic": lambda: _Critic(policy.critic)}
-        frozen = {"critic": 1, "actor": 1 if algo == "td3" else 0}
-        shapes = {"actor": [obs_shape], "critic": [obs_shape, (act_dim,)]}
-    return torch_training(
-        models, shapes, batch_size=batch, input_dtype=obs_dtype, optimizer="adam", frozen=frozen,
-        device=device, cache_key=("sb3",) + key, name=algo,
-    )

@@ -1,0 +1,334 @@
+"""The rl-zoo3 recipe: a trial's footprint as RL Baselines3 Zoo 2.9 builds it, from the zoo's own fixed
+hyperparameters (its installed ``hyperparams/<algo>.yml``) merged with the trial's sampled params.
+
+Owns reading those files (as ``ExperimentManager.read_hyperparameters`` and ``_preprocess_hyperparams`` do, with
+no code run), rl-zoo3's sampled names and their mappings to SB3's, the eval env, and the largest value of a
+fixed hyperparameter that fits a budget; the footprint itself is the SB3 recipe's. Knows no Optuna and imports
+neither rl-zoo3 nor torch at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ... import units
+from ...exceptions import EstimateError
+from ..calibration import Calibration, load
+from ..checks import check_count
+from ..footprint import Footprint
+from ..processes import Stack, env_instances, env_workers
+from . import sb3 as sb3_recipe
+from .kwargs_text import read_kwargs, read_value
+
+#: Libraries whose versions key this recipe's calibrated stacks (the SB3 recipe's and rl-zoo3).
+VERSIONED = sb3_recipe.VERSIONED + ("rl-zoo3", "optuna")
+_ZOO = ("sb3_contrib", "optuna", "rl_zoo3.exp_manager")  # what ``python -m rl_zoo3.train`` imports on top of SB3
+#: The stacks of a process running ``python -m rl_zoo3.train`` (``memprune calibrate`` measures them).
+STACKS = {
+    "rlzoo3": Stack(sb3_recipe.sb3_imports(atari=False) + _ZOO, VERSIONED),
+    "rlzoo3-atari": Stack(sb3_recipe.sb3_imports(atari=True) + _ZOO, VERSIONED),
+}
+#: One line for ``memprune predict --help``.
+HELP = "an rl-zoo3 trial: the zoo's yml hyperparameters for --algo/--env merged with the trial's sampled params"
+#: The algos rl-zoo3 tunes that the SB3 recipe models.
+ALGOS = ("dqn", "qrdqn", "ppo", "a2c", "trpo", "sac", "td3", "ddpg", "tqc")
+_ON_POLICY_ARCH = {"tiny": {"pi": [64], "vf": [64]}, "small": {"pi": [64, 64], "vf": [64, 64]},
+                   "medium": {"pi": [256, 256], "vf": [256, 256]}}
+#: rl-zoo3's sampled names (``hyperparams_opt.py``) that are not SB3's; their mapping is in ``zoo_to_sb3``.
+SAMPLED = ("batch_size_pow", "n_steps_pow", "one_minus_gamma", "one_minus_gae_lambda", "subsample_steps",
+           "noise_type", "noise_std", "n_sampled_goal", "goal_selection_strategy")
+#: yml keys the zoo's manager takes for itself (``_preprocess_hyperparams``), never passed to SB3.
+MANAGER = ("n_envs", "n_timesteps", "frame_stack", "env_wrapper", "normalize", "vec_env_wrapper", "callback",
+           "monitor_kwargs", "env_kwargs")
+_SAME_OBS_WRAPPERS = ("rl_zoo3.wrappers.FrameSkip",)  # wrappers that leave the observation as it is
+_ATARI_WRAPPER = "stable_baselines3.common.atari_wrappers.AtariWrapper"
+_ATARI_SAME_OBS = {"noop_max", "frame_skip", "terminal_on_life_loss", "clip_reward", "action_repeat_probability"}
+
+
+def hyperparams_file(algo: str) -> Path:
+    """rl-zoo3's own ``hyperparams/<algo>.yml``, found without importing rl-zoo3 (``EstimateError`` if it is
+    not installed)."""
+    algo = _check_algo(algo)
+    spec = find_spec("rl_zoo3")
+    if spec is None or not spec.submodule_search_locations:
+        raise EstimateError("the rlzoo3 recipe reads rl-zoo3's hyperparameter files: pip install rl-zoo3")
+    return Path(list(spec.submodule_search_locations)[0]) / "hyperparams" / f"{algo}.yml"
+
+
+def fixed_hyperparams(algo: str, env_id: str, path: str | Path | None = None) -> dict[str, Any]:
+    """The hyperparameters rl-zoo3 fixes for ``algo`` on ``env_id``: the env's section of the yml file, else
+    ``atari`` for an Atari env, else ``default`` (``read_hyperparameters``); ``path`` is another yml file
+    (``--conf-file``). Values as yml gives them (``policy_kwargs`` still text).
+
+    Example:
+        >>> fixed_hyperparams("dqn", "PongNoFrameskip-v4")["buffer_size"]   # doctest: +SKIP
+        100000
+    """
+    import yaml
+
+    file = Path(path) if path is not None else hyperparams_file(algo)
+    try:
+        data = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise EstimateError(f"cannot read rl-zoo3 hyperparameters from {file}: {exc}") from None
+    if not isinstance(data, dict):
+        raise EstimateError(f"{file} holds no hyperparameter sections.")
+    if env_id in data:
+        section = data[env_id]
+    elif sb3_recipe.is_atari(env_id) and "atari" in data:
+        section = data["atari"]
+    elif "default" in data:
+        section = data["default"]
+    else:
+        raise EstimateError(f"no hyperparameters for {algo} on {env_id!r} in {file} (no env, atari or default "
+                            f"section).")
+    return dict(section)
+
+
+def zoo_to_sb3(algo: str, sampled: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's params under rl-zoo3's sampled names (``trial.params``: ``batch_size_pow``, ``net_arch="small"``,
+    ``one_minus_gamma``, ``train_freq``/``subsample_steps``, ``n_quantiles``...) mapped as rl-zoo3's converters
+    map them; names already SB3's (what its sampler returns) pass as they are. Policy names found (``net_arch``,
+    ``activation_fn``, ``n_quantiles``) make a new ``policy_kwargs``, as the zoo's sampler output replaces the
+    yml's.
+
+    Example:
+        >>> zoo_to_sb3("ppo", {"batch_size_pow": 6, "n_steps_pow": 9, "net_arch": "tiny", "activation_fn": "relu"})
+        {'batch_size': 64, 'n_steps': 512, 'policy_kwargs': {'net_arch': {'pi': [64], 'vf': [64]}, 'activation_fn': 'relu'}}
+    """
+    algo = _check_algo(algo)
+    out = dict(sampled)
+    for name in ("batch_size", "n_steps"):
+        if f"{name}_pow" in out:
+            power = check_count(out.pop(f"{name}_pow"), f"param '{name}_pow'", "dimension")
+            if power > 40:
+                raise EstimateError(f"param '{name}_pow' must be at most 40 (2**40 {name}), but got {power}.")
+            out[name] = 2 ** power
+    for name in ("gamma", "gae_lambda"):
+        if f"one_minus_{name}" in out:
+            out[name] = 1 - out.pop(f"one_minus_{name}")
+    if "train_freq" in out and "gradient_steps" not in out and isinstance(out["train_freq"], int):
+        out["gradient_steps"] = max(out["train_freq"] // int(out.pop("subsample_steps", 1) or 1), 1)
+    out.pop("subsample_steps", None)
+    policy = {k: out.pop(k) for k in ("net_arch", "activation_fn", "n_quantiles") if k in out}
+    if "net_arch" in policy and isinstance(policy["net_arch"], str) and algo in ("ppo", "a2c", "trpo"):
+        arch = policy["net_arch"]
+        if arch not in _ON_POLICY_ARCH:
+            raise EstimateError(f"param 'net_arch' of {algo} must be one of {sorted(_ON_POLICY_ARCH)} or a list/dict "
+                                f"of widths, but got {arch!r}.")
+        policy["net_arch"] = {k: list(v) for k, v in _ON_POLICY_ARCH[arch].items()}
+    if policy:
+        given = read_kwargs(out.get("policy_kwargs"), "param 'policy_kwargs'")
+        out["policy_kwargs"] = {**given, **policy}
+    return out
+
+
+def rlzoo3(
+    algo: str,
+    env_id: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    hyperparams: Mapping[str, Any] | None = None,
+    n_timesteps: int | None = None,
+    n_eval_envs: int = 1,
+    vec_env: str = "dummy",
+    device: str = "cpu",
+    conf_file: str | Path | None = None,
+    calibration: Calibration | None = None,
+) -> Footprint:
+    """The peak footprint of one rl-zoo3 trial of ``algo`` on ``env_id``.
+
+    Args:
+        algo: ``dqn``, ``qrdqn``, ``ppo``, ``a2c``, ``trpo``, ``sac``, ``td3``, ``ddpg`` or ``tqc``.
+        env_id: the id given to ``rl_zoo3.train --env``.
+        params: the trial's sampled params, under rl-zoo3's names (``trial.params``) or as its sampler returns
+            them (SB3's names, ``policy_kwargs`` with classes); they override the fixed ones.
+        hyperparams: ``train.py -params`` overrides of the fixed hyperparameters (``buffer_size``, ``n_envs``...).
+        n_timesteps: ``train.py -n``; otherwise the yml's ``n_timesteps``. The replay buffer holds
+            ``min(n_timesteps, buffer_size)`` transitions at the peak.
+        n_eval_envs: ``--n-eval-envs``: the eval env the zoo makes next to the training envs (0: none).
+        vec_env: ``--vec-env``, ``"dummy"`` or ``"subproc"``.
+        device: ``"cpu"`` or ``"cuda"``.
+        conf_file: ``--conf-file``: another yml file instead of the zoo's own.
+
+    The fixed hyperparameters come from the yml (``fixed_hyperparams``), ``n_envs``, ``frame_stack`` and
+    ``env_wrapper`` go to the envs, ``policy_kwargs`` text is read without running it, and the rest goes to
+    ``sb3.sb3``. Unknown names are an ``EstimateError`` listing the known ones.
+
+    Example:
+        >>> fp = rlzoo3("dqn", "PongNoFrameskip-v4", {"batch_size_pow": 5, "net_arch": "small"})  # doctest: +SKIP
+    """
+    algo = _check_algo(algo)
+    fixed = fixed_hyperparams(algo, env_id, conf_file)
+    fixed.update(_check_names(algo, hyperparams or {}, "hyperparams"))
+    sampled = zoo_to_sb3(algo, _check_names(algo, params or {}, "params"))
+    if "policy_kwargs" in fixed:
+        fixed["policy_kwargs"] = read_kwargs(fixed["policy_kwargs"], f"{algo}.yml policy_kwargs")
+    kwargs = {**fixed, **sampled}
+    n_envs = check_count(kwargs.pop("n_envs", 1), "n_envs", "processes")
+    steps = kwargs.pop("n_timesteps", None) if n_timesteps is None else n_timesteps
+    kwargs.pop("n_timesteps", None)
+    if steps is not None:
+        kwargs["n_timesteps"] = check_count(steps, "n_timesteps", "items")
+    frame_stack = kwargs.pop("frame_stack", None)
+    _check_wrappers(env_id, kwargs.pop("env_wrapper", None))
+    for name in ("vec_env_wrapper", "env_kwargs"):
+        if kwargs.pop(name, None):
+            raise EstimateError(f"{name} of the zoo's {algo} hyperparameters for {env_id} is not modelled.")
+    for name in ("normalize", "callback", "monitor_kwargs"):  # running stats, callbacks: O(obs) or nothing
+        kwargs.pop(name, None)
+    for name in ("noise_type", "noise_std", "n_sampled_goal", "goal_selection_strategy"):
+        kwargs.pop(name, None)  # the action noise is O(n_actions); HER's names come with HER's buffer (refused)
+    check_count(n_eval_envs, "n_eval_envs", "processes", minimum=0)
+    cal = calibration or load()
+    atari = sb3_recipe.is_atari(env_id)
+    stack = STACKS["rlzoo3-atari" if atari else "rlzoo3"]
+    fp = sb3_recipe.sb3(algo, env_id, kwargs, n_envs=n_envs, frame_stack=frame_stack, vec_env=vec_env,
+                        device=device, stack=stack, calibration=cal)
+    if n_eval_envs:
+        profile = sb3_recipe.env_profile(env_id, frame_stack, cal)
+        evals = env_instances(profile, n_eval_envs) if vec_env == "dummy" else env_workers(profile, n_eval_envs)
+        # subproc: the training envs already started multiprocessing's helpers; the eval env adds workers only
+        fp = fp + Footprint(tuple(replace(c, name=f"eval env: {c.name}") for c in evals.components
+                                  if c.name != "multiprocessing helpers"))
+    return fp
+
+
+def largest_fitting(
+    algo: str,
+    env_id: str,
+    budget: int | str,
+    name: str = "buffer_size",
+    params: Mapping[str, Any] | None = None,
+    *,
+    hyperparams: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> int | None:
+    """The largest value of the fixed hyperparameter ``name`` (default ``buffer_size``; any count the footprint
+    grows with: ``n_envs``, ``n_steps``, ``batch_size``) at most its present value for which the trial's RAM
+    fits ``budget`` (bytes or ``"4GiB"``); its present value if that fits, None if not even 1 does. Bisection
+    over ``rlzoo3(...)`` (``options`` are its keyword arguments).
+
+    Example:
+        >>> largest_fitting("dqn", "PongNoFrameskip-v4", "4GiB")   # doctest: +SKIP
+        67253
+    """
+    limit = units.parse_bytes(budget, name="budget")
+    fixed = {**fixed_hyperparams(algo, env_id, options.get("conf_file")), **(hyperparams or {})}
+    sampled = zoo_to_sb3(algo, params or {})
+    present = sampled.get(name, fixed.get(name))
+    if present is None:
+        raise EstimateError(f"{name!r} is not set for {algo} on {env_id}: give it in hyperparams.")
+    present = check_count(present, name, "items")
+
+    def ram(value: int) -> int:
+        overrides = {**(hyperparams or {}), name: value}
+        trial = {k: v for k, v in (params or {}).items() if k != name}
+        return rlzoo3(algo, env_id, trial, hyperparams=overrides, **options).ram
+
+    return _bisect(ram, present, limit)
+
+
+def budget_advice(algo: str, env_id: str, budget: int | str, name: str = "buffer_size",
+                  params: Mapping[str, Any] | None = None, **options: Any) -> str | None:
+    """None if the trial fits ``budget``, else one line: ``"buffer_size 100000 needs 5.72 GiB at 4.00 GiB;
+    67000 fits"`` (the whole trial's RAM; the fitting value rounded down to two significant digits), or
+    ``"...; no buffer_size fits"``. ``options`` are ``rlzoo3``'s keyword arguments."""
+    limit = units.parse_bytes(budget, name="budget")
+    hyperparams = options.pop("hyperparams", None)
+    need = rlzoo3(algo, env_id, params, hyperparams=hyperparams, **options).ram
+    if need <= limit:
+        return None
+    fits = largest_fitting(algo, env_id, limit, name, params, hyperparams=hyperparams, **options)
+    merged = {**fixed_hyperparams(algo, env_id, options.get("conf_file")), **(hyperparams or {})}
+    present = zoo_to_sb3(algo, params or {}).get(name, merged.get(name))
+    head = f"{name} {present} needs {units.format_bytes(need)} at {units.format_bytes(limit)}"
+    return f"{head}; no {name} fits" if fits is None else f"{head}; {_round_down(fits)} fits"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``memprune predict rlzoo3`` (the trial's sampled params come as ``name=value`` words)."""
+    parser.add_argument("--algo", required=True, choices=ALGOS)
+    parser.add_argument("--env", required=True, help="the env id given to rl_zoo3.train, e.g. PongNoFrameskip-v4")
+    parser.add_argument("-params", "--hyperparams", dest="hyperparams", nargs="+", default=[], metavar="KEY:VALUE",
+                        help="overrides of the zoo's fixed hyperparameters, as rl_zoo3.train takes them")
+    parser.add_argument("-n", "--n-timesteps", dest="n_timesteps", type=int, default=None)
+    parser.add_argument("--n-eval-envs", type=int, default=1)
+    parser.add_argument("--vec-env", choices=["dummy", "subproc"], default="dummy")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--conf-file", default=None, help="another hyperparameter yml file")
+
+
+def from_args(args: argparse.Namespace, params: dict[str, Any]) -> tuple[str, Footprint]:
+    """``memprune predict rlzoo3``: a title line and the footprint of the parsed options and params."""
+    hyperparams = {}
+    for item in args.hyperparams:
+        key, sep, text = item.partition(":")
+        if not sep or not key.isidentifier():
+            raise EstimateError(f"-params are written key:value (buffer_size:50000), but got {item!r}.")
+        hyperparams[key] = read_value(text, f"-params {key}") if text.strip() else text
+    fp = rlzoo3(args.algo, args.env, params, hyperparams=hyperparams, n_timesteps=args.n_timesteps,
+                n_eval_envs=args.n_eval_envs, vec_env=args.vec_env, device=args.device, conf_file=args.conf_file)
+    words = [f"{k}:{v}" for k, v in hyperparams.items()] + [f"{k}={v}" for k, v in params.items()]
+    return f"rl-zoo3 {args.algo} on {args.env} " + " ".join(words), fp
+
+
+def _check_algo(algo: Any) -> str:
+    if not isinstance(algo, str) or algo.lower() not in ALGOS:
+        raise EstimateError(f"algo must be one of {list(ALGOS)}, but got {algo!r}.")
+    return algo.lower()
+
+
+def _check_names(algo: str, params: Mapping[str, Any], what: str) -> dict[str, Any]:
+    known = set(sb3_recipe.known_params()) | set(SAMPLED) | set(MANAGER)
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise EstimateError(f"unknown rl-zoo3 param(s) {unknown} in {what} for {algo}; known: {sorted(known)}.")
+    return dict(params)
+
+
+def _check_wrappers(env_id: str, wrappers: Any) -> None:
+    """``EstimateError`` unless the env wrappers are ones the env profile reproduces: AtariWrapper at 84x84 on
+    an Atari env (and only there), and wrappers that leave the observation unchanged."""
+    items = wrappers if isinstance(wrappers, list) else [] if wrappers is None else [wrappers]
+    names = {}
+    for item in items:
+        if isinstance(item, dict) and len(item) == 1:
+            (name, kwargs), = item.items()
+            names[name] = kwargs or {}
+        elif isinstance(item, str):
+            names[item] = {}
+        else:
+            raise EstimateError(f"env_wrapper must be a wrapper name or {{name: kwargs}}, but got {item!r}.")
+    atari = sb3_recipe.is_atari(env_id)
+    if atari != (_ATARI_WRAPPER in names):
+        raise EstimateError(f"{env_id}: the env profile applies SB3's AtariWrapper to Atari envs only, but the "
+                            f"zoo's env_wrapper is {list(names) or None}.")
+    extra = set(names.get(_ATARI_WRAPPER, {})) - _ATARI_SAME_OBS
+    if extra:
+        raise EstimateError(f"AtariWrapper {sorted(extra)} change the observation; not modelled.")
+    other = [n for n in names if n != _ATARI_WRAPPER and n not in _SAME_OBS_WRAPPERS]
+    if other:
+        raise EstimateError(f"env_wrapper {other} may change the observation of {env_id}; not modelled.")
+
+
+def _bisect(ram: Callable[[int], int], present: int, limit: int) -> int | None:
+    if ram(present) <= limit:
+        return present
+    if ram(1) > limit:
+        return None
+    low, high = 1, present  # ram(low) fits, ram(high) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if ram(mid) <= limit else (low, mid)
+    return low
+
+
+def _round_down(value: int) -> int:
+    """``value`` rounded down to two significant digits (67253 -> 67000)."""
+    step = 10 ** max(len(str(value)) - 2, 0)
+    return value // step * step
