@@ -1,4 +1,4 @@
-"""The ``memprune`` command (predict, calibrate, worker, report), with the Optuna CLI's conventions.
+"""The ``memprune`` command (predict, calibrate, worker, run, report), with the Optuna CLI's conventions.
 
 The only module that prints or configures logging handlers; exits 0, 1 (runtime), 2 (usage) or 130 (Ctrl-C).
 """
@@ -273,6 +273,50 @@ def _worker_guard(spec: str, guard_type: type) -> Any:
     return guard
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    """Check the command and options, then become the program (``exec``) with the guard injected; returns
+    only for ``--dry-run``. How the injection works: ``optuna_memprune.guard.inject``."""
+    from .budget import Budget
+    from .guard import MemoryGuard, inject
+    from .units import check_int
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        program = inject.python_command(command)
+        budget = Budget(ram=args.ram, vram=args.vram, threads=args.threads)
+        if not budget.resources:
+            raise ValueError("give the budget: at least one of --ram, --vram, --threads")
+        if check_int(args.workers, "--workers", minimum=1) > 1:
+            raise ValueError("--workers above 1 (one process per trial on a shared storage) is not built yet")
+        MemoryGuard(inject.MonitorOnly("check"), budget, on_infeasible=args.on_infeasible)  # the soft line
+        label = inject.check_choice(args.footprint, program)
+        default = None
+        if args.dry_run and program.recipe_args is not None and "recipe" in label:
+            title, footprint = inject.RecipeFootprint(inject.RLZOO3, program.recipe_args).build()
+            default = footprint({})
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if args.dry_run:
+        if _format(args) == "json":
+            print(json.dumps({"command": list(program.argv), "budget": budget.resources, "footprint": label,
+                              "default_params": None if default is None else default.to_dict()}, indent=1))
+            return 0
+        print(f"memprune run would guard: {' '.join(program.argv)}\nbudget: {budget} (per process)\n"
+              f"footprint: {label}")
+        if default is not None:
+            print(f"footprint of the default params ({title}):")
+            _print_footprint(default)
+        return 0
+    options = inject.Options(budget.ram, budget.vram, budget.threads, args.on_infeasible, args.footprint, program)
+    env = options.environment(dict(os.environ), os.getpid())  # exec keeps this pid: the hook acts only in it
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(program.argv[0], list(program.argv), env)
+    except OSError as exc:
+        raise UsageError(f"cannot run {program.argv[0]!r}: {exc.strerror or exc}: nothing was run") from None
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     import optuna
 
@@ -403,6 +447,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a cgroup per trial where one can be made (auto), or else an error (cgroup), or polling only")
     wk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     wk.set_defaults(func=_cmd_worker)
+
+    run = sub.add_parser("run", parents=[verbosity, _formats("table", "json")],
+                         help="run an unchanged Python program with every Optuna study it makes guarded")
+    run.add_argument("--ram", help="the program's RAM budget, e.g. 4GiB")
+    run.add_argument("--vram", help="its GPU memory budget")
+    run.add_argument("--threads", type=int, help="its thread budget")
+    run.add_argument("--on-infeasible", choices=["clamp", "reject"], default="clamp")
+    run.add_argument("--footprint", default="auto", help="auto (default), learned, none, a recipe's name, or "
+                     "MODULE:FUNCTION params -> Footprint")
+    run.add_argument("--workers", type=int, default=1, help="trial processes (only 1 for now)")
+    run.add_argument("--dry-run", action="store_true", help="print what would be guarded; run nothing")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: python ..., a .py file")
+    run.set_defaults(func=_cmd_run)
 
     rep = sub.add_parser("report", parents=[verbosity, _formats("table", "json", "html")],
                          help="review a guarded study: decisions, stopped trials, prediction quality")
