@@ -276,45 +276,33 @@ def _worker_guard(spec: str, guard_type: type) -> Any:
 def _cmd_run(args: argparse.Namespace) -> int:
     """Check the command and options, then become the program (``exec``) with the guard injected; returns
     only for ``--dry-run``. How the injection works: ``optuna_memprune.guard.inject``."""
-    from .budget import Budget
-    from .guard import MemoryGuard, inject
-    from .units import check_int
+    from .guard import inject
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
-        program = inject.python_command(command)
-        budget = Budget(ram=args.ram, vram=args.vram, threads=args.threads)
-        if not budget.resources:
-            raise ValueError("give the budget: at least one of --ram, --vram, --threads")
-        if check_int(args.workers, "--workers", minimum=1) > 1:
-            raise ValueError("--workers above 1 (one process per trial on a shared storage) is not built yet")
-        MemoryGuard(inject.MonitorOnly("check"), budget, on_infeasible=args.on_infeasible)  # the soft line
-        label = inject.check_choice(args.footprint, program)
-        default = None
-        if args.dry_run and program.recipe_args is not None and "recipe" in label:
-            title, footprint = inject.RecipeFootprint(inject.RLZOO3, program.recipe_args).build()
-            default = footprint({})
+        options, label = inject.prepare(args.command[1:] if args.command[:1] == ["--"] else args.command,
+                                        ram=args.ram, vram=args.vram, threads=args.threads, workers=args.workers,
+                                        on_infeasible=args.on_infeasible, footprint=args.footprint)
+        default = inject.default_params(options) if args.dry_run else None
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    if args.dry_run:
-        if _format(args) == "json":
-            print(json.dumps({"command": list(program.argv), "budget": budget.resources, "footprint": label,
-                              "default_params": None if default is None else default.to_dict()}, indent=1))
-            return 0
-        print(f"memprune run would guard: {' '.join(program.argv)}\nbudget: {budget} (per process)\n"
+    argv = list(options.program.argv)
+    if args.dry_run and _format(args) == "json":
+        print(json.dumps({"command": argv, "budget": options.budget.resources, "footprint": label,
+                          "default_params": default and default[1].to_dict()}, indent=1))
+    elif args.dry_run:
+        print(f"memprune run would guard: {' '.join(argv)}\nbudget: {options.budget} (the program's process)\n"
               f"footprint: {label}")
         if default is not None:
-            print(f"footprint of the default params ({title}):")
-            _print_footprint(default)
+            print(f"footprint of the default params ({default[0]}):")
+            _print_footprint(default[1])
+    if args.dry_run:
         return 0
-    options = inject.Options(budget.ram, budget.vram, budget.threads, args.on_infeasible, args.footprint, program)
-    env = options.environment(dict(os.environ), os.getpid())  # exec keeps this pid: the hook acts only in it
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        os.execvpe(program.argv[0], list(program.argv), env)
+    try:  # exec keeps this pid: the hook acts only in the process of this pid
+        os.execvpe(argv[0], argv, options.environment(dict(os.environ), os.getpid()))
     except OSError as exc:
-        raise UsageError(f"cannot run {program.argv[0]!r}: {exc.strerror or exc}: nothing was run") from None
+        raise UsageError(f"cannot run {argv[0]!r}: {exc.strerror or exc}: nothing was run") from None
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

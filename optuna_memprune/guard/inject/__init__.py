@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ...budget import Budget
 from .._call import MonitorOnly
 
 #: The environment variable that carries the guard's options to the hook (removed by the hook at once).
@@ -155,6 +156,10 @@ class Options:
     footprint: str
     program: Program
 
+    @property
+    def budget(self) -> Budget:
+        return Budget(ram=self.ram, vram=self.vram, threads=self.threads)
+
     def environment(self, base: dict[str, str], pid: int) -> dict[str, str]:
         """``base`` with the hook added: ``SITE_DIR`` first on ``PYTHONPATH`` and ``MEMPRUNE_RUN`` for
         process ``pid`` (the hook puts ``PYTHONPATH`` back as it was)."""
@@ -173,6 +178,41 @@ class Options:
         kind, target, args = payload["program"]
         return cls(payload["ram"], payload["vram"], payload["threads"], payload["on_infeasible"],
                    payload["footprint"], Program((), kind, target, tuple(args)))
+
+
+def prepare(command: Sequence[str], *, ram: Any = None, vram: Any = None, threads: Any = None,
+            on_infeasible: str = "clamp", footprint: str = "auto", workers: int = 1) -> tuple[Options, str]:
+    """``memprune run``'s options checked before anything runs, and the footprint choice in words; ValueError
+    (or TypeError) naming the bad one: a command that is not Python, no budget or one no guarded process
+    fits in, ``workers`` above 1, a footprint that cannot be imported.
+
+    Example:
+        >>> options, label = prepare(["python", "train.py"], ram="4GiB", footprint="none")
+        >>> options.program.target, options.ram, label
+        ('train.py', 4294967296, 'none: trials run unchecked under the monitor alone')
+    """
+    from ...units import check_int
+    from .._guard import MemoryGuard
+
+    program = python_command(command)
+    budget = Budget(ram=ram, vram=vram, threads=threads)
+    if not budget.resources:
+        raise ValueError("give the budget: at least one of --ram, --vram, --threads")
+    if check_int(workers, "--workers", minimum=1) > 1:
+        raise ValueError("--workers above 1 (one process per trial on a shared storage) is not built yet")
+    MemoryGuard(MonitorOnly("check"), budget, on_infeasible=on_infeasible)  # the soft line holds a process
+    label = check_choice(footprint, program)
+    return Options(budget.ram, budget.vram, budget.threads, on_infeasible, footprint, program), label
+
+
+def default_params(options: Options) -> tuple[str, Any] | None:
+    """The recipe's title and the footprint of the program's default params, for an rl-zoo3 search that
+    ``options`` guard with the rl-zoo3 recipe (``None`` otherwise)."""
+    args = options.program.recipe_args
+    if args is None or options.footprint not in ("auto", RLZOO3) or recipe(RLZOO3) is None:
+        return None
+    title, footprint = RecipeFootprint(RLZOO3, args).build()
+    return title, footprint({})
 
 
 # -- the footprint choice --------------------------------------------------------------------------------

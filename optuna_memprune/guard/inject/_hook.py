@@ -17,7 +17,6 @@ import sys
 import threading
 from typing import Any
 
-from ...budget import Budget
 from ...records import Decision, read
 from ...storages import shown
 from . import ENV_VAR, Choice, Options, choose, recipe, RLZOO3
@@ -57,7 +56,7 @@ class _Injected:
         import optuna
 
         self.options, self.pid = options, pid
-        self.budget = Budget(ram=options.ram, vram=options.vram, threads=options.threads)
+        self.budget = options.budget
         self.lock = threading.Lock()
         self.choice: Choice | None = None
         self.guards: dict[int, Any] = {}          # id(study) -> its MemoryGuard
