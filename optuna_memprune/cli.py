@@ -283,18 +283,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                         ram=args.ram, vram=args.vram, threads=args.threads, workers=args.workers,
                                         on_infeasible=args.on_infeasible, footprint=args.footprint)
         default = inject.default_params(options) if args.dry_run else None
+        fixed = inject.fixed_message(options) if args.dry_run else None
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     argv = list(options.program.argv)
     if args.dry_run and _format(args) == "json":
         print(json.dumps({"command": argv, "budget": options.budget.resources, "footprint": label,
-                          "default_params": default and default[1].to_dict()}, indent=1))
+                          "default_params": default and default[1].to_dict(), "fixed": fixed}, indent=1))
     elif args.dry_run:
         print(f"memprune run would guard: {' '.join(argv)}\nbudget: {options.budget} (the program's process)\n"
               f"footprint: {label}")
         if default is not None:
             print(f"footprint of the default params ({default[0]}):")
             _print_footprint(default[1])
+        if fixed:
+            print(fixed)
     if args.dry_run:
         return 0
     sys.stdout.flush()

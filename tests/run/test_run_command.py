@@ -175,3 +175,28 @@ def test_bad_options_are_one_line_before_anything_runs(options: list[str], words
     _one_line(run(*budget, *options, "--", sys.executable, "example_study.py", f"sqlite:///{tmp_path / 'x.db'}"),
               words)
     assert not (tmp_path / "x.db").exists()
+
+
+def test_learned_runs_under_the_monitor_alone_until_it_is_built_and_the_summary_says_so() -> None:
+    proc = run("--ram", "2GiB", "--footprint", "learned", "--", sys.executable, "example_study.py", "-")
+    assert proc.returncode == 0, proc.stderr
+    last = memprune_lines(proc.stderr)[-1]
+    assert "unchecked 4" in last and "footprint: learned (learned footprints are not built yet" in last, last
+    assert "The footprint failed" not in proc.stderr  # no footprint by design is no failure
+
+
+def test_rl_zoo3_is_recognised_and_its_recipe_looked_up_in_the_registry() -> None:
+    from optuna_memprune.guard import inject
+
+    proc = run("--ram", "3GiB", "--dry-run", "--", sys.executable, "-m", "rl_zoo3.train", "--algo", "dqn",
+               "--env", "CartPole-v1", "-optimize")
+    assert proc.returncode == 0, proc.stderr
+    footprint_line = proc.stdout.splitlines()[2]
+    if inject.recipe(inject.RLZOO3) is None:
+        assert footprint_line == ("footprint: auto: the rl-zoo3 recipe is not available in this version of "
+                                  "optuna-memprune, so trials run unchecked under the monitor alone")
+        _one_line(run("--ram", "3GiB", "--footprint", "rl-zoo3", "--", sys.executable, "-m", "rl_zoo3.train"),
+                  "the rl-zoo3 recipe is not available")
+    else:
+        assert footprint_line == "footprint: auto: the rl-zoo3 recipe (estimate.recipes)"
+        assert "footprint of the default params" in proc.stdout

@@ -215,6 +215,16 @@ def default_params(options: Options) -> tuple[str, Any] | None:
     return title, footprint({})
 
 
+def fixed_message(options: Options) -> str | None:
+    """The rl-zoo3 recipe's word, before the first trial, on a fixed hyperparameter that makes every trial
+    infeasible at this budget, with the largest value that fits (``recipe.fixed_message(args, budget)``,
+    where the recipe defines it); ``None`` where there is nothing to say or no such recipe."""
+    args = options.program.recipe_args
+    module = recipe(RLZOO3) if args is not None and options.footprint in ("auto", RLZOO3) else None
+    check = getattr(module, "fixed_message", None)
+    return check(list(args), options.budget) if callable(check) else None
+
+
 # -- the footprint choice --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...records import Decision, read
 from ...storages import shown
-from . import ENV_VAR, Choice, Options, choose, recipe, RLZOO3
+from . import ENV_VAR, Choice, Options, choose, fixed_message
 
 _STATE: "_Injected | None" = None
 
@@ -117,14 +117,9 @@ class _Injected:
         return study
 
     def _fixed_message(self) -> None:
-        """A recipe's word on fixed values that make every trial infeasible (``recipe.fixed_message``)."""
-        args = self.options.program.recipe_args
-        module = recipe(RLZOO3) if args is not None and self.choice is not None and self.choice.checked else None
-        check = getattr(module, "fixed_message", None)
-        if callable(check):
-            message = check(list(args), self.budget)
-            if message:
-                print(f"memprune: {message}", file=sys.stderr)
+        message = fixed_message(self.options)
+        if message:
+            print(f"memprune: {message}", file=sys.stderr)
 
     def entry(self, study: Any) -> tuple[Any, Any, set[int]] | None:
         with self.lock:
