@@ -1,4 +1,4 @@
-"""The ``memprune`` command (predict, calibrate, worker, report), with the Optuna CLI's conventions.
+"""The ``memprune`` command (predict, calibrate, worker, run, report), with the Optuna CLI's conventions.
 
 The only module that prints or configures logging handlers; exits 0, 1 (runtime), 2 (usage) or 130 (Ctrl-C).
 """
@@ -273,6 +273,41 @@ def _worker_guard(spec: str, guard_type: type) -> Any:
     return guard
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    """Check the command and options, then become the program (``exec``) with the guard injected; returns
+    only for ``--dry-run``. How the injection works: ``optuna_memprune.guard.inject``."""
+    from .guard import inject
+
+    try:
+        options, label = inject.prepare(args.command[1:] if args.command[:1] == ["--"] else args.command,
+                                        ram=args.ram, vram=args.vram, threads=args.threads, workers=args.workers,
+                                        on_infeasible=args.on_infeasible, footprint=args.footprint)
+        default = inject.default_params(options) if args.dry_run else None
+        fixed = inject.fixed_message(options) if args.dry_run else None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    argv = list(options.program.argv)
+    if args.dry_run and _format(args) == "json":
+        print(json.dumps({"command": argv, "budget": options.budget.resources, "footprint": label,
+                          "default_params": default and default[1].to_dict(), "fixed": fixed}, indent=1))
+    elif args.dry_run:
+        print(f"memprune run would guard: {' '.join(argv)}\nbudget: {options.budget} (the program's process)\n"
+              f"footprint: {label}")
+        if default is not None:
+            print(f"footprint of the default params ({default[0]}):")
+            _print_footprint(default[1])
+        if fixed:
+            print(fixed)
+    if args.dry_run:
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:  # exec keeps this pid: the hook acts only in the process of this pid
+        os.execvpe(argv[0], argv, options.environment(dict(os.environ), os.getpid()))
+    except OSError as exc:
+        raise UsageError(f"cannot run {argv[0]!r}: {exc.strerror or exc}: nothing was run") from None
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     import optuna
 
@@ -403,6 +438,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a cgroup per trial where one can be made (auto), or else an error (cgroup), or polling only")
     wk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     wk.set_defaults(func=_cmd_worker)
+
+    run = sub.add_parser("run", parents=[verbosity, _formats("table", "json")],
+                         help="run an unchanged Python program with every Optuna study it makes guarded")
+    run.add_argument("--ram", help="the program's RAM budget, e.g. 4GiB")
+    run.add_argument("--vram", help="its GPU memory budget")
+    run.add_argument("--threads", type=int, help="its thread budget")
+    run.add_argument("--on-infeasible", choices=["clamp", "reject"], default="clamp")
+    run.add_argument("--footprint", default="auto", help="auto (default), learned, none, a recipe's name, or "
+                     "MODULE:FUNCTION params -> Footprint")
+    run.add_argument("--workers", type=int, default=1, help="trial processes (only 1 for now)")
+    run.add_argument("--dry-run", action="store_true", help="print what would be guarded; run nothing")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: python ..., a .py file")
+    run.set_defaults(func=_cmd_run)
 
     rep = sub.add_parser("report", parents=[verbosity, _formats("table", "json", "html")],
                          help="review a guarded study: decisions, stopped trials, prediction quality")

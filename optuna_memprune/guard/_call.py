@@ -38,6 +38,33 @@ class NotAFootprint(TypeError):
         return (type(self), (self.returned,))
 
 
+class NoFootprint(Exception):
+    """Raised by a footprint that predicts nothing by design (:class:`MonitorOnly`): the trial runs
+    unchecked under the monitor with this message as its reason; no failure is counted or warned about."""
+
+
+class MonitorOnly:
+    """A footprint that predicts nothing: every trial runs unchecked under the monitor, ``why`` saying so.
+
+    Pickles (a module-level class holding a string), so a guard built on it survives ``pickle``.
+
+    Example:
+        >>> MonitorOnly("no footprint was given")({"x": 1})
+        Traceback (most recent call last):
+        ...
+        optuna_memprune.guard._call.NoFootprint: no footprint was given
+    """
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __call__(self, params: dict[str, Any]) -> Any:
+        raise NoFootprint(self.why)
+
+    def __repr__(self) -> str:
+        return f"MonitorOnly({self.why!r})"
+
+
 class LimitedCall:
     """Calls ``function(params)`` one at a time, each within ``limit`` seconds (``None``: no limit, in the
     caller's thread).

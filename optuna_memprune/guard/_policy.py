@@ -15,7 +15,7 @@ from ..budget import Budget
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision, TrialRecord
 from ..units import format_bytes
-from ._call import FootprintTimeout, LimitedCall, NotAFootprint
+from ._call import FootprintTimeout, LimitedCall, NoFootprint, NotAFootprint
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -296,6 +296,8 @@ class Policy:
         elif prediction is None and params and repredict:
             try:
                 prediction = self.predict(params)
+            except NoFootprint:
+                pass  # the reason already says there is no footprint
             except Exception as exc:  # noqa: BLE001 - the record says why there is no prediction
                 reason = f"{reason}; no prediction after the run: {type(exc).__name__}: {exc}"
         figures: dict[str, Any] = {}

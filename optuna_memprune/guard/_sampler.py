@@ -14,6 +14,7 @@ from optuna.samplers import BaseSampler
 
 from .. import _internals, records
 from ..records import Decision
+from ._call import NoFootprint
 from ._clamp import ClampSearch
 from ._policy import check_guard
 from ._trials import TrialGuardState
@@ -60,9 +61,21 @@ class GuardedSampler(BaseSampler):
         check_guard(guard)
         self._base_sampler = base_sampler
         self._guard = guard
+        self._init_runtime_state()
+
+    def _init_runtime_state(self) -> None:
         self._lock = threading.Lock()
         self._base_spaces: dict[int, dict[str, BaseDistribution]] = {}
         self._known_space = _KnownSpace()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Plain pickle (rl-zoo3 pickles its study): the base sampler and the guard travel, locks and the
+        # spaces of trials running in this process do not.
+        return {"_base_sampler": self._base_sampler, "_guard": self._guard}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime_state()
 
     def __str__(self) -> str:
         return f"GuardedSampler({self._base_sampler})"
@@ -167,6 +180,9 @@ class GuardedSampler(BaseSampler):
         """The footprint failed on ``assignment``: the trial runs unchecked, saying why; a param no earlier
         trial suggested is no failure. Repeated failures are warned about, or raised with
         ``on_footprint_error="raise"``."""
+        if isinstance(exc, NoFootprint):  # a guard without a footprint by design: no failure
+            state.uncheck(str(exc))
+            return
         policy = self._guard.policy
         name = policy.missing_param(exc, assignment)
         if name is not None:

@@ -56,6 +56,20 @@ def test_the_guard_pickles_its_configuration_and_not_its_running_state() -> None
     assert isinstance(again.wrap_pruner(), GuardedPruner)
 
 
+def test_a_study_with_the_guarded_sampler_and_pruner_survives_plain_pickle() -> None:
+    """rl-zoo3 pickles its study at the end of a search: the wrapped sampler and pruner must come along."""
+    guard = MemoryGuard(_footprint, omp.Budget(ram="1GiB"), search_space={"n": IntDistribution(0, 10)})
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=1)),
+                                pruner=guard.wrap_pruner(optuna.pruners.MedianPruner()))
+    study.optimize(guard.wrap_objective(lambda t: t.suggest_int("n", 0, 10)), n_trials=3)
+    again = pickle.loads(pickle.dumps(study))
+    assert isinstance(again.sampler, GuardedSampler)
+    assert isinstance(again.sampler.base_sampler, optuna.samplers.TPESampler)
+    assert isinstance(again.pruner, GuardedPruner)
+    again.optimize(lambda t: t.suggest_int("n", 0, 10), n_trials=1)  # the unpickled sampler checks and records
+    assert omp.read_record(again.trials[-1].user_attrs).decision.value == "admitted"
+
+
 def test_footprints_are_cached_per_params() -> None:
     calls = []
 

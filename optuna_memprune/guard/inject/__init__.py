@@ -1,0 +1,368 @@
+"""``memprune run``'s injection: an unchanged Python program run with the guard inside it.
+
+Design: the command is checked here (a Python interpreter, a ``.py`` file or a script with a python shebang;
+anything else is refused), then the CLI replaces its own process with the program (``exec``), adding two
+things to the environment: a directory holding only a ``sitecustomize.py`` put first on ``PYTHONPATH``, and
+``MEMPRUNE_RUN`` (a small JSON: the budget, the footprint choice and the pid the hook is meant for, the
+CLI's own pid, which ``exec`` keeps). Python imports ``sitecustomize`` at startup in every mode (``-m``, a
+script, ``-c``, a console script), so nothing about how the program starts changes (``sys.argv``,
+``__main__``, ``-m`` resolution stay Python's own). The hook (``_hook.py``) acts only in the process whose
+pid is the one named, removes both additions from ``os.environ`` at once (so subprocesses, SubprocVecEnv
+workers and multiprocessing spawn/forkserver children start clean), chains to the next ``sitecustomize``
+on the path, and its patched functions check the pid again at each call (a forked child inherits them and
+gets Optuna's originals).
+
+Owns the command's classification, the environment, the footprint choice and its picklable footprints;
+knows nothing of argparse or exit codes (the CLI's) and never prints (the hook prints in the program).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ...budget import Budget
+from .._call import MonitorOnly
+
+#: The environment variable that carries the guard's options to the hook (removed by the hook at once).
+ENV_VAR = "MEMPRUNE_RUN"
+#: The directory put first on ``PYTHONPATH``: it holds ``sitecustomize.py`` only.
+SITE_DIR = str(Path(__file__).resolve().parent / "site")
+#: The footprint choices that are no ``MODULE:FUNCTION`` (a recipe's name is one too).
+CHOICES = ("auto", "learned", "none")
+#: Where ``--footprint auto`` finds a program's own footprint: a function of this name in its main module.
+DECLARED = "memprune_footprint"
+#: The rl-zoo3 recipe's name in ``estimate.recipes.RECIPES``, and the module that runs its search.
+RLZOO3, RLZOO3_TRAIN = "rl-zoo3", "rl_zoo3.train"
+
+_PYTHON = re.compile(r"^python[0-9.]*$")
+_FLAGS_WITH_VALUE = "WX"                       # -W arg, -X arg
+_REFUSED = {"I": "-I (isolated mode)", "E": "-E (ignores PYTHON* variables)", "S": "-S (no site import)"}
+_LEARNED_LATER = "learned footprints are not built yet"
+
+
+@dataclass(frozen=True)
+class Program:
+    """The command ``memprune run`` executes: ``argv``, and what it runs: ``kind`` ``"module"``
+    (``python -m``), ``"script"`` or ``"code"`` (``python -c``), ``target`` (the module, the script's path
+    or ``-c``) and ``args`` (the program's own arguments)."""
+
+    argv: tuple[str, ...]
+    kind: str
+    target: str
+    args: tuple[str, ...]
+
+    @property
+    def recipe_args(self) -> tuple[str, ...] | None:
+        """The arguments of an rl-zoo3 search (``python -m rl_zoo3.train ARGS``, ``rl_zoo3 train ARGS``);
+        ``None`` for any other program."""
+        if self.kind == "module" and self.target == RLZOO3_TRAIN:
+            return self.args
+        if self.kind == "script" and Path(self.target).name == "rl_zoo3" and self.args[:1] == ("train",):
+            return self.args[1:]
+        return None
+
+
+def python_command(argv: Sequence[str]) -> Program:
+    """The program ``argv`` runs, when it is Python; ValueError naming what was given otherwise.
+
+    Example:
+        >>> python_command(["python", "-u", "-m", "rl_zoo3.train", "--algo", "dqn"]).recipe_args
+        ('--algo', 'dqn')
+        >>> python_command(["ls", "-l"])
+        Traceback (most recent call last):
+        ...
+        ValueError: COMMAND must be a Python program (python ..., python -m MODULE ..., a .py file or a script with a python shebang), but got 'ls': nothing was run.
+    """
+    if not argv:
+        raise ValueError("give the command to run after --, e.g. memprune run --ram 4GiB -- python train.py")
+    first = str(argv[0])
+    if _PYTHON.match(Path(first).name):
+        return _interpreter(tuple(map(str, argv)))
+    path = Path(first) if os.sep in first or Path(first).is_file() else None
+    if path is None:
+        found = shutil.which(first)
+        path = Path(found) if found else None
+    if path is not None and path.is_file():
+        rest = tuple(map(str, argv[1:]))
+        runs_itself = os.access(path, os.X_OK) and _shebang(path)
+        if runs_itself:
+            exe = first if os.sep in first else (str(path) if not Path(first).is_file() else f".{os.sep}{first}")
+            return Program((exe, *rest), "script", str(path), rest)
+        if path.suffix == ".py":
+            return Program((sys.executable, first, *rest), "script", first, rest)
+    raise ValueError("COMMAND must be a Python program (python ..., python -m MODULE ..., a .py file or a script "
+                     f"with a python shebang), but got {first!r}: nothing was run.")
+
+
+def _shebang(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(256)
+    except OSError:
+        return False
+    return line.startswith(b"#!") and b"python" in line
+
+
+def _interpreter(argv: tuple[str, ...]) -> Program:
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--" or not token.startswith("-") or token == "-":
+            if token == "--":
+                i += 1
+            break
+        if token.startswith("--"):
+            i += 2 if token == "--check-hash-based-pycs" else 1
+            continue
+        j = 1
+        while j < len(token):
+            flag = token[j]
+            if flag in _REFUSED:
+                raise ValueError(f"python {_REFUSED[flag]} skips the startup hook memprune run injects the guard "
+                                 f"with: run the program without {token!r}")
+            if flag in "cm":
+                value = token[j + 1:] or (argv[i + 1] if i + 1 < len(argv) else None)
+                if value is None:
+                    raise ValueError(f"python {token} needs a value, but the command ends there")
+                rest = argv[i + (1 if token[j + 1:] else 2):]
+                return Program(argv, "module" if flag == "m" else "code", value if flag == "m" else "-c", rest)
+            if flag in _FLAGS_WITH_VALUE:
+                i += 0 if token[j + 1:] else 1
+                break
+            j += 1
+        i += 1
+    if i >= len(argv) or argv[i] == "-":
+        raise ValueError("the python command runs no script, -m module or -c code (an interactive or stdin "
+                         f"session cannot be guarded): {' '.join(argv)!r}")
+    return Program(argv, "script", argv[i], argv[i + 1:])
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the CLI hands the hook: the budget (bytes and threads, ``None`` where unbudgeted), the policy and
+    the ``--footprint`` choice, with the program it chose it for."""
+
+    ram: int | None
+    vram: int | None
+    threads: int | None
+    on_infeasible: str
+    footprint: str
+    program: Program
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(ram=self.ram, vram=self.vram, threads=self.threads)
+
+    def environment(self, base: dict[str, str], pid: int) -> dict[str, str]:
+        """``base`` with the hook added: ``SITE_DIR`` first on ``PYTHONPATH`` and ``MEMPRUNE_RUN`` for
+        process ``pid`` (the hook puts ``PYTHONPATH`` back as it was)."""
+        env = dict(base)
+        old = env.get("PYTHONPATH")
+        payload = {"pid": pid, "ram": self.ram, "vram": self.vram, "threads": self.threads,
+                   "on_infeasible": self.on_infeasible, "footprint": self.footprint,
+                   "program": [self.program.kind, self.program.target, list(self.program.args)],
+                   "pythonpath": old, "package": str(Path(__file__).resolve().parents[3])}
+        env["PYTHONPATH"] = SITE_DIR + (os.pathsep + old if old else "")
+        env[ENV_VAR] = json.dumps(payload)
+        return env
+
+    @classmethod
+    def from_environment(cls, payload: dict[str, Any]) -> "Options":
+        kind, target, args = payload["program"]
+        return cls(payload["ram"], payload["vram"], payload["threads"], payload["on_infeasible"],
+                   payload["footprint"], Program((), kind, target, tuple(args)))
+
+
+def prepare(command: Sequence[str], *, ram: Any = None, vram: Any = None, threads: Any = None,
+            on_infeasible: str = "clamp", footprint: str = "auto", workers: int = 1) -> tuple[Options, str]:
+    """``memprune run``'s options checked before anything runs, and the footprint choice in words; ValueError
+    (or TypeError) naming the bad one: a command that is not Python, no budget or one no guarded process
+    fits in, ``workers`` above 1, a footprint that cannot be imported.
+
+    Example:
+        >>> options, label = prepare(["python", "train.py"], ram="4GiB", footprint="none")
+        >>> options.program.target, options.ram, label
+        ('train.py', 4294967296, 'none: trials run unchecked under the monitor alone')
+    """
+    from ...units import check_int
+    from .._guard import MemoryGuard
+
+    program = python_command(command)
+    budget = Budget(ram=ram, vram=vram, threads=threads)
+    if not budget.resources:
+        raise ValueError("give the budget: at least one of --ram, --vram, --threads")
+    if check_int(workers, "--workers", minimum=1) > 1:
+        raise ValueError("--workers above 1 (one process per trial on a shared storage) is not built yet")
+    MemoryGuard(MonitorOnly("check"), budget, on_infeasible=on_infeasible)  # the soft line holds a process
+    label = check_choice(footprint, program)
+    return Options(budget.ram, budget.vram, budget.threads, on_infeasible, footprint, program), label
+
+
+def default_params(options: Options) -> tuple[str, Any] | None:
+    """The recipe's title and the footprint of the program's default params, for an rl-zoo3 search that
+    ``options`` guard with the rl-zoo3 recipe (``None`` otherwise)."""
+    args = options.program.recipe_args
+    if args is None or options.footprint not in ("auto", RLZOO3) or recipe(RLZOO3) is None:
+        return None
+    title, footprint = RecipeFootprint(RLZOO3, args).build()
+    return title, footprint({})
+
+
+def fixed_message(options: Options) -> str | None:
+    """The rl-zoo3 recipe's word, before the first trial, on a fixed hyperparameter that makes every trial
+    infeasible at this budget, with the largest value that fits (``recipe.fixed_message(args, budget)``,
+    where the recipe defines it); ``None`` where there is nothing to say or no such recipe."""
+    args = options.program.recipe_args
+    module = recipe(RLZOO3) if args is not None and options.footprint in ("auto", RLZOO3) else None
+    check = getattr(module, "fixed_message", None)
+    return check(list(args), options.budget) if callable(check) else None
+
+
+# -- the footprint choice --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Choice:
+    """A ``--footprint`` resolved: ``footprint`` (what MemoryGuard calls) and ``label`` (in words);
+    ``checked`` is False where trials run under the monitor alone."""
+
+    footprint: Callable[[dict[str, Any]], Any]
+    label: str
+    checked: bool
+
+
+def recipe(name: str) -> Any | None:
+    """The recipe module ``name`` of ``estimate.recipes.RECIPES`` when it can guard a command (it defines
+    ``for_command(args) -> (title, footprint)``), else ``None``."""
+    from ...estimate.recipes import RECIPES
+
+    module = RECIPES.get(name)
+    return module if module is not None and callable(getattr(module, "for_command", None)) else None
+
+
+def check_choice(spec: str, program: Program) -> str:
+    """What ``--footprint spec`` will use for ``program``, in words, checked before the program runs:
+    ValueError for a ``MODULE:FUNCTION`` that cannot be imported or is no function, or a recipe that is
+    not available."""
+    if spec in CHOICES:
+        if spec == "none":
+            return "none: trials run unchecked under the monitor alone"
+        if spec == "learned":
+            return f"learned: {_LEARNED_LATER}, so trials run unchecked under the monitor alone"
+        args = program.recipe_args
+        if args is not None:
+            if recipe(RLZOO3) is not None:
+                return f"auto: the {RLZOO3} recipe (estimate.recipes)"
+            return (f"auto: the {RLZOO3} recipe is not available in this version of optuna-memprune, so trials "
+                    "run unchecked under the monitor alone")
+        return (f"auto: the program's own {DECLARED}(params) if its main module defines one, else the monitor "
+                f"alone ({_LEARNED_LATER})")
+    if ":" not in spec:
+        from ...estimate.recipes import RECIPES
+
+        if spec in RECIPES:
+            if recipe(spec) is None:
+                raise ValueError(f"--footprint {spec!r}: the recipe cannot guard a command (it has no "
+                                 "for_command)")
+            return f"the {spec} recipe (estimate.recipes)"
+        if spec == RLZOO3:
+            raise ValueError(f"--footprint {RLZOO3}: the {RLZOO3} recipe is not available in this version of "
+                             "optuna-memprune (use --footprint auto to run under the monitor alone)")
+        raise ValueError(f"--footprint must be auto, learned, none, a recipe ({', '.join(RECIPES)}) or "
+                         f"MODULE:FUNCTION, but got {spec!r}")
+    function = ModuleFootprint(spec).load()
+    if not callable(function):
+        raise ValueError(f"--footprint {spec!r} is a {type(function).__name__}, not a function params -> Footprint")
+    return f"{spec}"
+
+
+def choose(spec: str, program: Program, main: Any = None) -> Choice:
+    """``--footprint spec`` for ``program``, resolved in the program's process once it creates a study
+    (``main``: its ``__main__`` module, where ``auto`` looks for ``memprune_footprint``)."""
+    if spec == "none":
+        return Choice(MonitorOnly("no footprint (--footprint none): the trial runs unchecked under the monitor"),
+                      "no footprint", False)
+    if spec == "learned":
+        return Choice(MonitorOnly(f"--footprint learned: {_LEARNED_LATER}; the trial runs unchecked under the "
+                                  "monitor"), f"learned ({_LEARNED_LATER}: the monitor alone)", False)
+    if spec == "auto":
+        args = program.recipe_args
+        if args is not None:
+            if recipe(RLZOO3) is not None:
+                return Choice(RecipeFootprint(RLZOO3, args), f"the {RLZOO3} recipe", True)
+            return Choice(MonitorOnly(f"the {RLZOO3} recipe is not available in this version; the trial runs "
+                                      "unchecked under the monitor"),
+                          f"the {RLZOO3} recipe is not available: the monitor alone", False)
+        declared = getattr(main, DECLARED, None)
+        if callable(declared):
+            return Choice(declared, f"the program's {DECLARED}", True)
+        return Choice(MonitorOnly(f"the program declares no {DECLARED} and {_LEARNED_LATER}; the trial runs "
+                                  "unchecked under the monitor"),
+                      f"none declared, {_LEARNED_LATER}: the monitor alone", False)
+    if ":" not in spec:
+        return Choice(RecipeFootprint(spec, program.recipe_args or program.args), f"the {spec} recipe", True)
+    return Choice(ModuleFootprint(spec), spec, True)
+
+
+class ModuleFootprint:
+    """``MODULE:FUNCTION`` loaded at its first call (the program's directory is then on ``sys.path``); pickles
+    as its spec."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self._function: Callable[[dict[str, Any]], Any] | None = None
+
+    def load(self) -> Any:
+        """The object named (ValueError saying why it cannot be imported)."""
+        import importlib
+
+        module, _, attr = self.spec.partition(":")
+        if not module or not attr:
+            raise ValueError(f"--footprint must be written MODULE:FUNCTION, but got {self.spec!r}")
+        if "" not in sys.path:
+            sys.path.insert(0, "")
+        try:
+            obj = importlib.import_module(module)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except Exception as exc:  # noqa: BLE001 - an import that raises anything is the same failure
+            raise ValueError(f"--footprint {self.spec!r} cannot be imported: {type(exc).__name__}: {exc}") from None
+        return obj
+
+    def __call__(self, params: dict[str, Any]) -> Any:
+        if self._function is None:
+            self._function = self.load()
+        return self._function(params)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec, "_function": None}
+
+
+class RecipeFootprint:
+    """A recipe's footprint for a command's arguments (``recipe.for_command(args)``), built at its first call;
+    pickles as the recipe's name and the arguments."""
+
+    def __init__(self, name: str, args: Sequence[str]) -> None:
+        self.name, self.args = name, tuple(args)
+        self._function: Callable[[dict[str, Any]], Any] | None = None
+
+    def build(self) -> tuple[str, Callable[[dict[str, Any]], Any]]:
+        """The recipe's title and footprint function for the arguments."""
+        module = recipe(self.name)
+        if module is None:
+            raise ValueError(f"the {self.name} recipe is not available in this version")
+        return module.for_command(list(self.args))
+
+    def __call__(self, params: dict[str, Any]) -> Any:
+        if self._function is None:
+            self._function = self.build()[1]
+        return self._function(params)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "args": self.args, "_function": None}

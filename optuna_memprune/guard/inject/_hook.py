@@ -1,0 +1,203 @@
+"""The code ``memprune run`` runs inside the guarded program: Optuna's study functions patched, and the
+summary line at exit.
+
+Owns what happens in the program's process: ``optuna.create_study`` / ``optuna.load_study`` give every study
+a guarded sampler and pruner (the program's own, or Optuna's defaults), ``Study.optimize`` a guarded
+objective; one line per study on stderr when it is first guarded and at exit. Every patched function gives
+Optuna's original behaviour in any other process (a forked child inherits the patches). The only printing
+outside the CLI: the program's process has no CLI to print for it. Knows nothing of the command line.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+from ...records import Decision, read
+from ...storages import shown
+from . import ENV_VAR, Choice, Options, choose, fixed_message
+
+_STATE: "_Injected | None" = None
+
+
+def install() -> None:
+    """Install the guard in this process when ``MEMPRUNE_RUN`` names it; put the environment back as it was
+    before ``memprune run`` so that no child process sees the hook. Never raises: a failure is one line and
+    the program runs unguarded."""
+    global _STATE
+    raw = os.environ.get(ENV_VAR)
+    if not raw:
+        return
+    try:
+        payload = json.loads(raw)
+        if payload.get("pid") != os.getpid():
+            return
+        del os.environ[ENV_VAR]
+        if payload.get("pythonpath") is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = payload["pythonpath"]
+        _STATE = _Injected(Options.from_environment(payload), os.getpid())
+        _STATE.patch()
+    except Exception as exc:  # noqa: BLE001 - the program must run even when the hook cannot
+        _STATE = None
+        print(f"memprune: the guard could not be installed ({type(exc).__name__}: {exc}); the program runs "
+              "unguarded", file=sys.stderr)
+
+
+class _Injected:
+    """The guard's state in the program: the options, the studies it guarded and their trials."""
+
+    def __init__(self, options: Options, pid: int) -> None:
+        import optuna
+
+        self.options, self.pid = options, pid
+        self.budget = options.budget
+        self.lock = threading.Lock()
+        self.choice: Choice | None = None
+        self.guards: dict[int, Any] = {}          # id(study) -> its MemoryGuard
+        self.studies: list[tuple[Any, Any, set[int]]] = []  # (study, guard, numbers of the trials run here)
+        self.jobs_said = False
+        self.optuna = optuna
+        self.originals = (optuna.create_study, optuna.load_study, optuna.Study.optimize)
+
+    def patch(self) -> None:
+        optuna = self.optuna
+        create, load, optimize = self.originals
+        state = self
+
+        def create_study(*args: Any, **kwargs: Any) -> Any:
+            study = create(*args, **kwargs)
+            return state.guard_study(study) if os.getpid() == state.pid else study
+
+        def load_study(*args: Any, **kwargs: Any) -> Any:
+            study = load(*args, **kwargs)
+            return state.guard_study(study) if os.getpid() == state.pid else study
+
+        def guarded_optimize(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+            entry = state.entry(self) if os.getpid() == state.pid else None
+            if entry is None:
+                return optimize(self, func, *args, **kwargs)
+            n_jobs = kwargs.get("n_jobs", args[2] if len(args) > 2 else 1)
+            if n_jobs != 1:
+                state.say_jobs(n_jobs)
+            return optimize(self, _Counted(entry[1].wrap_objective(func), entry[2]), *args, **kwargs)
+
+        for name, function in (("create_study", create_study), ("load_study", load_study)):
+            function.__wrapped__ = getattr(optuna, name)
+            function.__doc__ = getattr(optuna, name).__doc__
+            setattr(optuna, name, function)
+            setattr(optuna.study, name, function)
+        guarded_optimize.__wrapped__ = optimize
+        guarded_optimize.__doc__ = optimize.__doc__
+        optuna.Study.optimize = guarded_optimize
+        atexit.register(self.summary)
+
+    def guard_study(self, study: Any) -> Any:
+        """The study with a guarded sampler and pruner (once; a program's own guard is left alone)."""
+        from .. import GuardedSampler, MemoryGuard
+
+        with self.lock:
+            if id(study) in self.guards or isinstance(study.sampler, GuardedSampler):
+                return study
+            if self.choice is None:
+                self.choice = choose(self.options.footprint, self.options.program, sys.modules.get("__main__"))
+                self._fixed_message()
+            guard = MemoryGuard(self.choice.footprint, self.budget, on_infeasible=self.options.on_infeasible)
+            study.sampler = guard.wrap_sampler(study.sampler)
+            study.pruner = guard.wrap_pruner(study.pruner)
+            self.guards[id(study)] = guard
+            self.studies.append((study, guard, set()))
+        print(f"memprune: guarding study {study.study_name!r}: budget {self.budget}, footprint: "
+              f"{self.choice.label}", file=sys.stderr)
+        return study
+
+    def _fixed_message(self) -> None:
+        message = fixed_message(self.options)
+        if message:
+            print(f"memprune: {message}", file=sys.stderr)
+
+    def entry(self, study: Any) -> tuple[Any, Any, set[int]] | None:
+        with self.lock:
+            for entry in self.studies:
+                if entry[0] is study:
+                    return entry
+        return None
+
+    def say_jobs(self, n_jobs: int) -> None:
+        with self.lock:
+            if self.jobs_said:
+                return
+            self.jobs_said = True
+        print(f"memprune: n_jobs={n_jobs} runs trials as threads of one process, so the budget ({self.budget}) "
+              "is the whole process's: each trial is admitted on its own prediction, and a breach stops every "
+              "trial running in it (one process per trial is not built yet)", file=sys.stderr)
+
+    def summary(self) -> None:
+        """One line per guarded study (or one saying there was none), on stderr, at the program's exit."""
+        if os.getpid() != self.pid:
+            return
+        if not self.studies:
+            print("memprune: the program created no Optuna study; nothing was guarded", file=sys.stderr)
+            return
+        seen = set()
+        for study, _, numbers in self.studies:
+            key = (study.study_name, _location(study))
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                line = self._study_line(study, numbers)
+            except Exception as exc:  # noqa: BLE001 - the storage may be gone at exit
+                line = f"study {study.study_name!r}: its trials cannot be read back ({type(exc).__name__}: {exc})"
+            print(f"memprune: {line}", file=sys.stderr)
+
+    def _study_line(self, study: Any, numbers: set[int]) -> str:
+        counts = {d: 0 for d in Decision}
+        guarded = 0
+        for trial in study.get_trials(deepcopy=False):
+            if trial.number not in numbers:
+                continue
+            record = read(trial.user_attrs)
+            if record is not None:
+                guarded += 1
+                counts[record.decision] += 1
+        named = [Decision.ADMITTED, Decision.CLAMPED, Decision.REJECTED, Decision.STOPPED]
+        named += [d for d in Decision if d not in named and counts[d]]
+        parts = ", ".join(f"{d.value.replace('_', ' ')} {counts[d]}" for d in named)
+        line = f"{guarded} trials guarded in study {study.study_name!r} ({parts})"
+        if len(numbers) != guarded:
+            line += f"; {len(numbers) - guarded} of the {len(numbers)} trials run have no record"
+        if self.choice is not None and not self.choice.checked:
+            line += f"; footprint: {self.choice.label}"
+        where = _location(study)
+        if where is None:
+            return line + "; the study was in memory, so the records ended with the program (give it a storage " \
+                          "to keep them for memprune report)"
+        return line + f"; memprune report {shown(where)} --study-name {study.study_name}"
+
+
+class _Counted:
+    """The guarded objective, noting which trials this process ran (the summary counts those only)."""
+
+    def __init__(self, objective: Any, numbers: set[int]) -> None:
+        self._objective, self._numbers = objective, numbers
+
+    def __call__(self, trial: Any) -> Any:
+        self._numbers.add(trial.number)
+        return self._objective(trial)
+
+
+def _location(study: Any) -> str | None:
+    from ... import _internals
+
+    where = _internals.storage_location(study)
+    if where is None:
+        return None
+    if "://" in where:
+        return where
+    return where if where.endswith(".log") else f"journal:{where}"

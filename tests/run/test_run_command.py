@@ -1,0 +1,202 @@
+"""``memprune run -- COMMAND``: unchanged Python programs run as real processes with every Optuna study they
+make guarded; their output and exit status kept; one clear line for each bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from optuna_memprune import records, storages
+
+HERE = Path(__file__).resolve().parent
+PACKAGE_ROOT = str(HERE.parent.parent)
+
+
+def run(*args: str, env: dict[str, str] | None = None, cwd: Path = HERE) -> subprocess.CompletedProcess:
+    """``python -m optuna_memprune.cli run ARGS`` in this directory, the package importable from the checkout."""
+    base = {k: v for k, v in os.environ.items() if k not in (storages.ENV_VAR, "MEMPRUNE_RUN")}
+    path = os.pathsep.join(p for p in (PACKAGE_ROOT, base.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "run", *args], capture_output=True,
+                          text=True, env={**base, "PYTHONPATH": path, **(env or {})}, cwd=cwd, timeout=600)
+
+
+def memprune_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("memprune: ")]
+
+
+def guarded_trials(url: str) -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name="example", storage=url)
+    return study.get_trials(deepcopy=False)
+
+
+def test_the_readme_example_without_guard_code_gets_a_record_on_every_trial(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'example.db'}"
+    plain = subprocess.run([sys.executable, "example_study.py", "-"], capture_output=True, text=True, cwd=HERE)
+    proc = run("--ram", "2GiB", "--footprint", "footprints:fits", "--", sys.executable, "example_study.py", url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout  # the program's own output, unchanged
+    trials = guarded_trials(url)
+    assert len(trials) == 4
+    decisions = [records.read(t.user_attrs).decision.value for t in trials]
+    assert decisions[0] == "unchecked" and set(decisions[1:]) == {"admitted"}, decisions  # trial 0: space unknown
+    assert all(records.read(t.user_attrs).pred_ram for t in trials[1:])
+    lines = memprune_lines(proc.stderr)
+    assert lines[0] == ("memprune: guarding study 'example': budget Budget(ram=2.00 GiB), footprint: "
+                        "footprints:fits"), lines
+    assert lines[-1] == (f"memprune: 4 trials guarded in study 'example' (admitted 3, clamped 0, rejected 0, "
+                         f"stopped 0, unchecked 1); memprune report {url} --study-name example"), lines
+
+
+def test_the_program_exit_status_is_kept_and_the_summary_still_printed(tmp_path: Path) -> None:
+    proc = run("--ram", "2GiB", "--", sys.executable, "example_study.py", "-", "1", "3")
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.startswith("best ")
+    last = memprune_lines(proc.stderr)[-1]
+    assert last.startswith("memprune: 4 trials guarded in study 'example' (admitted 0, clamped 0, rejected 0, "
+                           "stopped 0, unchecked 4); footprint: none declared"), last
+    assert "the study was in memory" in last
+
+
+def test_parallel_jobs_run_with_whole_process_admission_and_say_so(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    proc = run("--ram", "2GiB", "--footprint", "footprints:fits", "--", sys.executable, "example_study.py", url, "2")
+    assert proc.returncode == 0, proc.stderr
+    jobs = [line for line in memprune_lines(proc.stderr) if "n_jobs=2" in line]
+    assert len(jobs) == 1 and "the whole process's" in jobs[0], proc.stderr
+    trials = guarded_trials(url)
+    assert len(trials) == 4 and all(records.read(t.user_attrs) is not None for t in trials)
+    assert memprune_lines(proc.stderr)[-1].startswith("memprune: 4 trials guarded in study 'example'")
+
+
+def test_auto_takes_the_footprint_the_program_declares() -> None:
+    proc = run("--ram", "2GiB", "--", sys.executable, "declared_study.py")
+    assert proc.returncode == 0 and proc.stdout == "declared done\n", proc.stderr
+    lines = memprune_lines(proc.stderr)
+    assert lines[0].endswith("footprint: the program's memprune_footprint"), lines
+    assert lines[-1].startswith("memprune: 3 trials guarded in study") and "admitted 2" in lines[-1], lines
+
+
+def test_a_footprint_that_raises_runs_its_trials_unchecked_with_the_guards_warning(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'raises.db'}"
+    proc = run("--ram", "2GiB", "--footprint", "footprints:raises", "--", sys.executable, "example_study.py", url)
+    assert proc.returncode == 0, proc.stderr
+    assert "The footprint failed on 3 trials in a row" in proc.stderr
+    reasons = [records.read(t.user_attrs).reason for t in guarded_trials(url)]
+    assert all(r.startswith("the footprint function failed: RuntimeError: this footprint is broken")
+               for r in reasons[1:]), reasons  # trial 0 ran before the space was known: no prediction after it
+
+
+def test_a_program_that_creates_no_study_says_so_and_keeps_its_status() -> None:
+    proc = run("--ram", "2GiB", "--", sys.executable, "no_study.py")
+    assert proc.returncode == 4 and proc.stdout == "no study here\n"
+    assert memprune_lines(proc.stderr) == ["memprune: the program created no Optuna study; nothing was guarded"]
+
+
+def test_child_processes_of_the_program_are_not_guarded() -> None:
+    proc = run("--ram", "2GiB", "--", sys.executable, "child_studies.py")
+    assert proc.returncode == 0, proc.stderr
+    seen = {d["how"]: d for d in map(json.loads, proc.stdout.splitlines())}
+    assert seen["parent"]["sampler"] == "GuardedSampler"
+    for how in ("spawn", "forkserver", "fork", "subprocess"):
+        assert seen[how]["sampler"] == "TPESampler" and not seen[how]["env"], seen[how]
+    assert sum("guarding study" in line for line in memprune_lines(proc.stderr)) == 1, proc.stderr
+
+
+def test_an_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text("import sys\nprint('their sitecustomize ran', file=sys.stderr)\n")
+    env = {"PYTHONPATH": os.pathsep.join((str(tmp_path), PACKAGE_ROOT))}
+    proc = run("--ram", "2GiB", "--", sys.executable, "no_study.py", env=env)
+    assert proc.returncode == 4 and "their sitecustomize ran" in proc.stderr, proc.stderr
+    assert "nothing was guarded" in proc.stderr
+
+
+def test_a_script_given_alone_runs_with_this_interpreter() -> None:
+    proc = run("--ram", "2GiB", "--", "no_study.py")
+    assert proc.returncode == 4 and "nothing was guarded" in proc.stderr, proc.stderr
+
+
+def test_dry_run_prints_what_it_would_guard_and_runs_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'dry.db'}"
+    proc = run("--ram", "3GiB", "--dry-run", "--", sys.executable, "example_study.py", url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"memprune run would guard: {sys.executable} example_study.py {url}",
+        "budget: Budget(ram=3.00 GiB) (the program's process)",
+        "footprint: auto: the program's own memprune_footprint(params) if its main module defines one, else the "
+        "monitor alone (learned footprints are not built yet)"]
+    assert not (tmp_path / "dry.db").exists()
+    data = json.loads(run("--ram", "3GiB", "--dry-run", "-f", "json", "--", "no_study.py").stdout)
+    assert data["budget"] == {"ram": 3 * 2**30} and data["command"] == [sys.executable, "no_study.py"]
+
+
+def _one_line(proc: subprocess.CompletedProcess, words: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("memprune: error: ") and words in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("command, words", [
+    (["ls", "-l"], "COMMAND must be a Python program"),
+    (["run_me.sh"], "COMMAND must be a Python program"),
+    ([], "give the command to run after --"),
+    ([sys.executable], "runs no script, -m module or -c code"),
+    ([sys.executable, "-I", "no_study.py"], "skips the startup hook"),
+    ([sys.executable, "-m"], "needs a value"),
+])
+def test_a_command_that_is_not_a_python_program_is_one_line_and_nothing_runs(command, words, tmp_path) -> None:
+    (tmp_path / "run_me.sh").write_text("#!/bin/sh\ntouch ran\n")
+    (tmp_path / "run_me.sh").chmod(0o755)
+    _one_line(run("--ram", "2GiB", "--", *command, cwd=tmp_path), words)
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--footprint", "no_such_module:f"], "--footprint 'no_such_module:f' cannot be imported: ModuleNotFoundError"),
+    (["--footprint", "footprints:nope"], "has no attribute 'nope'"),
+    (["--footprint", "footprints:NOT_A_FUNCTION"], "is a int, not a function"),
+    (["--footprint", "rl-zoo3x"], "--footprint must be auto, learned, none, a recipe"),
+    (["--footprint", "sb3"], "the recipe cannot guard a command"),
+    ([], "give the budget"),
+    (["--ram", "1MiB"], "Budget.ram must be at least 32 MiB"),
+    (["--ram", "34MiB"], "RAM soft line"),
+    (["--threads", "2"], "Budget.threads must be at least 3"),
+    (["--ram", "lots"], "ram"),
+    (["--workers", "2"], "--workers above 1"),
+    (["--workers", "0"], "--workers"),
+])
+def test_bad_options_are_one_line_before_anything_runs(options: list[str], words: str, tmp_path: Path) -> None:
+    budget = [] if any(o in options for o in ("--ram", "--threads")) or options == [] else ["--ram", "2GiB"]
+    _one_line(run(*budget, *options, "--", sys.executable, "example_study.py", f"sqlite:///{tmp_path / 'x.db'}"),
+              words)
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_learned_runs_under_the_monitor_alone_until_it_is_built_and_the_summary_says_so() -> None:
+    proc = run("--ram", "2GiB", "--footprint", "learned", "--", sys.executable, "example_study.py", "-")
+    assert proc.returncode == 0, proc.stderr
+    last = memprune_lines(proc.stderr)[-1]
+    assert "unchecked 4" in last and "footprint: learned (learned footprints are not built yet" in last, last
+    assert "The footprint failed" not in proc.stderr  # no footprint by design is no failure
+
+
+def test_rl_zoo3_is_recognised_and_its_recipe_looked_up_in_the_registry() -> None:
+    from optuna_memprune.guard import inject
+
+    proc = run("--ram", "3GiB", "--dry-run", "--", sys.executable, "-m", "rl_zoo3.train", "--algo", "dqn",
+               "--env", "CartPole-v1", "-optimize")
+    assert proc.returncode == 0, proc.stderr
+    footprint_line = proc.stdout.splitlines()[2]
+    if inject.recipe(inject.RLZOO3) is None:
+        assert footprint_line == ("footprint: auto: the rl-zoo3 recipe is not available in this version of "
+                                  "optuna-memprune, so trials run unchecked under the monitor alone")
+        _one_line(run("--ram", "3GiB", "--footprint", "rl-zoo3", "--", sys.executable, "-m", "rl_zoo3.train"),
+                  "the rl-zoo3 recipe is not available")
+    else:
+        assert footprint_line == "footprint: auto: the rl-zoo3 recipe (estimate.recipes)"
+        assert "footprint of the default params" in proc.stdout
