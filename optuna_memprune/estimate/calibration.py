@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
 from ..exceptions import CalibrationError
-from ..paths import ENV_VAR, cache_dir, writable_dir
+from ..paths import ENV_VAR, CacheDirError, cache_dir, writable_dir
 from . import recheck
 from .baselines import KERNEL_CONVS, THREAD_POINTS, CpuKernels, EnvProfile, StackBaseline, run_probe, run_probes
 
@@ -208,7 +208,12 @@ class Calibration:
             return None
         label = ", ".join(imports) or "python"
         try:
-            self._check_writable()  # a cache that cannot note the check is not rechecked
+            self._check_writable()
+        except CacheDirError as exc:  # a cache that cannot note the check is read as it is
+            _RECHECKED[self.path] = "done"
+            _logger.debug("The calibrated baseline of %s is not rechecked: %s", label, exc)
+            return None
+        try:
             with open(self.path.with_name(self.path.name + ".recheck.lock"), "a") as lock:
                 try:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file is closed
