@@ -4,6 +4,7 @@ per process, not at all when switched off or when the entry is recent, and a fai
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -177,6 +178,19 @@ def test_the_recheck_runs_once_per_process(cache):
     assert _probes(log) == [f"{PROBE}stack"]
     _run(code, env)
     assert _probes(log) == [f"{PROBE}stack"] * 2
+
+
+def test_a_study_start_does_not_wait_for_another_process_rechecking_the_same_file(cache):
+    """The recheck lock held here, as by another process's recheck: the study runs no probe of its own, waits
+    for none, and predicts with the cached figure."""
+    env, log, path = cache
+    _edit(path, age=3.5 * HOURS)
+    with open(path.with_name(path.name + ".recheck.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = _run(STUDY, env)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["states"] == ["COMPLETE"] * 3 and set(out["seen"]) == {_ram(_torch(path))}
+    assert _probes(log) == [] and "checked" not in _torch(path) and "took longer than" not in proc.stderr
 
 
 def test_a_recent_entry_is_not_rechecked(cache):
