@@ -7,8 +7,9 @@ memory conditions recorded with a measurement; knows nothing of the cache file, 
 What drifts, measured on a 2-core, 24 GiB host (torch, optuna and sqlalchemy imported, one training step):
 the probe's peak RSS varied by at most 4.4 MiB over 20 runs with a warm, a cold (``drop_caches``) and a
 freshly written page cache, and under full CPU load; with the process short of memory (a cgroup limit
-just above its needs) the kernel took back its file-backed library pages and the peak read 22 MiB (6.5%)
-lower. The tolerance, ``max(3%, 8 MiB)``, is twice that noise and below the pressure effect.
+below its needs) the kernel took back its file-backed library pages and the peak read 11 to 57 MiB (3 to
+18%) lower. The tolerance, ``max(3%, 8 MiB)`` (10 MiB for that stack), is twice that noise; a thread
+count may differ by one (as the process estimator's own accuracy test allows).
 """
 
 from __future__ import annotations
@@ -91,14 +92,17 @@ def compare(label: str, cached: dict[str, Any], fresh: dict[str, Any], measured_
     'The calibrated baseline of torch drifted: 434.00 MiB now, 334.'
     >>> compare("torch", point(334, 100), point(312, 80), None, 0).kind
     'pressure'
+    >>> compare("torch", point(334, 100), point(312, 99), None, 0).kind
+    'drifted'
     """
     old, new = cached["warm"]["VmHWM"], fresh["warm"]["VmHWM"]
     tol, diff = tolerance(old), new - old
     when = f"measured {_age(now - measured_at)} ago" if _number(measured_at) else "measured by an older version"
     figures = (f"{format_bytes(new)} now, {format_bytes(old)} {when} ({'+' if diff >= 0 else '-'}"
                f"{format_bytes(abs(diff))}, {diff / old:+.0%}; tolerance {format_bytes(tol)})")
-    threads_old, threads_new = cached["warm"].get("Threads"), fresh["warm"].get("Threads")
-    threads = threads_old != threads_new or cached.get("default_torch_threads") != fresh.get("default_torch_threads")
+    threads_old, threads_new = cached["warm"].get("Threads", 0), fresh["warm"].get("Threads", 0)
+    threads = abs(threads_old - threads_new) > 1 or \
+        cached.get("default_torch_threads") != fresh.get("default_torch_threads")
     if abs(diff) <= tol and not threads:
         return Verdict("kept", f"The calibrated baseline of {label} holds: {figures}.")
     file_old, file_new = cached["warm"].get("RssFile"), fresh["warm"].get("RssFile")
