@@ -77,6 +77,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .estimate import recipes
+    from .estimate.recheck import stamp
 
     try:
         cal, profiles, seconds = recipes.calibrate(env_ids=args.env, force=args.force)
@@ -89,9 +90,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return 0
     for base in cal.stacks():
         print(f"{', '.join(base.imports) or 'python':55s} {format_bytes(base.ram):>11s}  "
-              f"threads {base.threads_at(1)} (+{base.threads_per_torch_thread:.1f} per torch thread)")
+              f"threads {base.threads_at(1)} (+{base.threads_per_torch_thread:.1f} per torch thread)  "
+              f"measured {stamp(base.measured_at)}, rechecked {stamp(base.checked_at)}")
     for p in profiles:
-        print(f"{p.env_id:55s} env {format_bytes(p.env_ram):>10s} each, worker {format_bytes(p.worker_ram)}")
+        print(f"{p.env_id:55s} env {format_bytes(p.env_ram):>10s} each, worker {format_bytes(p.worker_ram)}  "
+              f"measured {stamp(p.measured_at)}")
     print(f"calibrated in {seconds:.1f} s -> {cal.path}")
     return 0
 
@@ -400,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     pred.set_defaults(func=_cmd_predict)
 
     cal = sub.add_parser("calibrate", parents=[verbosity, _formats("table", "json")],
-                         help="measure this host's baselines now and cache them")
+                         help="measure this host's baselines now and cache them (a cached one is rechecked: see "
+                              "MEMPRUNE_RECHECK)")
     cal.add_argument("--env", action="append", default=[], help="also profile this env id (repeatable)")
     cal.add_argument("--force", action="store_true", help="forget the cached figures first")
     cal.set_defaults(func=_cmd_calibrate)

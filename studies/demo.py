@@ -16,6 +16,7 @@ rejected, stopped and pruned.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections import Counter
@@ -156,6 +157,8 @@ def main() -> None:
     start = time.perf_counter()
     torch.set_num_threads(THREADS)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # The guard's warnings on stderr: among them the calibration recheck's line when the cached baseline drifted.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     budget = omp.Budget(ram=args.budget, threads=16)
     guard = MemoryGuard(footprint, budget, on_infeasible="clamp", clamp=["buffer_size", "batch_size"])

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -133,6 +133,8 @@ class StackBaseline:
     threads_per_torch_thread: float
     ram_per_torch_thread: int
     default_torch_threads: int
+    measured_at: float | None = field(default=None, compare=False)  # wall clock (epoch s); None: older cache
+    checked_at: float | None = field(default=None, compare=False)   # its last recheck within tolerance
 
     def threads_at(self, torch_threads: int) -> int:
         return int(round(self.threads_base + self.threads_per_torch_thread * torch_threads))
@@ -155,6 +157,8 @@ class StackBaseline:
             imports=imports, train=train, ram=points[0][2],
             threads_base=t0, threads_per_torch_thread=t1, ram_per_torch_thread=max(0, int(r1)),
             default_torch_threads=max(1, default),
+            measured_at=_at(raw, "measured_at", kind=float) if "measured_at" in raw else None,
+            checked_at=_at(raw, "checked", "at", kind=float) if "checked" in raw else None,
         )
 
 
@@ -174,6 +178,7 @@ class EnvProfile:
     helper_ram: int = 0           # forkserver and resource tracker, once per process tree
     helper_threads: int = 0
     helper_processes: int = 0
+    measured_at: float | None = field(default=None, compare=False)  # wall clock (epoch s); None: older cache
 
     @classmethod
     def from_raw(cls, env_id: str, atari: bool, frame_stack: int | None, raw: dict[str, Any]) -> EnvProfile:
@@ -193,6 +198,7 @@ class EnvProfile:
             worker_ram=max(w[0] for w in workers), worker_threads=max(w[1] for w in workers),
             helper_ram=sum(h[0] for h in helpers), helper_threads=sum(h[1] for h in helpers),
             helper_processes=len(helpers),
+            measured_at=_at(raw, "measured_at", kind=float) if "measured_at" in raw else None,
         )
 
 

@@ -1,4 +1,5 @@
-"""The cache of this host's measured baselines: one JSON file per set of versions, read, filled on a miss, saved.
+"""The cache of this host's measured baselines: one JSON file per set of versions, read, filled on a miss, saved,
+and its stack baseline rechecked once per process (the rule in ``recheck``).
 
 Knows nothing of how a probe measures (``probes``, run by ``baselines``), of recipes, Optuna or Footprints.
 """
@@ -13,13 +14,15 @@ import os
 import platform
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
 from ..exceptions import CalibrationError
-from ..paths import ENV_VAR, cache_dir, writable_dir
+from ..paths import ENV_VAR, CacheDirError, cache_dir, writable_dir
+from . import recheck
 from .baselines import KERNEL_CONVS, THREAD_POINTS, CpuKernels, EnvProfile, StackBaseline, run_probe, run_probes
 
 T = TypeVar("T")
@@ -71,6 +74,12 @@ class Calibration:
     a warning says so). ``versioned`` names the libraries (distributions) whose versions key an entry beyond
     the file's: a new version of any of them measures that entry anew.
 
+    An entry records when it was measured (``measured_at``, wall clock) and this host's memory then
+    (``host``: MemAvailable and the page cache, ``/proc/meminfo``); the stack probe's figures hold the
+    file-backed pages of its RSS. The first stack baseline a process reads from the cache is rechecked
+    (``_recheck``): once per process and cache file, unless measured or rechecked in the last
+    ``recheck.RECENT_S`` seconds or ``MEMPRUNE_RECHECK=0``.
+
     Several processes may share the file: each save merges this process's entries into what is on disk, under
     a lock file beside it (``fcntl.flock``), and replaces the file atomically; a concurrent reader never sees
     half a file and no process's entries are lost.
@@ -93,8 +102,10 @@ class Calibration:
             self.data = {"schema": SCHEMA, "versions": versions()}
             self._write(replace=True)
 
-    def _write(self, entry: tuple[str, str | None, Any] | None = None, *, replace: bool = False) -> None:
-        """Merge ``self.data`` (and ``entry``: section, key or None, value) into the file under the lock."""
+    def _write(self, entry: tuple[str, str | None, Any] | None = None, *, replace: bool = False,
+               stale_before: float | None = None) -> list[str]:
+        """Merge ``self.data`` (and ``entry``: section, key or None, value) into the file under the lock; with
+        ``stale_before``, drop the keyed entries measured before that time (but ``entry``). The dropped keys."""
         self._check_writable()
         lock_path = self.path.with_name(self.path.name + ".lock")
         try:
@@ -107,6 +118,7 @@ class Calibration:
                         merged[section] = value
                     else:
                         merged.setdefault(section, {})[key] = value
+                dropped = [] if stale_before is None else _drop_stale(merged, stale_before, entry)
                 fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
                 try:
                     with os.fdopen(fd, "w") as f:
@@ -119,6 +131,7 @@ class Calibration:
             raise CalibrationError(f"cannot write the calibration cache {str(self.path)!r}: "
                                    f"{exc.strerror or exc}; set {ENV_VAR} to a writable directory.") from None
         self.data = merged
+        return dropped
 
     def _check_writable(self) -> None:
         """The cache directory can be written (checked once, before the first probe: a probe's seconds are
@@ -153,16 +166,99 @@ class Calibration:
 
         with self._lock:
             found = self._cached("stacks", key, build)
+            if found is not None and _RECHECKED.get(self.path) != "done":
+                found = self._recheck(imports, train, key, build) or found
             if found is not None:
                 return found
             self._check_writable()
             _logger.info("Calibrating the baseline of a process importing %s (one-off, a few seconds).",
                          ", ".join(imports) or "nothing")
-            points = THREAD_POINTS if "torch" in imports else (1,)
-            probes = run_probes("stack", [{"imports": list(imports), "train": train, "threads": n} for n in points])
-            raw = {"points": [[n, p] for n, p in zip(points, probes)]}
+            raw = self._measure_stack(imports, train)
             value = build(raw)
             self._write(("stacks", key, raw))
+        return value
+
+    def _measure_stack(self, imports: tuple[str, ...], train: bool, first: dict[str, Any] | None = None
+                       ) -> dict[str, Any]:
+        """The stack probe at each thread count, with when and under which memory conditions; ``first``: the
+        probe's result at one torch thread, already measured."""
+        points = THREAD_POINTS if "torch" in imports else (1,)
+        conditions, at = recheck.host(), time.time()
+        todo = [n for n in points if first is None or n != 1]
+        probes = dict(zip(todo, run_probes("stack", [{"imports": list(imports), "train": train, "threads": n}
+                                                     for n in todo]) if todo else []))
+        if first is not None:
+            probes[1] = first
+        return {"points": [[n, probes[n]] for n in points], "measured_at": at, "host": conditions}
+
+    def _recheck(self, imports: tuple[str, ...], train: bool, key: str, build: Callable[[Any], T]) -> T | None:
+        """Recheck the cached stack ``key`` with one probe at one torch thread (seconds), once per process and
+        cache file; its value when the cache changed (recalibrated here, or by another process), else None.
+
+        Within tolerance the entry notes the check (``checked``: time, figure, tolerance); past it the entry
+        is measured again (reusing the fresh probe), the other stacks and envs measured before are dropped
+        (measured again on first use) and one warning says what drifted by how much. A fresh figure lower
+        because this host is short of memory keeps the entry (a warning says so). While another process
+        rechecks the same file this one keeps its figures and looks again at its next read. Never raises but
+        for a bad ``MEMPRUNE_RECHECK``: a probe or a write that fails logs a warning and keeps the cache.
+        """
+        raw, now = self.data["stacks"][key], time.time()
+        if not recheck.enabled() or recheck.recent(raw, now):
+            _RECHECKED[self.path] = "done"
+            return None
+        label = ", ".join(imports) or "python"
+        try:
+            self._check_writable()
+        except CacheDirError as exc:  # a cache that cannot note the check is read as it is
+            _RECHECKED[self.path] = "done"
+            _logger.debug("The calibrated baseline of %s is not rechecked: %s", label, exc)
+            return None
+        try:
+            with open(self.path.with_name(self.path.name + ".recheck.lock"), "a") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file is closed
+                except BlockingIOError:  # another process rechecks this file now: look again at the next read
+                    _RECHECKED[self.path] = "pending"
+                    return None
+                _RECHECKED[self.path] = "done"
+                disk = _parse(self.path, warn=False).get("stacks", {}).get(key)
+                if isinstance(disk, dict) and recheck.recent(disk, now):  # rechecked or measured by another
+                    self.data.setdefault("stacks", {})[key] = disk
+                    return build(disk)
+                return self._recheck_now(label, imports, train, key, raw, build)
+        except Exception as exc:  # noqa: BLE001 - a recheck never fails the study: the cache is kept
+            _RECHECKED[self.path] = "done"
+            _logger.warning("The recheck of the calibrated baseline of %s failed (%s: %s): the cached figures "
+                            "are kept.", label, type(exc).__name__, exc)
+            return None
+
+    def _recheck_now(self, label: str, imports: tuple[str, ...], train: bool, key: str, raw: dict[str, Any],
+                     build: Callable[[Any], T]) -> T | None:
+        """The recheck's probe, verdict and what follows from it (``_recheck``), under the recheck lock."""
+        start = time.time()
+        _logger.debug("Rechecking the calibrated baseline of %s (one probe, a few seconds).", label)
+        fresh = run_probe("stack", {"imports": list(imports), "train": train, "threads": 1})
+        cached = raw["points"][0][1]
+        verdict = recheck.compare(label, cached, fresh, raw.get("measured_at"), start)
+        if verdict.kind == "pressure":
+            _logger.warning(verdict.message)
+            return None
+        if verdict.kind == "kept":
+            noted = {**raw, "checked": {"at": start, "ram": fresh["warm"]["VmHWM"], "host": recheck.host(),
+                                        "tolerance": recheck.tolerance(cached["warm"]["VmHWM"])}}
+            self._write(("stacks", key, noted))
+            _logger.debug(verdict.message)
+            return build(noted)
+        new = self._measure_stack(imports, train, first=fresh)
+        new["checked"] = {"at": new["measured_at"], "ram": fresh["warm"]["VmHWM"], "host": new["host"],
+                          "tolerance": recheck.tolerance(cached["warm"]["VmHWM"]),
+                          "drifted_from": cached["warm"]["VmHWM"]}
+        value = build(new)
+        dropped = self._write(("stacks", key, new), stale_before=start)
+        stacks = sum(k.startswith("stack:") for k in dropped)
+        others = f"{stacks} other stacks and {len(dropped) - stacks} envs measured before" if dropped else ""
+        _logger.warning("%s: recalibrated%s.", verdict.message,
+                        f"; {others} are measured again on first use" if others else "")
         return value
 
     def stacks(self) -> list[StackBaseline]:
@@ -188,7 +284,7 @@ class Calibration:
             if kernels is None:
                 self._check_writable()
                 _logger.info("Calibrating CPU kernel workspaces (one-off, a few seconds).")
-                raw = run_probe("kernels", {"convs": [list(c) for c in KERNEL_CONVS]})
+                raw = {**run_probe("kernels", {"convs": [list(c) for c in KERNEL_CONVS]}), "measured_at": time.time()}
                 kernels = CpuKernels.from_raw(raw)
                 self._write(("cpu_kernels", None, raw))
         if not kernels.measured:
@@ -214,7 +310,8 @@ class Calibration:
                 return found
             self._check_writable()
             _logger.info("Calibrating environment %s (one-off, about 10 s).", env_id)
-            raw = run_probe("env", spec)
+            conditions, at = recheck.host(), time.time()
+            raw = {**run_probe("env", spec), "measured_at": at, "host": conditions}
             value = build(raw)
             self._write(("envs", key, raw))
         return value
@@ -222,6 +319,8 @@ class Calibration:
 
 _CURRENT: Calibration | None = None
 _CURRENT_LOCK = threading.Lock()
+#: Per cache file, this process's recheck: "done" (or not needed), "pending" (another process was at it).
+_RECHECKED: dict[Path, str] = {}
 
 
 def load(path: Path | str | None = None) -> Calibration:
@@ -265,6 +364,20 @@ def _parse(path: Path, *, warn: bool) -> dict[str, Any]:
                                 path, section)
             del data[section]
     return data
+
+
+def _drop_stale(data: dict[str, Any], before: float, keep: tuple[str, str | None, Any] | None) -> list[str]:
+    """Remove from ``data``'s stacks and envs the entries measured before ``before`` (or at no known time),
+    but ``keep``'s; their keys."""
+    dropped = []
+    for section in KEYED:
+        entries = data.get(section)
+        for key in sorted(entries if isinstance(entries, dict) else ()):
+            at = entries[key].get("measured_at") if isinstance(entries[key], dict) else None
+            if (keep is None or (section, key) != keep[:2]) and not (isinstance(at, (int, float)) and at >= before):
+                del entries[key]
+                dropped.append(key)
+    return dropped
 
 
 def _merge(disk: dict[str, Any], mine: dict[str, Any]) -> dict[str, Any]:

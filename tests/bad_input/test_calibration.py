@@ -104,6 +104,29 @@ def test_a_complete_cache_in_a_read_only_dir_is_still_read(measured: calibration
     assert proc.returncode == 0 and json.loads(proc.stdout) == json.loads(warm.stdout), proc.stderr
 
 
+def test_an_old_entry_in_a_read_only_cache_is_read_without_a_recheck(measured: calibration.Calibration,
+                                                                     tmp_path: Path) -> None:
+    """A recheck that could not note its result is not run (issue 13, item 4): no probe, no warning."""
+    cache = tmp_path / "cache"
+    path = _seed(cache, measured)
+    warm = memprune(*PREDICT, "--json", cache=cache)  # measures CartPole's profile into the seeded cache
+    assert warm.returncode == 0, warm.stderr
+    data = json.loads(path.read_text())
+    for entry in data["stacks"].values():  # every stack measured and rechecked hours ago
+        entry["measured_at"] = time.time() - 4 * 3600
+        entry.pop("checked", None)
+    path.write_text(json.dumps(data))
+    before = path.read_text()
+    cache.chmod(0o555)
+    try:
+        _unwritable.check_unwritable(cache)
+        proc = memprune(*PREDICT, "--json", cache=cache, run=_unwritable.run)
+    finally:
+        cache.chmod(0o755)
+    assert proc.returncode == 0 and json.loads(proc.stdout) == json.loads(warm.stdout), proc.stderr
+    assert "recheck" not in proc.stderr and "drifted" not in proc.stderr and path.read_text() == before
+
+
 # -- a cache file with the wrong types (item 6) ----------------------------------------------------------------
 
 def test_entries_of_the_wrong_types_are_measured_again_with_a_warning(tmp_path: Path, caplog) -> None:
