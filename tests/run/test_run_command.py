@@ -186,17 +186,28 @@ def test_learned_runs_under_the_monitor_alone_until_it_is_built_and_the_summary_
 
 
 def test_rl_zoo3_is_recognised_and_its_recipe_looked_up_in_the_registry() -> None:
-    from optuna_memprune.guard import inject
-
+    pytest.importorskip("rl_zoo3", reason="rl_zoo3 is not importable (the test extra installs rl-zoo3==2.9.2)")
     proc = run("--ram", "3GiB", "--dry-run", "--", sys.executable, "-m", "rl_zoo3.train", "--algo", "dqn",
                "--env", "CartPole-v1", "-optimize")
     assert proc.returncode == 0, proc.stderr
-    footprint_line = proc.stdout.splitlines()[2]
-    if inject.recipe(inject.RLZOO3) is None:
-        assert footprint_line == ("footprint: auto: the rl-zoo3 recipe is not available in this version of "
-                                  "optuna-memprune, so trials run unchecked under the monitor alone")
-        _one_line(run("--ram", "3GiB", "--footprint", "rl-zoo3", "--", sys.executable, "-m", "rl_zoo3.train"),
-                  "the rl-zoo3 recipe is not available")
-    else:
-        assert footprint_line == "footprint: auto: the rl-zoo3 recipe (estimate.recipes)"
-        assert "footprint of the default params" in proc.stdout
+    assert proc.stdout.splitlines()[2] == "footprint: auto: the rlzoo3 recipe (estimate.recipes)"
+    assert "footprint of the default params" in proc.stdout and "infeasible" not in proc.stdout
+    named = run("--ram", "3GiB", "--dry-run", "--footprint", "rl-zoo3", "--", sys.executable, "-m", "rl_zoo3.train")
+    assert named.returncode == 0 and "footprint: the rlzoo3 recipe" in named.stdout, named.stdout + named.stderr
+
+
+def test_a_fixed_hyperparameter_that_no_trial_fits_is_named_with_the_largest_value_that_fits() -> None:
+    pytest.importorskip("rl_zoo3", reason="rl_zoo3 is not importable (the test extra installs rl-zoo3==2.9.2)")
+    from optuna_memprune.estimate import recipes
+
+    proc = run("--ram", "4GiB", "--dry-run", "--", sys.executable, "-m", "rl_zoo3.train", "--algo", "dqn",
+               "--env", "PongNoFrameskip-v4", "-optimize")
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.splitlines()[-1]
+    assert line.startswith("every trial of this search is infeasible: buffer_size 100000 needs 5.72 GiB"), line
+    fits = int(line.rsplit("pass -params buffer_size:", 1)[1])
+    soft = 0.9 * 4 * 2**30
+    assert recipes.rlzoo3("dqn", "PongNoFrameskip-v4", hyperparams={"buffer_size": fits}).ram <= soft
+    assert recipes.rlzoo3("dqn", "PongNoFrameskip-v4", hyperparams={"buffer_size": 100000}).ram > soft
+
+

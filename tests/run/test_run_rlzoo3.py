@@ -29,6 +29,11 @@ def test_an_unchanged_rl_zoo3_search_gets_a_record_on_every_trial(tmp_path: Path
     assert len(trials) == 3
     recs = [records.read(t.user_attrs) for t in trials]
     assert all(r is not None and r.peak_ram is not None and r.peak_ram <= 3 * 2**30 for r in recs), recs
+    # the rl-zoo3 recipe predicted every trial before it ran, from the zoo's yml and the sampled params
+    assert all(r.decision.value == "admitted" and r.pred_ram is not None for r in recs), [r.reason for r in recs]
+    errors = sorted(abs(r.pred_ram - r.peak_ram) / r.peak_ram for r in recs)
+    print("prediction errors:", [f"{e:.1%}" for e in errors])
+    assert errors[1] < 0.25, errors  # the median; the accuracy bar itself is measured by a benchmark
     last = memprune_lines(proc.stderr)[-1]
     assert last.startswith("memprune: 3 trials guarded in study 'dqn-cartpole' (") and \
         last.endswith(f"memprune report {url} --study-name dqn-cartpole"), last

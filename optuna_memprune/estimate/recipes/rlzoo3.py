@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -265,16 +266,81 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace, params: dict[str, Any]) -> tuple[str, Footprint]:
     """``memprune predict rlzoo3``: a title line and the footprint of the parsed options and params."""
-    hyperparams = {}
-    for item in args.hyperparams:
-        key, sep, text = item.partition(":")
-        if not sep or not key.isidentifier():
-            raise EstimateError(f"-params are written key:value (buffer_size:50000), but got {item!r}.")
-        hyperparams[key] = read_value(text, f"-params {key}") if text.strip() else text
+    hyperparams = _hyperparams(args.hyperparams)
     fp = rlzoo3(args.algo, args.env, params, hyperparams=hyperparams, n_timesteps=args.n_timesteps,
                 n_eval_envs=args.n_eval_envs, vec_env=args.vec_env, device=args.device, conf_file=args.conf_file)
     words = [f"{k}:{v}" for k, v in hyperparams.items()] + [f"{k}={v}" for k, v in params.items()]
     return f"rl-zoo3 {args.algo} on {args.env} " + " ".join(words), fp
+
+
+def for_command(argv: list[str]) -> tuple[str, Callable[[Mapping[str, Any]], Footprint]]:
+    """``memprune run -- python -m rl_zoo3.train ARGV``: a title and the footprint of a trial of that search
+    as a function of its sampled params (picklable). ``ARGV`` is read as ``rl_zoo3.train`` reads it
+    (``--algo``, ``--env``, ``-params``, ``-n``, ``--n-eval-envs``, ``--vec-env``, ``--device``,
+    ``--conf-file``; the rest is the search's own business); ``--device auto`` is CUDA where torch sees a GPU."""
+    algo, env_id, options = _train_options(argv)
+    return (f"the rlzoo3 recipe ({algo} on {env_id}, the zoo's yml merged with each trial's params)",
+            partial(_trial, algo, env_id, options))
+
+
+def fixed_message(argv: list[str], budget: Any, soft: float = 0.9) -> str | None:
+    """Before the first trial of ``rl_zoo3.train ARGV``: None when the search's fixed hyperparameters fit
+    under the soft line (``soft`` x ``budget.ram``) with the yml's sampled defaults, else one line with the
+    largest ``buffer_size`` (or ``n_envs``, for a search with no replay buffer) that fits."""
+    ram = getattr(budget, "ram", budget)
+    if ram is None:
+        return None
+    algo, env_id, options = _train_options(argv)
+    line = soft * ram
+    merged = {**fixed_hyperparams(algo, env_id, options["conf_file"]), **options["hyperparams"]}
+    name = "buffer_size" if "buffer_size" in merged or algo not in ("ppo", "a2c", "trpo") else "n_envs"
+    advice = budget_advice(algo, env_id, int(line), name, **dict(options))
+    if advice is None:
+        return None
+    value = advice.rsplit("; ", 1)[1].split()[0]
+    fix = f": pass -params {name}:{value}" if value.isdigit() else ""
+    return (f"every trial of this search is infeasible: {advice} (the soft line, {soft:.0%} of the "
+            f"{units.format_bytes(ram)} budget){fix}")
+
+
+def _trial(algo: str, env_id: str, options: Mapping[str, Any], params: Mapping[str, Any]) -> Footprint:
+    return rlzoo3(algo, env_id, params, **options)
+
+
+def _train_options(argv: list[str]) -> tuple[str, str, dict[str, Any]]:
+    """``rl_zoo3.train``'s arguments that shape a trial's memory, with its defaults; EstimateError for an
+    algo the recipe does not model."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--algo", default="ppo")
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("-params", "--hyperparams", dest="hyperparams", nargs="+", default=[])
+    parser.add_argument("-n", "--n-timesteps", dest="n_timesteps", type=int, default=-1)
+    parser.add_argument("--n-eval-envs", type=int, default=1)
+    parser.add_argument("--vec-env", default="dummy")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("-conf", "--conf-file", dest="conf_file", default=None)
+    args, _ = parser.parse_known_args(list(argv))
+    device = args.device
+    if device == "auto":
+        import torch  # the search imports it anyway
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    options = {"hyperparams": _hyperparams(args.hyperparams),
+               "n_timesteps": args.n_timesteps if args.n_timesteps > 0 else None, "n_eval_envs": args.n_eval_envs,
+               "vec_env": args.vec_env, "device": "cuda" if device.startswith("cuda") else "cpu",
+               "conf_file": args.conf_file}
+    return _check_algo(args.algo), args.env, options
+
+
+def _hyperparams(items: list[str]) -> dict[str, Any]:
+    """``-params key:value ...`` as ``rl_zoo3.train`` takes them, read without running code."""
+    hyperparams = {}
+    for item in items:
+        key, sep, text = item.partition(":")
+        if not sep or not key.isidentifier():
+            raise EstimateError(f"-params are written key:value (buffer_size:50000), but got {item!r}.")
+        hyperparams[key] = read_value(text, f"-params {key}") if text.strip() else text
+    return hyperparams
 
 
 def _check_algo(algo: Any) -> str:

@@ -39,7 +39,7 @@ CHOICES = ("auto", "learned", "none")
 #: Where ``--footprint auto`` finds a program's own footprint: a function of this name in its main module.
 DECLARED = "memprune_footprint"
 #: The rl-zoo3 recipe's name in ``estimate.recipes.RECIPES``, and the module that runs its search.
-RLZOO3, RLZOO3_TRAIN = "rl-zoo3", "rl_zoo3.train"
+RLZOO3, RLZOO3_TRAIN = "rlzoo3", "rl_zoo3.train"
 
 _PYTHON = re.compile(r"^python[0-9.]*$")
 _FLAGS_WITH_VALUE = "WX"                       # -W arg, -X arg
@@ -201,6 +201,7 @@ def prepare(command: Sequence[str], *, ram: Any = None, vram: Any = None, thread
     if check_int(workers, "--workers", minimum=1) > 1:
         raise ValueError("--workers above 1 (one process per trial on a shared storage) is not built yet")
     MemoryGuard(MonitorOnly("check"), budget, on_infeasible=on_infeasible)  # the soft line holds a process
+    footprint = RLZOO3 if footprint == "rl-zoo3" else footprint  # the project's name, and the registry's
     label = check_choice(footprint, program)
     return Options(budget.ram, budget.vram, budget.threads, on_infeasible, footprint, program), label
 
@@ -213,6 +214,26 @@ def default_params(options: Options) -> tuple[str, Any] | None:
         return None
     title, footprint = RecipeFootprint(RLZOO3, args).build()
     return title, footprint({})
+
+
+def rlzoo3_space(args: Sequence[str]) -> dict[str, Any]:
+    """The search space of an rl-zoo3 search (``rl_zoo3.train ARGS``): the distributions its own sampler
+    function for ``--algo`` suggests on a throwaway in-memory trial (no log line, no storage), so that the
+    guard checks its first trial too. Params a sampler suggests only under a condition appear as drawn."""
+    import argparse
+
+    import optuna
+    from rl_zoo3.hyperparams_opt import HYPERPARAMS_SAMPLER
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--algo", default="ppo")
+    algo = parser.parse_known_args(list(args))[0].algo
+    storage = optuna.storages.InMemoryStorage()
+    storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "memprune-space")
+    study = optuna.Study("memprune-space", storage, sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    HYPERPARAMS_SAMPLER[algo](trial, 1, 1, {"using_her_replay_buffer": False, "her_kwargs": {}})
+    return dict(trial.distributions)
 
 
 def fixed_message(options: Options) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...records import Decision, read
 from ...storages import shown
-from . import ENV_VAR, Choice, Options, choose, fixed_message
+from . import ENV_VAR, Choice, Options, choose, fixed_message, rlzoo3_space
 
 _STATE: "_Injected | None" = None
 
@@ -107,7 +107,8 @@ class _Injected:
             if self.choice is None:
                 self.choice = choose(self.options.footprint, self.options.program, sys.modules.get("__main__"))
                 self._fixed_message()
-            guard = MemoryGuard(self.choice.footprint, self.budget, on_infeasible=self.options.on_infeasible)
+            guard = MemoryGuard(self.choice.footprint, self.budget, on_infeasible=self.options.on_infeasible,
+                                search_space=self._search_space())
             study.sampler = guard.wrap_sampler(study.sampler)
             study.pruner = guard.wrap_pruner(study.pruner)
             self.guards[id(study)] = guard
@@ -115,6 +116,18 @@ class _Injected:
         print(f"memprune: guarding study {study.study_name!r}: budget {self.budget}, footprint: "
               f"{self.choice.label}", file=sys.stderr)
         return study
+
+    def _search_space(self) -> dict[str, Any] | None:
+        """rl-zoo3's search space where its recipe guards the search (its first trial is checked too)."""
+        args = self.options.program.recipe_args
+        if args is None or self.choice is None or not self.choice.checked:
+            return None
+        try:
+            return rlzoo3_space(args)
+        except Exception as exc:  # noqa: BLE001 - the first trial then runs unchecked, as it would anyway
+            print(f"memprune: rl-zoo3's search space could not be read ({type(exc).__name__}: {exc}); its "
+                  "first trial runs unchecked", file=sys.stderr)
+            return None
 
     def _fixed_message(self) -> None:
         message = fixed_message(self.options)

@@ -14,15 +14,13 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .exceptions import EstimateError, MemPruneError
-from .storages import ENV_VAR, check_writable, first_line, open_storage, shown
-from .units import format_bytes
+from ..exceptions import EstimateError, MemPruneError
+from ..storages import ENV_VAR, check_writable, first_line, shown
+from ..units import format_bytes
+from ._common import UsageError, storage_url
+from ._worker import cmd_worker
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
-
-
-class UsageError(MemPruneError):
-    """A command line that asks for something impossible: exits 2, as argparse's own errors do."""
 
 
 def _param(text: str) -> tuple[str, Any]:
@@ -60,7 +58,7 @@ def _print_footprint(fp, budget_line: str | None = None) -> None:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from .estimate.recipes import RECIPES
+    from ..estimate.recipes import RECIPES
 
     params = dict(args.params)
     try:
@@ -76,8 +74,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from .estimate import recipes
-    from .estimate.recheck import stamp
+    from ..estimate import recipes
+    from ..estimate.recheck import stamp
 
     try:
         cal, profiles, seconds = recipes.calibrate(env_ids=args.env, force=args.force)
@@ -99,187 +97,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(spec: str, what: str) -> Any:
-    """``module:attr`` (a module on sys.path or the current directory) -> the object."""
-    import importlib
-
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise UsageError(f"{what} must be written module:name (e.g. mystudy:objective), but got {spec!r}")
-    if "" not in sys.path:
-        sys.path.insert(0, "")
-    try:
-        obj = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise MemPruneError(f"{what} {spec!r} could not be loaded: {exc}") from exc
-    return obj
-
-
-def _storage_url(args: argparse.Namespace) -> str:
-    url = args.storage or os.environ.get(ENV_VAR)
-    if not url:
-        raise UsageError(f"give the study's storage URL (or set {ENV_VAR})")
-    return url
-
-
-def _cmd_worker(args: argparse.Namespace) -> int:
-    import optuna
-
-    import optuna_memprune as omp
-    from .guard.runner import check_budget_fits
-    from .ledger import HostBudget, Ledger, check_ledger_url
-    from .units import check_int, check_number
-
-    # Everything is checked before the study is created: a bad command line leaves nothing in the storage.
-    url = _storage_url(args)
-    try:
-        for name, value in (("--n-trials", args.n_trials), ("--n-workers", args.n_workers)):
-            if value is not None:
-                check_int(value, name, minimum=1 if name == "--n-workers" else 0)
-        if args.timeout is not None:
-            check_number(args.timeout, "--timeout", minimum=0, expected="a non-negative number of seconds")
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if args.guard and args.footprint:
-        raise UsageError("give either --guard (a MemoryGuard with its budget) or --footprint with --ram/--vram/"
-                         "--threads, not both")
-    if args.host_id is not None and not 0 < len(args.host_id) <= 255:
-        raise UsageError(f"--host-id must be a non-empty name of at most 255 characters, but got {args.host_id!r}")
-    if args.ledger is not None:
-        try:
-            check_ledger_url(args.ledger)
-        except ValueError as exc:
-            raise UsageError(f"--ledger: {exc}") from None
-    objective = _load(args.objective, "the objective")
-    if not callable(objective) or not _takes(objective, 1):
-        what = _kind(objective) if not callable(objective) else "a function that does not take one trial"
-        raise UsageError(f"the objective {args.objective!r} is {what}: give the module:function that takes a "
-                         "trial and returns its value")
-    if args.guard:
-        guard = _worker_guard(args.guard, omp.MemoryGuard)
-    elif args.footprint:
-        try:
-            budget = omp.Budget(ram=args.ram, vram=args.vram, threads=args.threads)
-        except (TypeError, ValueError) as exc:
-            raise UsageError(str(exc)) from exc
-        footprint = _load(args.footprint, "--footprint")
-        try:
-            guard = omp.MemoryGuard(footprint, budget, on_infeasible=args.on_infeasible)
-        except (TypeError, ValueError) as exc:
-            raise UsageError(f"--footprint {args.footprint!r}: {exc}") from exc
-    else:
-        raise UsageError("give the guard: --guard module:name, or --footprint module:name with --ram/--vram/--threads")
-    try:
-        host = HostBudget(ram=None if args.host_ram == "none" else args.host_ram, gpus=args.host_gpus,
-                          headroom=args.headroom, threads=args.host_threads)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(str(exc)) from exc
-    ledger = Ledger(host, url=args.ledger, host=args.host_id)  # LedgerError: one line naming the file
-    try:
-        check_budget_fits(guard.budget, ledger)
-    except ValueError as exc:
-        ledger.close()
-        raise UsageError(str(exc)) from None
-    samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
-    pruners = {"median": optuna.pruners.MedianPruner, "none": optuna.pruners.NopPruner}
-    try:
-        study = _worker_study(args, url, guard, samplers, pruners)
-    except BaseException:
-        ledger.close()
-        raise
-    try:
-        omp.optimize(study, objective, guard=guard, n_trials=args.n_trials, timeout=args.timeout,
-                     n_workers=args.n_workers, host=ledger, on_host_full=args.on_host_full,
-                     progress=args.progress, enforce=args.enforce)
-    finally:
-        ledger.close()
-    return 0
-
-
-def _worker_study(args: argparse.Namespace, url: str, guard: Any, samplers: dict, pruners: dict) -> Any:
-    """The worker's study, created or loaded; an existing study whose direction is not ``--direction`` is
-    refused (it is loaded, so nothing is created)."""
-    import optuna
-
-    try:
-        storage = open_storage(url)
-        if args.direction is not None:
-            _check_direction(storage, args.study, args.direction)
-        study = optuna.create_study(
-            storage=storage, study_name=args.study, direction=args.direction, load_if_exists=True,
-            sampler=guard.wrap_sampler(samplers[args.sampler](seed=args.seed)),
-            pruner=guard.wrap_pruner(pruners[args.pruner]()),
-        )
-    except UsageError:
-        raise
-    except (TypeError, ValueError, ImportError) as exc:
-        raise MemPruneError(str(exc)) from exc
-    except Exception as exc:  # noqa: BLE001 - the storage's own errors (unreachable server, bad URL)
-        raise MemPruneError(f"could not open study {args.study!r} in {url}: "
-                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    return study
-
-
-def _check_direction(storage: Any, name: str, direction: str) -> None:
-    """``--direction`` must be an existing study's own (a study that does not exist yet takes it)."""
-    try:
-        study_id = storage.get_study_id_from_name(name)
-    except KeyError:
-        return
-    directions = [d.name.lower() for d in storage.get_study_directions(study_id)]
-    if directions != [direction]:
-        raise UsageError(f"--direction {direction} disagrees with study {name!r}, which is {', '.join(directions)}: "
-                         "leave --direction out to run the study as it is")
-
-
-def _kind(obj: Any) -> str:
-    """``a module``, ``an int``: what a module:name turned out to be."""
-    import inspect
-
-    name = "module" if inspect.ismodule(obj) else type(obj).__name__
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
-
-
-def _takes(function: Any, n: int) -> bool:
-    """Whether ``function`` can be called with ``n`` positional arguments (True where no signature is known)."""
-    import inspect
-
-    try:
-        inspect.signature(function).bind(*[None] * n)
-    except TypeError:
-        return False
-    except ValueError:  # no signature to read (some builtins): calling it will say
-        pass
-    return True
-
-
-def _worker_guard(spec: str, guard_type: type) -> Any:
-    """``--guard module:name``: a MemoryGuard, or a function of no arguments that returns one."""
-    guard = _load(spec, "--guard")
-    if isinstance(guard, guard_type):
-        return guard
-    if not callable(guard):
-        raise UsageError(f"--guard {spec!r} is {_kind(guard)}: give a MemoryGuard, or a function of no arguments "
-                         "that returns one")
-    if not _takes(guard, 0):
-        raise UsageError(f"--guard {spec!r} is a function that takes arguments (a footprint function? give it as "
-                         "--footprint with --ram/--vram/--threads): --guard takes a MemoryGuard, or a function "
-                         "of no arguments that returns one")
-    try:
-        guard = guard()
-    except Exception as exc:  # noqa: BLE001 - the user's function; one line says what it raised
-        raise MemPruneError(f"--guard {spec!r} raised {type(exc).__name__}: {exc}") from None
-    if not isinstance(guard, guard_type):
-        raise UsageError(f"--guard {spec!r} returned {_kind(guard)}, not a MemoryGuard")
-    return guard
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     """Check the command and options, then become the program (``exec``) with the guard injected; returns
     only for ``--dry-run``. How the injection works: ``optuna_memprune.guard.inject``."""
-    from .guard import inject
+    from ..guard import inject
 
     try:
         options, label = inject.prepare(args.command[1:] if args.command[:1] == ["--"] else args.command,
@@ -314,10 +135,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     import optuna
 
-    from . import report
+    from .. import report
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url = _storage_url(args)
+    url = storage_url(args)
     if args.dashboard_notes:
         check_writable(url)  # the notes are written into the storage: say why it cannot be, before reading
     study = report.load(url, args.study)
@@ -382,8 +203,8 @@ def _formats(*choices: str, json_alias: bool = False) -> argparse.ArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .estimate.recipes import RECIPES
+    from .. import __version__
+    from ..estimate.recipes import RECIPES
 
     verbosity = _verbosity()
     parser = argparse.ArgumentParser(prog="memprune", description="Predict, budget and guard Optuna trials.",
@@ -441,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--enforce", choices=["auto", "cgroup", "polling"], default="auto",
                     help="a cgroup per trial where one can be made (auto), or else an error (cgroup), or polling only")
     wk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
-    wk.set_defaults(func=_cmd_worker)
+    wk.set_defaults(func=cmd_worker)
 
     run = sub.add_parser("run", parents=[verbosity, _formats("table", "json")],
                          help="run an unchanged Python program with every Optuna study it makes guarded")
@@ -495,7 +316,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-
-
-if __name__ == "__main__":
-    sys.exit(main())
