@@ -202,8 +202,8 @@ class StopsTheServerOnce(optuna.samplers.RandomSampler):
             self.restarts[0].start()
         return super().infer_relative_search_space(study, trial)
 
-    def __getstate__(self) -> dict:  # the trial's process gets a copy without the timer
-        return {**self.__dict__, "restarts": [None]}
+    def __getstate__(self) -> dict:  # the trial's process gets a copy without the timer or the server (its
+        return {**self.__dict__, "restarts": [None], "cluster": None}  # class is in a conftest module)
 
 
 def test_the_server_going_away_during_a_trials_check_does_not_stop_the_run(postgres_cluster) -> None:
