@@ -30,7 +30,7 @@ _REMOVE_S = 1.0   # rmdir of a group whose last processes are still exiting, ret
 class Place(NamedTuple):
     """Where this process's trial groups go: the directory of its own group in one hierarchy.
 
-    ``version`` is 1 or 2, ``name`` the group's path in its hierarchy (``/process_api/x``), ``memory``
+    ``version`` is 1 or 2, ``name`` the group's path in its hierarchy (``/system.slice/job.scope``), ``memory``
     whether groups made here get memory limits (else a v2 group gives the whole-tree kill only)."""
 
     version: int
@@ -57,7 +57,7 @@ class Join(NamedTuple):
 
 class HostLimit(NamedTuple):
     """The tightest memory limit of this process's cgroup ancestry: bytes, the group's usage, and where
-    it came from (``"cgroup v1 /process_api/x limit 2.00 GiB"``)."""
+    it came from (``"cgroup v1 /system.slice/job.scope limit 2.00 GiB"``)."""
 
     limit: int
     usage: int

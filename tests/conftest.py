@@ -29,6 +29,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _pg_bins() -> tuple[str, str]:
+    """PostgreSQL's ``initdb`` and ``pg_ctl`` with psycopg 3, or a skip saying which is missing (a failure in
+    CI, whose ``.ci/run`` installs them)."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL server binaries (initdb, pg_ctl) are missing; .ci/run should install them")
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install -e '.[test]')")
+    return initdb, pg_ctl
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """A throwaway PostgreSQL cluster on a free local port; yields the server's base URL.
@@ -37,12 +49,7 @@ def postgres_server() -> Iterator[str]:
     The server refuses to run as root, so as root it runs as the ``postgres`` user. Skipped with the
     reason where the binaries are missing, except in CI (``CI`` set), where that is a failure.
     """
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if initdb is None or pg_ctl is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL server binaries (initdb, pg_ctl) are missing; .ci/run should install them")
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
-    pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install -e '.[test]')")
+    initdb, pg_ctl = _pg_bins()
     as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     root = Path(tempfile.mkdtemp(prefix="memprune-pg-"))
     data, port = root / "data", _free_port()
@@ -100,12 +107,7 @@ class PostgresCluster:
 @pytest.fixture
 def postgres_cluster() -> Iterator[PostgresCluster]:
     """A started cluster of this test alone (``postgres_server``'s requirements and skips), to restart."""
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if initdb is None or pg_ctl is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL server binaries (initdb, pg_ctl) are missing; .ci/run should install them")
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
-    pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install -e '.[test]')")
+    initdb, pg_ctl = _pg_bins()
     root = Path(tempfile.mkdtemp(prefix="memprune-pg-"))
     cluster = PostgresCluster(root, initdb, pg_ctl)
     cluster.start()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 from ..exceptions import MemPruneError
@@ -21,20 +20,15 @@ class UsageError(MemPruneError):
 
 def load(spec: str, what: str) -> Any:
     """``module:attr`` (a module on sys.path or the current directory) -> the object."""
-    import importlib
+    from ..guard.inject import import_object
 
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
         raise UsageError(f"{what} must be written module:name (e.g. mystudy:objective), but got {spec!r}")
-    if "" not in sys.path:
-        sys.path.insert(0, "")
     try:
-        obj = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        return import_object(module, attr)
     except (ImportError, AttributeError) as exc:
         raise MemPruneError(f"{what} {spec!r} could not be loaded: {exc}") from exc
-    return obj
 
 
 def storage_url(args: argparse.Namespace) -> str:

@@ -18,6 +18,7 @@ knows nothing of argparse or exit codes (the CLI's) and never prints (the hook p
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -331,6 +332,17 @@ def choose(spec: str, program: Program, main: Any = None) -> Choice:
     return Choice(ModuleFootprint(spec), spec, True)
 
 
+def import_object(module: str, attr: str) -> Any:
+    """``module.attr`` (dots allowed in ``attr``), the current directory on ``sys.path`` as for
+    ``python -m``; the import's own exceptions (ImportError, AttributeError, what the module raises)."""
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 class ModuleFootprint:
     """``MODULE:FUNCTION`` loaded at its first call (the program's directory is then on ``sys.path``); pickles
     as its spec."""
@@ -341,20 +353,13 @@ class ModuleFootprint:
 
     def load(self) -> Any:
         """The object named (ValueError saying why it cannot be imported)."""
-        import importlib
-
         module, _, attr = self.spec.partition(":")
         if not module or not attr:
             raise ValueError(f"--footprint must be written MODULE:FUNCTION, but got {self.spec!r}")
-        if "" not in sys.path:
-            sys.path.insert(0, "")
         try:
-            obj = importlib.import_module(module)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
+            return import_object(module, attr)
         except Exception as exc:  # noqa: BLE001 - an import that raises anything is the same failure
             raise ValueError(f"--footprint {self.spec!r} cannot be imported: {type(exc).__name__}: {exc}") from None
-        return obj
 
     def __call__(self, params: dict[str, Any]) -> Any:
         if self._function is None:
