@@ -328,7 +328,9 @@ def test_eight_racing_processes_never_exceed_the_host(tmp_path: Path, url: str) 
     for gpu, size in enumerate(cap.gpus):
         on_gpu = [(r["admitted"], r["released"], r["vram"]) for r in done if r["gpu"] == gpu]
         assert on_gpu and _max_overlap(on_gpu) <= size
-    assert _max_overlap([(r["admitted"], r["released"], 1) for r in done]) >= 3  # trials did run in parallel
+    overlap = _max_overlap([(r["admitted"], r["released"], 1) for r in done])
+    print(f"at most {overlap} held at once")
+    assert overlap >= 2  # trials did run in parallel (scheduling-dependent: 2 seen in a loaded CI run, 3+ alone)
     assert Ledger(cap, url=url, host="race").entries() == []
 
 

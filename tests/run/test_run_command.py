@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -205,11 +206,14 @@ def test_a_fixed_hyperparameter_that_no_trial_fits_is_named_with_the_largest_val
                "--env", "PongNoFrameskip-v4", "-optimize")
     assert proc.returncode == 0, proc.stderr
     line = proc.stdout.splitlines()[-1]
-    need = recipes.rlzoo3("dqn", "PongNoFrameskip-v4", hyperparams={"buffer_size": 100000}).ram  # 5.7-5.8 GiB
-    assert line.startswith("every trial of this search is infeasible: buffer_size 100000 needs "
-                           f"{format_bytes(need)} at 3.60 GiB; "), line  # the zoo's yml value, the soft line
-    fits = int(line.rsplit("pass -params buffer_size:", 1)[1])
-    soft = 0.9 * 4 * 2**30
+    found = re.fullmatch(r"every trial of this search is infeasible: buffer_size 100000 needs ([0-9.]+) GiB at "
+                         r"3\.60 GiB; ([0-9]+) fits \(the soft line, 90% of the 4\.00 GiB budget\): "
+                         r"pass -params buffer_size:\2", line)  # the zoo's yml value against the soft line
+    assert found, line
+    # this process's figures (a calibration recheck between the two processes may move them by a few MiB)
+    need = recipes.rlzoo3("dqn", "PongNoFrameskip-v4", hyperparams={"buffer_size": 100000}).ram
+    assert abs(float(found[1]) * 2**30 - need) < 0.02 * need, (line, format_bytes(need))
+    fits, soft = int(found[2]), 0.9 * 4 * 2**30
     assert recipes.rlzoo3("dqn", "PongNoFrameskip-v4", hyperparams={"buffer_size": fits}).ram <= soft < need
 
 
