@@ -95,13 +95,18 @@ def test_a_complete_cache_in_a_read_only_dir_is_still_read(measured: calibration
     _seed(cache, measured)
     warm = memprune(*PREDICT, "--json", cache=cache)  # measures CartPole's profile into the seeded cache
     assert warm.returncode == 0, warm.stderr
+    proc = _predict_read_only(cache)
+    assert proc.returncode == 0 and json.loads(proc.stdout) == json.loads(warm.stdout), proc.stderr
+
+
+def _predict_read_only(cache: Path) -> subprocess.CompletedProcess:
+    """``memprune predict`` (as ``PREDICT``, JSON) with ``cache`` read-only, as a process that cannot write it."""
     cache.chmod(0o555)
     try:
         _unwritable.check_unwritable(cache)
-        proc = memprune(*PREDICT, "--json", cache=cache, run=_unwritable.run)
+        return memprune(*PREDICT, "--json", cache=cache, run=_unwritable.run)
     finally:
         cache.chmod(0o755)
-    assert proc.returncode == 0 and json.loads(proc.stdout) == json.loads(warm.stdout), proc.stderr
 
 
 def test_an_old_entry_in_a_read_only_cache_is_read_without_a_recheck(measured: calibration.Calibration,
@@ -117,12 +122,7 @@ def test_an_old_entry_in_a_read_only_cache_is_read_without_a_recheck(measured: c
         entry.pop("checked", None)
     path.write_text(json.dumps(data))
     before = path.read_text()
-    cache.chmod(0o555)
-    try:
-        _unwritable.check_unwritable(cache)
-        proc = memprune(*PREDICT, "--json", cache=cache, run=_unwritable.run)
-    finally:
-        cache.chmod(0o755)
+    proc = _predict_read_only(cache)
     assert proc.returncode == 0 and json.loads(proc.stdout) == json.loads(warm.stdout), proc.stderr
     assert "recheck" not in proc.stderr and "drifted" not in proc.stderr and path.read_text() == before
 
