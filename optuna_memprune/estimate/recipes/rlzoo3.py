@@ -239,6 +239,13 @@ def budget_advice(algo: str, env_id: str, budget: int | str, name: str = "buffer
     """None if the trial fits ``budget``, else one line: ``"buffer_size 100000 needs 5.72 GiB at 4.00 GiB;
     67000 fits"`` (the whole trial's RAM; the fitting value rounded down to two significant digits), or
     ``"...; no buffer_size fits"``. ``options`` are ``rlzoo3``'s keyword arguments."""
+    advice = _advice(algo, env_id, budget, name, params, **options)
+    return None if advice is None else advice[0]
+
+
+def _advice(algo: str, env_id: str, budget: int | str, name: str, params: Mapping[str, Any] | None,
+            **options: Any) -> tuple[str, int | None] | None:
+    """``budget_advice``'s line and the value it names as fitting (None: none fits); None if the trial fits."""
     limit = units.parse_bytes(budget, name="budget")
     hyperparams = options.pop("hyperparams", None)
     need = rlzoo3(algo, env_id, params, hyperparams=hyperparams, **options).ram
@@ -248,7 +255,9 @@ def budget_advice(algo: str, env_id: str, budget: int | str, name: str = "buffer
     merged = {**fixed_hyperparams(algo, env_id, options.get("conf_file")), **(hyperparams or {})}
     present = zoo_to_sb3(algo, params or {}).get(name, merged.get(name))
     head = f"{name} {present} needs {units.format_bytes(need)} at {units.format_bytes(limit)}"
-    return f"{head}; no {name} fits" if fits is None else f"{head}; {_round_down(fits)} fits"
+    if fits is None:
+        return f"{head}; no {name} fits", None
+    return f"{head}; {_round_down(fits)} fits", _round_down(fits)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -294,12 +303,12 @@ def fixed_message(argv: list[str], budget: Any, soft: float = 0.9) -> str | None
     line = soft * ram
     merged = {**fixed_hyperparams(algo, env_id, options["conf_file"]), **options["hyperparams"]}
     name = "buffer_size" if "buffer_size" in merged or algo not in ("ppo", "a2c", "trpo") else "n_envs"
-    advice = budget_advice(algo, env_id, int(line), name, **dict(options))
+    advice = _advice(algo, env_id, int(line), name, None, **dict(options))
     if advice is None:
         return None
-    value = advice.rsplit("; ", 1)[1].split()[0]
-    fix = f": pass -params {name}:{value}" if value.isdigit() else ""
-    return (f"every trial of this search is infeasible: {advice} (the soft line, {soft:.0%} of the "
+    text, fits = advice
+    fix = "" if fits is None else f": pass -params {name}:{fits}"
+    return (f"every trial of this search is infeasible: {text} (the soft line, {soft:.0%} of the "
             f"{units.format_bytes(ram)} budget){fix}")
 
 
