@@ -38,7 +38,7 @@ def torch_training(
     *,
     batch_size: int,
     input_dtype: str = "float32",
-    optimizer: str | tuple[str, Mapping[str, Any]] | None = "adam",
+    optimizer: Any = "adam",
     dtype: str = "float32",
     autocast: str | None = None,
     accumulation_steps: int = 1,
@@ -47,6 +47,7 @@ def torch_training(
     cache_key: Any = None,
     name: str = "network",
     calibration: Any = None,
+    scheduler: Any = None,
 ) -> Footprint:
     """Peak memory of one training step of a torch network, traced on the meta device.
 
@@ -68,8 +69,12 @@ def torch_training(
         input_dtype: dtype of the batch as it reaches the device. ``"uint8"`` images are converted inside
             the step as SB3 does (``x.float() / 255``), so the float copy counts as an activation; other
             integer dtypes reach the model unchanged (embedding indices).
-        optimizer: ``"sgd"`` (momentum 0.9 unless given), ``"adam"``, ``"adamw"``, ``"rmsprop"``, a pair
-            ``(name, kwargs)`` such as ``("sgd", {"momentum": 0})``, or ``None`` for no optimizer.
+        optimizer: any ``torch.optim`` optimizer by class name, case-insensitive (``"adam"``, ``"Adagrad"``,
+            ``"nadam"``...; a name means lr 1e-3 and torch's defaults, except ``"sgd"``: momentum 0.9 unless
+            given), an ``Optimizer`` subclass (a library's own too) or instance (its class and the kwargs it
+            was built with), a pair ``(name or class, kwargs)`` such as ``("sgd", {"momentum": 0})``, or
+            ``None`` for no optimizer. ``LBFGS`` and ``SparseAdam`` are refused with the reason (see
+            ``torchnet.optimizers``).
         dtype: parameter dtype, ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"float64"``.
         autocast: ``None``, ``"float16"`` or ``"bfloat16"``: forward and loss under ``torch.autocast``.
             The meta device has no autocast, so these steps are traced with ``FakeTensorMode`` CPU tensors
@@ -86,6 +91,9 @@ def torch_training(
         calibration: the host calibration whose CPU kernel coefficients size the kernel workspaces
             (``device="cpu"`` only); by default this environment's (``calibration.load()``, measured on first
             use, a few seconds).
+        scheduler: a ``torch.optim.lr_scheduler`` class, by name or class, or a pair ``(name or class,
+            kwargs)`` such as ``("StepLR", {"step_size": 7})``, stepped after each optimizer step; ``None`` for
+            none. Schedulers change no tensor memory; this checks that the step still traces with one.
 
     Returns:
         A Footprint with components ``<name> weights``, ``frozen weights`` (if any), ``gradients``,
@@ -138,7 +146,7 @@ def torch_training(
     spec = make_spec(
         model, input_shape, training=True, batch_size=batch_size, input_dtype=input_dtype,
         optimizer=optimizer, dtype=dtype, autocast=autocast, accumulation_steps=accumulation_steps,
-        frozen=frozen, device=device,
+        frozen=frozen, device=device, scheduler=scheduler,
     )
     return _footprint(model, spec, batch_size, cache_key=cache_key, name=name, calibration=calibration)
 

@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_leaves
 from ..footprint import Kind
 from .workspaces import channel_block, workspace_features
 
-__all__ = ["Category", "Phase", "StorageCounter"]
+__all__ = ["Category", "Phase", "StorageCounter", "StandInScalars"]
 
 
 class Category(enum.IntEnum):
@@ -175,3 +175,28 @@ class StorageCounter(TorchDispatchMode):
         if self.block and self.recording:
             self.workspaces(func, args, kwargs or {}, out)
         return out
+
+
+_SCALAR_READ = "aten._local_scalar_dense.default"      # the op behind .item(), float(t), bool(t)
+
+
+class StandInScalars(TorchDispatchMode):
+    """Gives 1 for a scalar read from a tensor that holds no value (meta or fake), under an optimizer's step.
+
+    Some optimizers read scalars back from their state or from norms (``ASGD``: ``mu.item() != 1``; torch's
+    ``Adafactor``: step counts and parameter norms scale the update). The values steer arithmetic on Python
+    numbers, not which tensors are made; 1 is what ASGD's ``mu`` and ``eta`` hold under their defaults, so
+    the branch taken is the real one. Used only around ``optimizer.step()``, never around a network.
+    """
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if str(func) == _SCALAR_READ and _holds_no_value(args[0]):
+            t = args[0]
+            return True if t.dtype == torch.bool else (1.0 if t.is_floating_point() else 1)
+        return func(*args, **(kwargs or {}))
+
+
+def _holds_no_value(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return t.device.type == "meta" or isinstance(t, FakeTensor)

@@ -1,7 +1,7 @@
 """The public functions' arguments checked and turned into a hashable ``Spec`` (the trace cache's key).
 
-Owns the accepted dtypes, optimizers and devices and their error messages; knows nothing of torch (the
-optimizer is named, not built), tracing, caching or footprints.
+Owns the accepted dtypes and devices and their error messages; the optimizer and scheduler are resolved by
+``optimizers`` (named, not built); knows nothing of tracing, caching or footprints.
 """
 
 from __future__ import annotations
@@ -17,14 +17,6 @@ __all__ = ["Spec", "make_spec"]
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 _INPUT_DTYPES = _FLOAT_DTYPES + ("uint8", "int8", "int16", "int32", "int64", "bool")
 _AUTOCAST_DTYPES = ("float16", "bfloat16")
-# Optimizer name -> (torch.optim class name, default kwargs). SGD gets momentum 0.9 so it has state; pass
-# ("sgd", {"momentum": 0}) for plain SGD. ``foreach`` defaults per target device (see Spec.foreach).
-_OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "sgd": ("SGD", {"lr": 1e-3, "momentum": 0.9}),
-    "adam": ("Adam", {"lr": 1e-3}),
-    "adamw": ("AdamW", {"lr": 1e-3}),
-    "rmsprop": ("RMSprop", {"lr": 1e-3}),
-}
 
 
 @dataclass(frozen=True)
@@ -36,22 +28,21 @@ class Spec:
     input_shapes: tuple[tuple[tuple[int, ...], ...], ...]      # per net, per input
     input_dtype: str
     dtype: str
-    optimizer: str | None
+    optimizer: str | None                                       # lower-case class name, for messages
     optimizer_kwargs: tuple[tuple[str, Any], ...]
     autocast: str | None
     accumulation_steps: int
     frozen: tuple[int, ...]                                     # per net
     cuda: bool                                                  # target device kind
+    optimizer_class: Any = None         # torch.optim class name, or the class itself when outside torch.optim
+    scheduler: Any = None               # torch.optim.lr_scheduler class name or class; None for none
+    scheduler_kwargs: tuple[tuple[str, Any], ...] = ()
 
     @property
     def foreach(self) -> bool:
         """The optimizer's ``foreach``: as given, else torch's default on the target device."""
         return dict(self.optimizer_kwargs).get("foreach", self.cuda)
 
-    @property
-    def optimizer_class(self) -> str | None:
-        """The ``torch.optim`` class name of ``optimizer`` (``None`` for no optimizer)."""
-        return None if self.optimizer is None else _OPTIMIZERS[self.optimizer][0]
 
 
 def _check_shape(shape: Any, what: str) -> tuple[int, ...]:
@@ -87,31 +78,11 @@ def _check_frozen(frozen: Any, nets: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(check_int(frozen.get(n, 0), "frozen", minimum=0, message=message) for n in nets)
 
 
-def _check_optimizer(optimizer: Any) -> tuple[str | None, tuple[tuple[str, Any], ...]]:
-    if optimizer is None:
-        return None, ()
-    if isinstance(optimizer, tuple) and len(optimizer) == 2 and isinstance(optimizer[1], Mapping):
-        name, kwargs = optimizer[0], dict(optimizer[1])
-    else:
-        name, kwargs = optimizer, {}
-    if not isinstance(name, str) or name.lower() not in _OPTIMIZERS:
-        raise EstimateError(
-            f"optimizer must be one of {', '.join(map(repr, _OPTIMIZERS))}, a pair (name, kwargs) or None, "
-            f"but got {optimizer!r}."
-        )
-    name = name.lower()
-    kwargs = {**_OPTIMIZERS[name][1], **kwargs}
-    try:
-        opt_kwargs = tuple(sorted(kwargs.items()))
-        hash(opt_kwargs)
-    except TypeError:
-        opt_kwargs = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
-    return name, opt_kwargs
 
 
 def make_spec(
     model: Any, input_shape: Any, *, training: bool, batch_size: Any, input_dtype: Any, optimizer: Any,
-    dtype: Any, autocast: Any, accumulation_steps: Any, frozen: Any, device: Any,
+    dtype: Any, autocast: Any, accumulation_steps: Any, frozen: Any, device: Any, scheduler: Any = None,
 ) -> Spec:
     """The checked ``Spec`` of a call of ``torch_training``/``torch_inference``; raises ``EstimateError``
     naming the argument and the value given. ``batch_size`` is checked, not kept (the cache fits over it)."""
@@ -145,7 +116,10 @@ def make_spec(
         one = _check_shapes(input_shape, "input_shape")
         shapes = tuple(one for _ in nets)
     frozen_t = _check_frozen(frozen, nets)
-    opt_name, opt_kwargs = _check_optimizer(optimizer)
+    from .optimizers import resolve_optimizer, resolve_scheduler
+
+    opt_name, opt_class, opt_kwargs = resolve_optimizer(optimizer)
+    sched, sched_kwargs = resolve_scheduler(scheduler)
     return Spec(
         training=training,
         nets=nets,
@@ -158,4 +132,7 @@ def make_spec(
         accumulation_steps=accumulation_steps,
         frozen=frozen_t,
         cuda=device != "cpu",
+        optimizer_class=opt_class,
+        scheduler=sched,
+        scheduler_kwargs=sched_kwargs,
     )

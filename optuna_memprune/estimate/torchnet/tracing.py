@@ -19,7 +19,9 @@ from torch.utils._pytree import tree_leaves
 
 from ...exceptions import EstimateError
 from .analysis import Structure, Trace, positions
-from .dispatch import Category, Phase, StorageCounter
+from .construct import call_factory
+from .dispatch import Category, Phase, StandInScalars, StorageCounter
+from .optimizers import make_optimizer, make_scheduler, step_scheduler
 from .spec import make_spec
 
 if TYPE_CHECKING:
@@ -52,7 +54,7 @@ def build(model: Any, net: str, device: str, dtype: str | None = None) -> Any:
     "cpu": real), its floating parameters in ``dtype``; ``dtype=None`` returns the module as built, maybe
     shared, for reading only.
 
-    A factory is called under ``torch.device("meta")`` (``"cpu"`` for the other two); what it returns is
+    A factory is called on meta (``construct.call_factory``; ``"cpu"`` for the other two); what it returns is
     copied (parameters re-created empty on the device, data never read) unless only read: factories may hand
     out a shared module (a recipe's cached meta policy), and a trace sets gradients and optimizer state.
     """
@@ -61,8 +63,12 @@ def build(model: Any, net: str, device: str, dtype: str | None = None) -> Any:
     if isinstance(source, nn.Module):
         module = source
     elif callable(source):
-        with DEVICE_LOCK, torch.device("meta" if device == "meta" else "cpu"):
-            module = source()
+        with DEVICE_LOCK:
+            if device == "meta":
+                module = call_factory(source, label)
+            else:
+                with torch.device("cpu"):
+                    module = source()
         if not isinstance(module, nn.Module):
             raise EstimateError(
                 f"{label} must be a factory returning a torch.nn.Module, but it returned {type(module).__name__}."
@@ -107,6 +113,7 @@ class _Net:
     params: list
     frozen: list
     optimizer: Any
+    scheduler: Any
     shapes: tuple[tuple[int, ...], ...]
     first: int      # index of its first parameter in the step's numbering
 
@@ -114,13 +121,7 @@ class _Net:
 def _make_optimizer(spec: Spec, params: list) -> Any:
     if spec.optimizer_class is None or not params:
         return None
-    cls = getattr(torch.optim, spec.optimizer_class)
-    kwargs = dict(spec.optimizer_kwargs)
-    kwargs.setdefault("foreach", spec.foreach)
-    try:
-        return cls(params, **kwargs)
-    except (TypeError, ValueError) as e:
-        raise EstimateError(f"optimizer {spec.optimizer!r} rejected its kwargs {kwargs!r}: {e}") from e
+    return make_optimizer(spec.optimizer, spec.optimizer_class, spec.optimizer_kwargs, params, spec.foreach)
 
 
 def _no_memory_device(model: Any, spec: Spec) -> str:
@@ -159,6 +160,7 @@ def trace(
     frozen: Any = 0,
     target: str = "cpu",
     device: str | None = None,
+    scheduler: Any = None,
 ) -> Trace:
     """Run one step under the counter and return the trace; for tests and benchmarks.
 
@@ -170,7 +172,7 @@ def trace(
     spec = make_spec(
         model, input_shape, training=training, batch_size=batch_size, input_dtype=input_dtype,
         optimizer=optimizer if training else None, dtype=dtype, autocast=autocast,
-        accumulation_steps=accumulation_steps, frozen=frozen, device=target,
+        accumulation_steps=accumulation_steps, frozen=frozen, device=target, scheduler=scheduler,
     )
     return Session(model, spec, device).trace(batch_size)
 
@@ -217,7 +219,8 @@ class Session:
                 frozen.append(copy_.eval())
             params = [p for p in module.parameters() if p.requires_grad]
             opt = _make_optimizer(self.spec, params) if self.spec.training else None
-            nets.append(_Net(i, name, module, params, frozen, opt, self.spec.input_shapes[i], first))
+            sched = make_scheduler(self.spec.scheduler, self.spec.scheduler_kwargs, opt)
+            nets.append(_Net(i, name, module, params, frozen, opt, sched, self.spec.input_shapes[i], first))
             first += len(params)
         return nets
 
@@ -227,7 +230,9 @@ class Session:
             for p in net.params:
                 p.grad = torch.zeros_like(p)
             if net.optimizer is not None:
-                net.optimizer.step()
+                with StandInScalars():
+                    net.optimizer.step()
+                step_scheduler(net.scheduler)
 
     # -- the step --
     def _batch(self, net: _Net, batch_size: int) -> list:
@@ -295,8 +300,10 @@ class Session:
                 del tbatch, targets, batch, out, loss
             counter.phase = Phase.OPTIMIZER
             if net.optimizer is not None:
-                net.optimizer.step()
+                with StandInScalars():
+                    net.optimizer.step()
             counter.phase = Phase.OTHER
+            step_scheduler(net.scheduler)
             del held
 
     def _inference_step(self, counter: StorageCounter, batch_size: int) -> None:
