@@ -44,6 +44,7 @@ zero_grad reading; ours without the allocator-overhead component) come before th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import statistics
@@ -53,6 +54,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -174,27 +176,66 @@ class LMStep(nn.Module):
         if self.zero_at_start:
             for p in self.net.parameters():
                 p.grad = None
-        return self.net(input_ids=ids, labels=ids.clone()).loss    # the collator's labels: a copy of the ids
+        with _DataFreeChoices(), _meta_autocast_as_cpu():
+            return self.net(input_ids=ids, labels=ids.clone()).loss    # the collator's labels: a copy of the ids
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Prediction
 # ---------------------------------------------------------------------------------------------------------
-def optimizer_arg(name: str):
-    """The row's optimizer as ``torch_training`` takes it: torch's defaults, lr=0.001."""
-    kwargs = {"lr": 1e-3}
-    if name == "SGD":
-        kwargs["momentum"] = 0.0       # torch's default; the tracer's own default for "sgd" is 0.9
-    return (name.lower(), kwargs)
+def optimizer_arg(name: str, cnn: bool):
+    """The row's optimizer as ``torch_training`` takes it: the ``torch.optim`` class, lr=0.001, every other
+    argument torch's default; Adafactor (transformer rows) is Hugging Face's, ``relative_step=False``."""
+    if name == "Adafactor":
+        from transformers.optimization import Adafactor
+
+        return (Adafactor, {"lr": 1e-3, "relative_step": False})
+    return (getattr(torch.optim, name), {"lr": 1e-3})
+
+
+# xMem's conv_train_loop steps StepLR(step_size=7, gamma=0.1) after every optimizer step (no memory of its own).
+CNN_SCHEDULER = ("StepLR", {"step_size": 7, "gamma": 0.1})
+
+
+@contextlib.contextmanager
+def _meta_autocast_as_cpu():
+    """Qwen's and Llama's rotary embeddings compute under ``torch.autocast(device_type=x.device.type,
+    enabled=False)``, which torch refuses for "meta"; disabled autocast does nothing on any device, so
+    "meta" is given as "cpu" for the forward's duration (torch.autocast restored after)."""
+    real = torch.autocast
+
+    def autocast(device_type, *args, **kwargs):
+        return real("cpu" if device_type == "meta" else device_type, *args, **kwargs)
+
+    torch.autocast = autocast
+    try:
+        yield
+    finally:
+        torch.autocast = real
+
+
+class _DataFreeChoices(TorchFunctionMode):
+    """The two places where these Hugging Face models branch on tensor values, answered as the real run does.
+
+    - OPT's LayerDrop draws ``torch.rand([])`` and skips the layer when the draw is below ``layerdrop`` (0.0 in
+      these configs: never): the draw is given as a CPU 1.0, which keeps every layer.
+    - The SDPA mask check ``torch.all(attention_mask == 1)`` (OPT, Qwen, Llama: may the causal mask be
+      dropped?): the collator pads each batch to its longest line, so with two or more lines some line is
+      padded and the answer is False (a 4-D mask is built); with one line it is True.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.rand and tuple(args[0] if len(args) == 1 and isinstance(args[0], (list, tuple))
+                                        else args) == ():
+            return torch.ones((), device="cpu")
+        if func is torch.all and len(args) == 1 and not kwargs and args[0].device.type == "meta":
+            return torch.tensor(args[0].dim() > 0 and args[0].shape[0] == 1, device="cpu")
+        return func(*args, **kwargs)
 
 
 # Where a model fails on meta, what in its code does it (found by reading the traceback; for the reader).
-KNOWN_CAUSES = {
-    "facebook/opt-125m": "OPT's LayerDrop tests torch.rand([]) < layerdrop in Python",
-    "facebook/opt-350m": "OPT's LayerDrop tests torch.rand([]) < layerdrop in Python",
-    "Qwen/Qwen3-4B": "rotary embedding enters torch.autocast(device_type='meta')",
-    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": "rotary embedding enters torch.autocast(device_type='meta')",
-}
+KNOWN_CAUSES: dict[str, str] = {}
 
 
 def predict(row: dict, zero_at_start: bool) -> tuple[int | None, dict | str]:
@@ -209,7 +250,8 @@ def predict(row: dict, zero_at_start: bool) -> tuple[int | None, dict | str]:
         fp = torch_training(
             lambda: step(make(), zero_at_start), (3, 86, 86) if cnn else (SEQ_LEN,),
             input_dtype="float32" if cnn else "int64", batch_size=int(row["batch_size"]),
-            optimizer=optimizer_arg(row["optimizer"]), device="cuda",
+            optimizer=optimizer_arg(row["optimizer"], cnn), device="cuda",
+            scheduler=CNN_SCHEDULER if cnn else None,
             cache_key=("xmem-published", model, zero_at_start),
         )
     except Exception as e:          # EstimateError from the tracer, or the model's own failure
