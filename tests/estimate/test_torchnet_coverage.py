@@ -179,6 +179,23 @@ def test_constructor_that_cannot_be_built_without_memory_gets_a_clear_error():
     assert fp.ram > 0
 
 
+def test_other_threads_building_modules_meanwhile_keep_real_weights():
+    import threading
+
+    seen = {}
+
+    def factory():
+        model = WidthFromData()          # inside the CPU build with weights moved to meta
+        worker = threading.Thread(target=lambda: seen.update(other=nn.Linear(2, 2)))
+        worker.start()
+        worker.join()
+        return model
+
+    module = construct.call_factory(factory, "model")
+    assert all(p.device.type == "meta" for p in module.parameters())
+    assert seen["other"].weight.device.type == "cpu" and seen["other"].weight.abs().sum() > 0
+
+
 def test_constructor_holding_large_cpu_tensors_is_stopped(monkeypatch):
     monkeypatch.setattr(construct, "CPU_LIMIT_BYTES", 64)
     with pytest.raises(EstimateError, match="holds more than 64 bytes of CPU tensors at once"):

@@ -30,6 +30,7 @@ __all__ = ["CPU_LIMIT_BYTES", "call_factory"]
 # meta as soon as they are registered, so this bounds what it computes with, not the model).
 CPU_LIMIT_BYTES = 256 * 2**20
 _PATCH_LOCK = threading.Lock()
+_HERE = threading.local()       # .active: this thread is inside the patched build
 
 
 class _CountCPU(TorchFunctionMode):
@@ -72,20 +73,25 @@ def _to_meta(t: Any) -> Any:
 
 
 def _build_on_cpu_with_meta_weights(factory: Callable[[], Any]) -> Any:
+    """``factory()`` with CPU as the default device and every parameter and buffer moved to meta as it is
+    registered. The patch of ``nn.Module``'s two methods is process-wide for the call's duration, but acts
+    only in this thread: other threads building their own modules meanwhile get the originals' behaviour."""
     register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
 
     def param(self: Any, name: str, p: Any) -> None:
-        register_parameter(self, name, _to_meta(p))
+        register_parameter(self, name, _to_meta(p) if getattr(_HERE, "active", False) else p)
 
     def buffer(self: Any, name: str, t: Any, persistent: bool = True) -> None:
-        register_buffer(self, name, _to_meta(t), persistent)
+        register_buffer(self, name, _to_meta(t) if getattr(_HERE, "active", False) else t, persistent)
 
     with _PATCH_LOCK:
         nn.Module.register_parameter, nn.Module.register_buffer = param, buffer   # type: ignore[method-assign]
+        _HERE.active = True
         try:
             with torch.device("cpu"), _CountCPU(CPU_LIMIT_BYTES):
                 return factory()
         finally:
+            _HERE.active = False
             nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer
 
 
