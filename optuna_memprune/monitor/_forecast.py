@@ -1,0 +1,183 @@
+"""Forecast of a running process's RSS at the end of its run, from its readings and the steps it reached.
+
+Owns the robust fit (Theil-Sen over a recent window, with Sen's confidence bound on the slope) and the rules
+that keep a plateau from being called growth; knows nothing of Optuna, budgets or what is done with a
+forecast: the limit it measures against is a plain number of bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import NamedTuple, Sequence
+
+from ..units import check_int, check_number
+
+#: The fit looks at the last half of the steps observed so far: an allocation made at the start (imports,
+#: a warm-up, a ring buffer that filled early) is outside it once the run has gone twice as far.
+WINDOW = 0.5
+#: No forecast before this share of the run: a ring buffer that fills in the first twentieth of a run is
+#: flat over the whole window by then.
+MIN_PROGRESS = 0.1
+#: One-sided confidence of the slope's lower bound (Sen's interval from Kendall's tau).
+CONFIDENCE = 0.99
+#: Both halves of the window must grow, each at least this share of the whole window's slope: a curve that
+#: slows down (a buffer about to be full, a warm-up ending) is not extrapolated as a line.
+CONSISTENT = 0.5
+#: The rise over the window, at the slope's lower bound, must exceed this many robust standard deviations
+#: of the residuals (autocorrelated noise makes Sen's interval too narrow on its own).
+NOISE_SIGMAS = 3.0
+_MIN_POINTS = 12   # readings in the window
+_FIT_POINTS = 48   # readings the fit uses at most (evenly spaced): 1,128 pairs
+
+
+class Forecast(NamedTuple):
+    """A projection of RSS to the last step. Bytes are ints; ``slope*`` are bytes per step.
+
+    Attributes:
+        step: The step reached (the last one reported).
+        horizon: The last step of the run.
+        level: The fitted RSS at ``step``.
+        slope, slope_low: Theil-Sen's slope over the window and its lower confidence bound.
+        projected, projected_low: RSS at ``horizon`` with ``slope`` and with ``slope_low``.
+        over: Whether the run will cross ``limit`` with high confidence: ``projected_low`` over the limit
+            (times ``1 + margin``) and every plateau rule passed.
+        held: Empty when ``over``; otherwise why not, in words.
+        first: The first step of the window the fit used.
+    """
+
+    step: int
+    horizon: int
+    level: int
+    slope: float
+    slope_low: float
+    projected: int
+    projected_low: int
+    over: bool
+    held: str
+    first: int
+
+    def at(self, step: float) -> int:
+        """The projected RSS at ``step`` (with the fitted slope)."""
+        return int(self.level + self.slope * (step - self.step))
+
+
+def steps_of(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
+    """``(step, rss)`` of the readings ``(t, rss)`` taken between the first and the last step mark ``(t,
+    step)``, each reading's step interpolated linearly in time between the marks around it.
+
+    Example:
+        >>> steps_of([(0.5, 10), (1.5, 20), (3.0, 30)], [(0.0, 0), (2.0, 100)])
+        [(25.0, 10), (75.0, 20)]
+    """
+    marks = sorted(marks)
+    if len(marks) < 2:
+        return []
+    out = []
+    j = 0
+    for t, rss in sorted(points):
+        if t < marks[0][0] or t > marks[-1][0]:
+            continue
+        while marks[j + 1][0] < t:
+            j += 1
+        (t0, s0), (t1, s1) = marks[j], marks[j + 1]
+        out.append((s0 + (s1 - s0) * (t - t0) / (t1 - t0) if t1 > t0 else float(s1), rss))
+    return out
+
+
+def _theil_sen(xy: Sequence[tuple[float, int]], z: float) -> tuple[float, float]:
+    """Median slope and its lower bound (Sen 1968: the pairwise slope of rank (N - C) / 2)."""
+    slopes = sorted((y1 - y0) / (x1 - x0) for i, (x0, y0) in enumerate(xy) for x1, y1 in xy[i + 1:] if x1 > x0)
+    if not slopes:
+        return 0.0, 0.0
+    n, m = len(xy), len(slopes)
+    spread = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    low = slopes[max(0, min(m - 1, int((m - spread) / 2)))]
+    mid = slopes[m // 2] if m % 2 else (slopes[m // 2 - 1] + slopes[m // 2]) / 2
+    return mid, low
+
+
+def _median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    k = len(s) // 2
+    return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
+
+
+def forecast(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, int]], horizon: int, limit: int,
+             *, margin: float = 0.0, min_progress: float = MIN_PROGRESS,
+             confidence: float = CONFIDENCE) -> Forecast | None:
+    """Project RSS to step ``horizon`` and say whether it will cross ``limit`` with high confidence.
+
+    ``points`` are readings ``(t, rss)``, ``marks`` the steps reached ``(t, step)`` (any clock, the same for
+    both). Readings are placed on the step axis (:func:`steps_of`); the fit is Theil-Sen over the readings
+    of the last ``WINDOW`` of the steps observed, with Sen's lower bound on the slope at ``confidence``. The
+    run is called over only when all hold: at least ``min_progress`` of the run observed; the slope's lower
+    bound positive in the window and in each of its halves, each half's slope at least ``CONSISTENT`` of the
+    window's (no slowing down); the rise at the lower bound over the window above ``NOISE_SIGMAS`` robust
+    deviations of the residuals; and ``projected_low`` over ``limit x (1 + margin)``.
+
+    Returns ``None`` while there is nothing to fit (fewer than two marks, the horizon reached or passed, too
+    few readings in the window).
+
+    Example:
+        >>> marks = [(t, 1000 * t) for t in range(21)]                # 1,000 steps a second
+        >>> points = [(t / 10, 100 + 5 * t) for t in range(201)]       # +50 bytes a second, so 0.05 per step
+        >>> f = forecast(points, marks, horizon=100_000, limit=4_000)
+        >>> f.over, f.step, f.projected
+        (True, 20000, 5100)
+        >>> forecast(points, marks, horizon=100_000, limit=6_000).over
+        False
+    """
+    check_int(horizon, "horizon", minimum=1)
+    check_int(limit, "limit", minimum=0)
+    check_number(margin, "margin", minimum=0)
+    check_number(min_progress, "min_progress", minimum=0, maximum=1)
+    check_number(confidence, "confidence", minimum=0.5, maximum=1, open_max=True)
+    xy = steps_of(points, marks)
+    step = int(max(s for _, s in marks)) if marks else 0
+    if not xy or step >= horizon:
+        return None
+    first_mark = min(s for _, s in marks)
+    lo = step - WINDOW * (step - first_mark)
+    window = [p for p in xy if p[0] >= lo]
+    if len(window) < _MIN_POINTS:
+        return None
+    stride = max(1, math.ceil(len(window) / _FIT_POINTS))
+    window = window[::-1][::stride][::-1]  # evenly spaced, the latest reading kept
+    z = NormalDist().inv_cdf(confidence)
+    slope, slope_low = _theil_sen(window, z)
+    level = _median([y - slope * x for x, y in window]) + slope * step
+    left = horizon - step
+    projected, projected_low = int(level + slope * left), int(level + min(slope_low, slope) * left)
+    held = _held(window, slope, slope_low, z, step / horizon, min_progress)
+    if not held and projected_low <= limit * (1 + margin):
+        held = "the lower bound of the projection is within the limit"
+    return Forecast(step=step, horizon=horizon, level=int(level), slope=slope, slope_low=slope_low,
+                    projected=projected, projected_low=projected_low, over=not held, held=held,
+                    first=int(window[0][0]))
+
+
+def _held(window: list[tuple[float, int]], slope: float, slope_low: float, z: float, progress: float,
+          min_progress: float) -> str:
+    """Why the window is not confident growth, or ``""``."""
+    if progress < min_progress:
+        return f"only {progress:.1%} of the run observed (at least {min_progress:.0%} needed)"
+    if slope_low <= 0:
+        return "the slope's lower bound is not positive (flat or noisy)"
+    mid = (window[0][0] + window[-1][0]) / 2
+    for name, half in (("older", [p for p in window if p[0] <= mid]), ("recent", [p for p in window if p[0] > mid])):
+        if len(half) < _MIN_POINTS // 2:
+            return f"too few readings in the {name} half of the window"
+        h_slope, h_low = _theil_sen(half, z)
+        if h_low <= 0 or h_slope < CONSISTENT * slope:
+            return f"the {name} half of the window does not grow like the whole (a plateau or a step)"
+    sigma = 1.4826 * _median([abs(r) for _, r in _residuals(window, slope)])
+    if slope_low * (window[-1][0] - window[0][0]) <= NOISE_SIGMAS * sigma:
+        return "the rise over the window is within the noise"
+    return ""
+
+
+def _residuals(window: list[tuple[float, int]], slope: float) -> list[tuple[float, float]]:
+    """``(step, residual)`` around the robust line through the window (its intercept the median)."""
+    b = _median([y - slope * x for x, y in window])
+    return [(x, y - slope * x - b) for x, y in window]
