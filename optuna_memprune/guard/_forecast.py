@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..monitor import Forecast, forecast
 from ..units import format_bytes, is_int
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
+    from ._policy import Guard
+    from ._trials import TrialGuardState
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
@@ -166,9 +172,16 @@ class StepForecast:
         return None
 
 
-def for_trial(horizon: Any, limit: int | None,
-              read: Callable[[], tuple[int | None, Mapping[str, Any]]]) -> StepForecast | None:
-    """The forecast of one trial, or ``None`` when there is none to make (no RAM budget, ``horizon=False``)."""
+def trial_forecast(guard: "Guard", storage: "BaseStorage", state: "TrialGuardState") -> StepForecast | None:
+    """The forecast of one trial, reading its step and params from ``storage`` (the trial's own in process,
+    the study's in the runner's parent); ``None`` when there is none to make (no RAM budget,
+    ``horizon=False``)."""
+    horizon, limit = getattr(guard, "horizon", None), guard.policy.budget.ram
     if limit is None or horizon is False:
         return None
+
+    def read() -> tuple[int | None, dict[str, Any]]:
+        frozen = storage.get_trial(state.trial_id)
+        return frozen.last_step, {**state.assignment, **frozen.params}
+
     return StepForecast(limit, horizon, read)

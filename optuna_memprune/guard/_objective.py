@@ -26,7 +26,7 @@ from optuna.distributions import (
 from .. import _internals, records
 from ..monitor import Monitor, Reading, downsample
 from ..records import Decision
-from ._forecast import StepForecast, for_trial
+from ._forecast import StepForecast, trial_forecast
 from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cuda_peak
 from ._outcome import Outcome, trial_outcome
 from ._peak_rss import peak_rss
@@ -145,8 +145,7 @@ class GuardedObjective:
                 "process as a whole, and a breach stops every guarded trial running in it. Use "
                 "optuna_memprune.optimize(..., n_workers=k) for one process per trial.",
             )
-        live = _Live(guard, state, threading.get_ident(), for_trial(
-            getattr(guard, "horizon", None), policy.budget.ram, lambda: _step_and_params(trial, state)))
+        live = _Live(guard, state, threading.get_ident(), trial_forecast(guard, trial.storage, state))
         watch = watch_of(guard)
         stopped = soft_pruned = False
         oom: OutOfMemory | None = None
@@ -218,12 +217,6 @@ def _outcome(policy: "Policy", state: TrialGuardState, *, stopped: bool = False,
                          stopped_by="in process" if stopped else None, soft_pruned=soft_pruned,
                          out_of_memory=out_of_memory, ended_first="the objective ended first or caught the interrupt",
                          forecast=forecast)
-
-
-def _step_and_params(trial: optuna.Trial, state: TrialGuardState) -> tuple[int | None, dict[str, Any]]:
-    """The last step the objective reported and the trial's params (the checked ones and those suggested)."""
-    frozen = trial.storage.get_trial(state.trial_id)
-    return frozen.last_step, {**state.assignment, **frozen.params}
 
 
 class _Live:

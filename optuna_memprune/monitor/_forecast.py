@@ -116,6 +116,12 @@ def forecast(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, i
     window's (no slowing down); the rise at the lower bound over the window above ``NOISE_SIGMAS`` robust
     deviations of the residuals; and ``projected_low`` over ``limit x (1 + margin)``.
 
+    Known limit: a buffer still filling at a steady rate when the forecast looks (past ``min_progress``) is
+    growth as far as any fit can tell; if that rate, kept up to ``horizon``, crosses the limit, the run is
+    called over even when the buffer would have filled (plateaued) in time. A buffer that fills in the first
+    ``min_progress x WINDOW`` of the run (a twentieth by default) is flat over the whole window when the
+    forecast first looks.
+
     Returns ``None`` while there is nothing to fit (fewer than two marks, the horizon reached or passed, too
     few readings in the window).
 
