@@ -59,3 +59,25 @@ def test_a_growing_trial_is_stopped_on_the_forecast_and_a_plateau_completes(tmp_
     assert record.constraints()["memprune_ram"] > 0  # the projection, not the peak, counts: infeasible
     assert flat.state is TrialState.COMPLETE and read_record(flat.user_attrs).decision is Decision.ADMITTED
     assert flat.last_step == STEPS - 1 and read_record(flat.user_attrs).forecast == {}
+
+
+def test_the_runner_stops_a_growing_child_on_the_forecast_of_its_n_timesteps(tmp_path) -> None:
+    import _forecast_objectives as objectives
+
+    from optuna_memprune.ledger import HostBudget, Ledger
+
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="700MiB"), monitor_interval=0.02,
+                            search_space={"n_timesteps": CategoricalDistribution([400])})  # horizon: the param
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}",
+                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+                                pruner=guard.wrap_pruner(None))
+    ledger = Ledger(HostBudget(ram="8GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+                    host="test-host")
+    omp.optimize(study, objectives.grow_steps, guard=guard, n_trials=1, host=ledger, enforce="polling")
+    (trial,) = study.trials
+    record = read_record(trial.user_attrs)
+    assert trial.state is TrialState.PRUNED and record.decision is Decision.FORECAST_STOPPED, record.reason
+    assert re.match(r"stopped on the forecast: projected \d+\.\d\d MiB at step 400 > 700\.00 MiB; at step \d+ "
+                    r"now \(RSS .*\) \(by the runner\)$", record.reason), record.reason
+    assert record.peak_ram < 700 * MiB and record.forecast["step"] < 200  # it would cross near step 320
+    assert ledger.entries() == []
