@@ -59,6 +59,27 @@ def test_a_growing_trial_is_stopped_on_the_forecast_and_a_plateau_completes(tmp_
     assert record.constraints()["memprune_ram"] > 0  # the projection, not the peak, counts: infeasible
     assert flat.state is TrialState.COMPLETE and read_record(flat.user_attrs).decision is Decision.ADMITTED
     assert flat.last_step == STEPS - 1 and read_record(flat.user_attrs).forecast == {}
+    _the_report_has_the_forecast_stop(study, grown.number, budget.ram)
+
+
+def _the_report_has_the_forecast_stop(study: optuna.Study, number: int, limit: int) -> None:
+    """The report of that study: the stop is its own row (table, JSON, HTML) and its plot is drawn."""
+    from rich.console import Console
+
+    from optuna_memprune import report
+
+    data = report.build(study)
+    assert data.counts["forecast_stopped"] == 1 and [t.number for t in data.notable] == [number]
+    (row,) = data.to_json_dict()["forecast_stops"]
+    assert row["number"] == number and row["horizon"] == STEPS and row["limit"] == limit
+    assert row["step"] < row["horizon"] and row["end_s"] > row["elapsed_s"] > 0
+    console = Console(width=160, record=True)
+    console.print(report.render_table(data))
+    text = console.export_text()
+    assert "forecast stops" in text and f"{row['step']:,}" in text and "forecast_stopped" in text
+    page = report.render_html(data)
+    assert '<section id="forecast-stops">' in page and 'id="plot-forecast"' in page
+    assert f'id="forecast-observed-{number}"' in page and f'id="forecast-projected-{number}"' in page
 
 
 def test_the_runner_stops_a_growing_child_on_the_forecast_of_its_n_timesteps(tmp_path) -> None:
