@@ -21,8 +21,8 @@ WINDOW = 0.5
 MIN_PROGRESS = 0.1
 #: One-sided confidence of the slope's lower bound (Sen's interval from Kendall's tau).
 CONFIDENCE = 0.99
-#: Both halves of the window must grow, each at least this share of the whole window's slope: a curve that
-#: slows down (a buffer about to be full, a warm-up ending) is not extrapolated as a line.
+#: Both halves of the window must grow, each (its median slope) at least this share of the whole window's
+#: slope: a curve that slows down (a buffer about to be full) or a step (a warm-up allocation) is not a line.
 CONSISTENT = 0.5
 #: The rise over the window, at the slope's lower bound, must exceed this many robust standard deviations
 #: of the residuals (autocorrelated noise makes Sen's interval too narrow on its own).
@@ -112,8 +112,8 @@ def forecast(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, i
     both). Readings are placed on the step axis (:func:`steps_of`); the fit is Theil-Sen over the readings
     of the last ``WINDOW`` of the steps observed, with Sen's lower bound on the slope at ``confidence``. The
     run is called over only when all hold: at least ``min_progress`` of the run observed; the slope's lower
-    bound positive in the window and in each of its halves, each half's slope at least ``CONSISTENT`` of the
-    window's (no slowing down); the rise at the lower bound over the window above ``NOISE_SIGMAS`` robust
+    bound positive; each half of the window growing at a median slope of at least ``CONSISTENT`` of the
+    window's (no step, no slowing down); the rise at the lower bound over the window above ``NOISE_SIGMAS`` robust
     deviations of the residuals; and ``projected_low`` over ``limit x (1 + margin)``.
 
     Known limit: a buffer still filling at a steady rate when the forecast looks (past ``min_progress``) is
@@ -174,9 +174,10 @@ def _held(window: list[tuple[float, int]], slope: float, slope_low: float, z: fl
     for name, half in (("older", [p for p in window if p[0] <= mid]), ("recent", [p for p in window if p[0] > mid])):
         if len(half) < _MIN_POINTS // 2:
             return f"too few readings in the {name} half of the window"
-        h_slope, h_low = _theil_sen(half, z)
-        if h_low <= 0 or h_slope < CONSISTENT * slope:
-            return f"the {name} half of the window does not grow like the whole (a plateau or a step)"
+        h_slope, _ = _theil_sen(half, z)
+        if h_slope < CONSISTENT * slope:
+            return (f"the {name} half of the window does not grow like the whole (a plateau or a step: "
+                    f"{h_slope:.0f} against {slope:.0f} bytes a step)")
     sigma = 1.4826 * _median([abs(r) for _, r in _residuals(window, slope)])
     if slope_low * (window[-1][0] - window[0][0]) <= NOISE_SIGMAS * sigma:
         return "the rise over the window is within the noise"
