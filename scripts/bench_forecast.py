@@ -113,7 +113,7 @@ def objective(trial: optuna.Trial, obs_bytes: int, room: int) -> float:
 
     start = time.perf_counter()
     model = DQN("MlpPolicy", make_env(obs_bytes), buffer_size=buffer_size, learning_starts=100, batch_size=32,
-                train_freq=4, policy_kwargs={"net_arch": [64], "features_extractor_class": head()}, device="cpu",
+                train_freq=16, policy_kwargs={"net_arch": [64], "features_extractor_class": head()}, device="cpu",
                 seed=trial.number, verbose=0)
     try:
         model.learn(steps, callback=Report())
@@ -158,7 +158,7 @@ def run(kind: str, steps: int, obs_bytes: int, room: int, horizon: object) -> di
 
 def _run_here(kind: str, steps: int, obs_bytes: int, room: int, horizon: object) -> dict:
     base = psutil.Process().memory_info().rss
-    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=base), omp.Budget(ram=base + room), monitor_interval=0.05,
+    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=base), omp.Budget(ram=base + room), monitor_interval=0.02,
                             horizon=horizon, search_space=SPACE)
     study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
     study.enqueue_trial({"kind": kind, "total_timesteps": steps})
@@ -174,7 +174,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="growing runs, and plateau runs (default 20 each)")
     parser.add_argument("--breach-runs", type=int, default=5, help="growing runs with the forecast off")
-    parser.add_argument("--steps", type=int, default=3000, help="total_timesteps of every run")
+    parser.add_argument("--steps", type=int, default=2000, help="total_timesteps of every run")
     parser.add_argument("--obs-kib", type=int, default=64, help="KiB of one observation")
     parser.add_argument("--cross", type=float, default=0.8, help="share of the growth at which the budget lies")
     parser.add_argument("--smoke", action="store_true", help="2 runs of each kind, 1 breach run, 2,000 steps")

@@ -1,6 +1,6 @@
 """Forecast of a running process's RSS at the end of its run, from its readings and the steps it reached.
 
-Owns the robust fit (Theil-Sen over a recent window, with Sen's confidence bound on the slope) and the rules
+Owns the robust fit (Theil-Sen over a recent window, with Sen's confidence bound on the slope of its spans) and the rules
 that keep a plateau from being called growth; knows nothing of Optuna, budgets or what is done with a
 forecast: the limit it measures against is a plain number of bytes.
 """
@@ -24,9 +24,13 @@ CONFIDENCE = 0.99
 #: Both halves of the window must grow, each (its median slope) at least this share of the whole window's
 #: slope: a curve that slows down (a buffer about to be full) or a step (a warm-up allocation) is not a line.
 CONSISTENT = 0.5
-#: The rise over the window, at the slope's lower bound, must exceed this many robust standard deviations
-#: of the residuals (autocorrelated noise makes Sen's interval too narrow on its own).
-NOISE_SIGMAS = 3.0
+#: The window is cut into this many spans of equal steps, each summed up by its medians: the slope's lower
+#: bound comes from them, since readings next to each other are not independent (a buffer being sampled, a
+#: collector's cycle), which makes an interval over single readings far too narrow.
+BINS = 8
+#: Of the ``BINS - 1`` moves from one span to the next, at most this many may fall: growth is sustained, a
+#: noisy or cycling level rises about half the time.
+FALLS = 1
 _MIN_POINTS = 12   # readings in the window
 _FIT_POINTS = 48   # readings the fit uses at most (evenly spaced): 1,128 pairs
 
@@ -112,9 +116,9 @@ def forecast(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, i
     both). Readings are placed on the step axis (:func:`steps_of`); the fit is Theil-Sen over the readings
     of the last ``WINDOW`` of the steps observed, with Sen's lower bound on the slope at ``confidence``. The
     run is called over only when all hold: at least ``min_progress`` of the run observed; the slope's lower
-    bound positive; each half of the window growing at a median slope of at least ``CONSISTENT`` of the
-    window's (no step, no slowing down); the rise at the lower bound over the window above ``NOISE_SIGMAS`` robust
-    deviations of the residuals; and ``projected_low`` over ``limit x (1 + margin)``.
+    bound positive (from the medians of ``BINS`` spans of the window); the RSS rising from span to span,
+    with at most ``FALLS`` falls; each half of the window growing at least ``CONSISTENT`` of the window's
+    slope (no step, no slowing down); and ``projected_low`` over ``limit x (1 + margin)``.
 
     Known limit: a buffer still filling at a steady rate when the forecast looks (past ``min_progress``) is
     growth as far as any fit can tell; if that rate, kept up to ``horizon``, crosses the limit, the run is
@@ -151,11 +155,13 @@ def forecast(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, i
     stride = max(1, math.ceil(len(window) / _FIT_POINTS))
     window = window[::-1][::stride][::-1]  # evenly spaced, the latest reading kept
     z = NormalDist().inv_cdf(confidence)
-    slope, slope_low = _theil_sen(window, z)
+    slope, _ = _theil_sen(window, 0.0)
+    bins = _bins(window)
+    slope_low = _theil_sen(bins, z)[1] if len(bins) == BINS else 0.0
     level = _median([y - slope * x for x, y in window]) + slope * step
     left = horizon - step
     projected, projected_low = int(level + slope * left), int(level + min(slope_low, slope) * left)
-    held = _held(window, slope, slope_low, z, step / horizon, min_progress)
+    held = _held(bins, slope, slope_low, step / horizon, min_progress)
     if not held and projected_low <= limit * (1 + margin):
         held = "the lower bound of the projection is within the limit"
     return Forecast(step=step, horizon=horizon, level=int(level), slope=slope, slope_low=slope_low,
@@ -163,28 +169,33 @@ def forecast(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, i
                     first=int(window[0][0]))
 
 
-def _held(window: list[tuple[float, int]], slope: float, slope_low: float, z: float, progress: float,
+def _bins(window: list[tuple[float, int]]) -> list[tuple[float, float]]:
+    """The window cut into ``BINS`` spans of equal steps, each as the median step and RSS of its readings;
+    fewer when a span has no reading."""
+    x0, x1 = window[0][0], window[-1][0]
+    width = (x1 - x0) / BINS or 1.0
+    groups: list[list[tuple[float, int]]] = [[] for _ in range(BINS)]
+    for x, y in window:
+        groups[min(int((x - x0) / width), BINS - 1)].append((x, y))
+    return [(_median([x for x, _ in g]), _median([y for _, y in g])) for g in groups if g]
+
+
+def _held(bins: list[tuple[float, float]], slope: float, slope_low: float, progress: float,
           min_progress: float) -> str:
     """Why the window is not confident growth, or ``""``."""
     if progress < min_progress:
         return f"only {progress:.1%} of the run observed (at least {min_progress:.0%} needed)"
+    if len(bins) < BINS:
+        return f"a part of the window has no reading ({len(bins)} of {BINS} spans have one)"
     if slope_low <= 0:
         return "the slope's lower bound is not positive (flat or noisy)"
-    mid = (window[0][0] + window[-1][0]) / 2
-    for name, half in (("older", [p for p in window if p[0] <= mid]), ("recent", [p for p in window if p[0] > mid])):
-        if len(half) < _MIN_POINTS // 2:
-            return f"too few readings in the {name} half of the window"
-        h_slope, _ = _theil_sen(half, z)
+    rises = sum(b[1] > a[1] for a, b in zip(bins, bins[1:]))
+    if rises < BINS - 1 - FALLS:
+        return f"the RSS rose in only {rises} of {BINS - 1} spans of the window (noise, a step or a cycle)"
+    half = BINS // 2
+    for name, part in (("older", bins[:half]), ("recent", bins[half:])):
+        h_slope, _ = _theil_sen(part, 0.0)
         if h_slope < CONSISTENT * slope:
             return (f"the {name} half of the window does not grow like the whole (a plateau or a step: "
                     f"{h_slope:.0f} against {slope:.0f} bytes a step)")
-    sigma = 1.4826 * _median([abs(r) for _, r in _residuals(window, slope)])
-    if slope_low * (window[-1][0] - window[0][0]) <= NOISE_SIGMAS * sigma:
-        return "the rise over the window is within the noise"
     return ""
-
-
-def _residuals(window: list[tuple[float, int]], slope: float) -> list[tuple[float, float]]:
-    """``(step, residual)`` around the robust line through the window (its intercept the median)."""
-    b = _median([y - slope * x for x, y in window])
-    return [(x, y - slope * x - b) for x, y in window]
