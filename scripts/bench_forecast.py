@@ -202,19 +202,21 @@ def main() -> None:
           f"{cal['seconds']:.1f} s; budget: a run's starting RSS + {room / MiB:.0f} MiB ({args.cross:.0%} of the "
           "growth)", flush=True)
 
-    breach = []
+    breach, breach_steps = [], []
     for i in range(args.breach_runs):
         r = run("grow", args.steps, obs_bytes, room, False)
         print(f"breach {i}: {r['decision']} at step {r['step']} after {r['seconds']:.2f} s", flush=True)
         if r["decision"] == Decision.STOPPED.value:
             breach.append(r["seconds"])
+            breach_steps.append(r["step"])
 
-    stops, missed = [], 0
+    stops, stop_steps, missed = [], [], 0
     for i in range(args.runs):
         r = run("grow", args.steps, obs_bytes, room, None)
         print(f"grow {i}: {r['decision']} at step {r['step']} after {r['seconds']:.2f} s: {r['reason']}", flush=True)
         if r["decision"] == Decision.FORECAST_STOPPED.value:
             stops.append(r["seconds"])
+            stop_steps.append(r["step"])
         else:
             missed += 1
 
@@ -232,6 +234,10 @@ def main() -> None:
         print(f"{missed} of {args.runs} growing runs were not stopped on the forecast")
     print(f"breach median {statistics.median(breach) if breach else float('nan'):.2f} s over {len(breach)} runs; "
           f"forecast stop median {statistics.median(stops) if stops else float('nan'):.2f} s over {len(stops)} runs")
+    if stops and breach:
+        print(f"in steps: forecast stop median {statistics.median(stop_steps):,.0f}, breach median "
+              f"{statistics.median(breach_steps):,.0f} of {args.steps:,} (ratio "
+              f"{statistics.median(stop_steps) / statistics.median(breach_steps):.3f})")
     print(f"FORECAST stop_time_ratio={ratio:.3f} false_stops={false_stops}/{args.runs}")
 
 
