@@ -58,7 +58,7 @@ def resolve_horizon(horizon: Any, params: Mapping[str, Any], *, quiet: bool = Fa
     param or callable gave no positive int, which is logged unless ``quiet``: a param not suggested yet).
 
     Example:
-        >>> resolve_horizon(None, {"n_timesteps": 50_000, "lr": 0.1}), resolve_horizon("steps", {"steps": 10})
+        >>> resolve_horizon(None, {"n_timesteps": 5e4, "lr": 0.1}), resolve_horizon("steps", {"steps": 10})
         (50000, 10)
     """
     if horizon is False:
@@ -66,8 +66,8 @@ def resolve_horizon(horizon: Any, params: Mapping[str, Any], *, quiet: bool = Fa
     if is_int(horizon):
         return int(horizon)
     if horizon is None:
-        found = [params[k] for k in AUTO_PARAMS if is_int(params.get(k)) and params[k] > 0]
-        return int(found[0]) if found else None
+        found = [_steps(params.get(k)) for k in AUTO_PARAMS if _steps(params.get(k)) is not None]
+        return found[0] if found else None
     try:
         value = params.get(horizon) if isinstance(horizon, str) else horizon(dict(params))
     except Exception as exc:  # noqa: BLE001 - a trial without a horizon runs without the forecast
@@ -75,12 +75,21 @@ def resolve_horizon(horizon: Any, params: Mapping[str, Any], *, quiet: bool = Fa
             return None
         _logger.warning("horizon(params) raised %s: %s; the trial runs without the forecast.", type(exc).__name__, exc)
         return None
-    if is_int(value) and value > 0:
-        return int(value)
+    if _steps(value) is not None:
+        return _steps(value)
     if value is None and quiet:
         return None
     _logger.warning("horizon %r gave %r for this trial, not a positive int; it runs without the forecast.",
                     horizon, value)
+    return None
+
+
+def _steps(value: Any) -> int | None:
+    """A positive whole number of steps (``1e6`` as rl-zoo3's yml files write it included), else None."""
+    if is_int(value) and value > 0:
+        return int(value)
+    if isinstance(value, float) and value.is_integer() and 0 < value < 2**63:
+        return int(value)
     return None
 
 
@@ -157,8 +166,10 @@ class StepForecast:
             self.failed += 1
             _logger.debug("reading the trial's step failed: %s", exc)
             return None
-        if self.horizon is None:
+        if self.horizon is None and self._horizon_arg is not False:
             self.horizon = resolve_horizon(self._horizon_arg, params, quiet=True)
+            if self.horizon is None and isinstance(self._horizon_arg, str) and self._horizon_arg in params:
+                self._horizon_arg = False  # the param is there and no step count (said once): no forecast
         # a mark per new step (its time: when it was first seen); readings are placed between marks
         if self.horizon is None or step is None or (self._marks and step <= self._marks[-1][1]):
             return None
