@@ -1,8 +1,6 @@
-"""Forecast of a running process's RSS at the end of its run, from its readings and the steps it reached.
+"""RSS projected to a run's last step from its readings and the steps it reached: a Theil-Sen fit with Sen's bound.
 
-Owns the robust fit (Theil-Sen over a recent window, with Sen's confidence bound on the slope of its spans) and the rules
-that keep a plateau from being called growth; knows nothing of Optuna, budgets or what is done with a
-forecast: the limit it measures against is a plain number of bytes.
+Owns the fit and the rules that keep a plateau from being called growth; knows nothing of Optuna or budgets.
 """
 
 from __future__ import annotations
