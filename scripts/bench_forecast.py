@@ -5,7 +5,7 @@ Every run is one trial of an in-process guarded study (``MemoryGuard`` with ``ho
 the trial's ``total_timesteps`` param), training a real ``stable_baselines3.DQN`` (MlpPolicy, CPU, one torch
 thread) on a small env whose observations are ``--obs-kib`` KiB of uint8, so that each stored transition
 takes ``2 x obs`` bytes (observation and next observation, filled lazily: RSS grows as the buffer fills).
-A callback reports ``trial.report(..., num_timesteps)`` every 50 steps. Kinds:
+A callback reports ``trial.report(..., num_timesteps)`` every 25 steps. DQN trains on batches of 8 every 16 steps (SB3 turns each batch into float32 copies of the observations: transient spikes over the buffer). Kinds:
 
 - ``grow``: ``buffer_size`` = ``total_timesteps``: the buffer grows to the end. The budget is set (from one
   calibration run without a budget) so that it is crossed at ``--cross`` (80%) of the growth.
@@ -45,7 +45,7 @@ import optuna_memprune as omp
 from optuna_memprune.guard import Decision, read_record
 
 MiB = 2**20
-REPORT_EVERY = 50
+REPORT_EVERY = 25
 PLATEAUS = ("ring", "warmup", "noisy")
 
 
@@ -112,7 +112,7 @@ def objective(trial: optuna.Trial, obs_bytes: int, room: int) -> float:
             return True
 
     start = time.perf_counter()
-    model = DQN("MlpPolicy", make_env(obs_bytes), buffer_size=buffer_size, learning_starts=100, batch_size=32,
+    model = DQN("MlpPolicy", make_env(obs_bytes), buffer_size=buffer_size, learning_starts=100, batch_size=8,
                 train_freq=16, policy_kwargs={"net_arch": [64], "features_extractor_class": head()}, device="cpu",
                 seed=trial.number, verbose=0)
     try:
@@ -190,7 +190,7 @@ def main() -> None:
     # warm up here (imports, torch's first training step): every run is forked from this process
     from stable_baselines3 import DQN
 
-    warm = DQN("MlpPolicy", make_env(obs_bytes), buffer_size=200, learning_starts=100, batch_size=32,
+    warm = DQN("MlpPolicy", make_env(obs_bytes), buffer_size=200, learning_starts=100, batch_size=8,
                policy_kwargs={"net_arch": [64], "features_extractor_class": head()}, device="cpu", verbose=0)
     warm.learn(300)
     del warm

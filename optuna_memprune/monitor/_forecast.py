@@ -26,6 +26,8 @@ CONSISTENT = 0.5
 #: bound comes from them, since readings next to each other are not independent (a buffer being sampled, a
 #: collector's cycle), which makes an interval over single readings far too narrow.
 BINS = 8
+#: Spans that may have no reading (a monitor thread starved on a loaded machine misses a few readings).
+EMPTY = 2
 #: Of the ``BINS - 1`` moves from one span to the next, at most this many may fall: growth is sustained, a
 #: noisy or cycling level rises about half the time.
 FALLS = 1
@@ -155,7 +157,7 @@ def forecast(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, i
     z = NormalDist().inv_cdf(confidence)
     slope, _ = _theil_sen(window, 0.0)
     bins = _bins(window)
-    slope_low = _theil_sen(bins, z)[1] if len(bins) == BINS else 0.0
+    slope_low = _theil_sen(bins, z)[1] if len(bins) >= BINS - EMPTY else 0.0
     level = _median([y - slope * x for x, y in window]) + slope * step
     left = horizon - step
     projected, projected_low = int(level + slope * left), int(level + min(slope_low, slope) * left)
@@ -183,14 +185,14 @@ def _held(bins: list[tuple[float, float]], slope: float, slope_low: float, progr
     """Why the window is not confident growth, or ``""``."""
     if progress < min_progress:
         return f"only {progress:.1%} of the run observed (at least {min_progress:.0%} needed)"
-    if len(bins) < BINS:
-        return f"a part of the window has no reading ({len(bins)} of {BINS} spans have one)"
+    if len(bins) < BINS - EMPTY:
+        return f"parts of the window have no reading (only {len(bins)} of {BINS} spans have one)"
     if slope_low <= 0:
         return "the slope's lower bound is not positive (flat or noisy)"
     rises = sum(b[1] > a[1] for a, b in zip(bins, bins[1:]))
-    if rises < BINS - 1 - FALLS:
-        return f"the RSS rose in only {rises} of {BINS - 1} spans of the window (noise, a step or a cycle)"
-    half = BINS // 2
+    if rises < len(bins) - 1 - FALLS:
+        return f"the RSS rose in only {rises} of {len(bins) - 1} spans of the window (noise, a step or a cycle)"
+    half = len(bins) // 2
     for name, part in (("older", bins[:half]), ("recent", bins[half:])):
         h_slope, _ = _theil_sen(part, 0.0)
         if h_slope < CONSISTENT * slope:
