@@ -21,7 +21,7 @@ It measures the growing trial's time to the budget with the forecast off (``hori
 hard stop at the budget), then its time to the forecast stop, ``--runs`` times, and runs ``--runs`` plateau
 trials (the kinds in turn) with the forecast on. Times are from the objective's start to its stop.
 
-    python scripts/bench_forecast.py [--runs 20] [--breach-runs 5] [--steps 8000] [--obs-kib 16] [--smoke]
+    python scripts/bench_forecast.py [--runs 20] [--breach-runs 5] [--steps 4000] [--obs-kib 32] [--smoke]
 
 Needs the ``rl`` extra (stable-baselines3, gymnasium). Prints one line per run, then the last line
 ``FORECAST stop_time_ratio=<median forecast stop / median breach> false_stops=<plateau runs stopped>/<m>``.
@@ -158,7 +158,7 @@ def run(kind: str, steps: int, obs_bytes: int, room: int, horizon: object) -> di
 
 def _run_here(kind: str, steps: int, obs_bytes: int, room: int, horizon: object) -> dict:
     base = psutil.Process().memory_info().rss
-    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=base), omp.Budget(ram=base + room), monitor_interval=0.02,
+    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=base), omp.Budget(ram=base + room), monitor_interval=0.01,
                             horizon=horizon, search_space=SPACE)
     study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
     study.enqueue_trial({"kind": kind, "total_timesteps": steps})
@@ -174,8 +174,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="growing runs, and plateau runs (default 20 each)")
     parser.add_argument("--breach-runs", type=int, default=5, help="growing runs with the forecast off")
-    parser.add_argument("--steps", type=int, default=2000, help="total_timesteps of every run")
-    parser.add_argument("--obs-kib", type=int, default=64, help="KiB of one observation")
+    parser.add_argument("--steps", type=int, default=4000, help="total_timesteps of every run")
+    parser.add_argument("--obs-kib", type=int, default=32, help="KiB of one observation")
     parser.add_argument("--cross", type=float, default=0.8, help="share of the growth at which the budget lies")
     parser.add_argument("--smoke", action="store_true", help="2 runs of each kind, 1 breach run, 2,000 steps")
     args = parser.parse_args()
