@@ -5,7 +5,9 @@ Every run is one trial of an in-process guarded study (``MemoryGuard`` with ``ho
 the trial's ``total_timesteps`` param), training a real ``stable_baselines3.DQN`` (MlpPolicy, CPU, one torch
 thread) on a small env whose observations are ``--obs-kib`` KiB of uint8, so that each stored transition
 takes ``2 x obs`` bytes (observation and next observation, filled lazily: RSS grows as the buffer fills).
-A callback reports ``trial.report(..., num_timesteps)`` every 25 steps. DQN trains on batches of 8 every 16 steps (SB3 turns each batch into float32 copies of the observations: transient spikes over the buffer). Kinds:
+A callback reports ``trial.report(..., num_timesteps)`` every 25 steps; the monitor reads every 10 ms. DQN
+trains on batches of 8 every 16 steps (SB3 turns each batch into float32 copies of the observations:
+transient spikes over the buffer). Kinds:
 
 - ``grow``: ``buffer_size`` = ``total_timesteps``: the buffer grows to the end. The budget is set (from one
   calibration run without a budget) so that it is crossed at ``--cross`` (80%) of the growth.
@@ -14,8 +16,8 @@ A callback reports ``trial.report(..., num_timesteps)`` every 25 steps. DQN trai
   starting RSS at 4% of the run, kept), ``noisy`` (that buffer and 1-35% of the room allocated and freed
   at random every 100 steps). DQN's first gradient step (at step 100) allocates too: a warm-up in every run.
 
-Each run's budget is its own starting RSS plus ``--cross`` of the growth the calibration run measured (the
-process keeps some memory from run to run).
+Each run is a process forked from this one once it has imported SB3 and trained a few steps; its budget is
+its starting RSS plus ``--cross`` of the growth the calibration run measured.
 
 It measures the growing trial's time to the budget with the forecast off (``horizon=False``: the guard's
 hard stop at the budget), then its time to the forecast stop, ``--runs`` times, and runs ``--runs`` plateau
