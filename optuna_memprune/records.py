@@ -36,6 +36,7 @@ class Decision(str, Enum):
     SOFT_PRUNED = "soft_pruned"  # crossed the soft line while running; the pruner answered True
     STOPPED = "stopped"          # crossed the budget while running; interrupted and ended PRUNED
     OUT_OF_MEMORY = "out_of_memory"  # ran out of memory while running (MemoryError, CUDA OOM, the OOM killer); PRUNED
+    FORECAST_STOPPED = "forecast_stopped"  # projected over the budget at its last step; stopped early, PRUNED
     UNCHECKED = "unchecked"      # could not be checked before launch; ran under the monitor only
 
 
@@ -53,6 +54,10 @@ class TrialRecord:
     cgroup, with polling), ``"cgroup v1 tree kill + polling"`` or ``"cgroup v2 tree kill + polling"`` (a
     cgroup without a memory limit: the tree is killed whole, the budget is polled), ``"polling"``, or
     ``"polling (...)"`` with the reason a group made for the trial did not apply.
+    ``forecast`` is set on a trial stopped on the forecast (``FORECAST_STOPPED``): the step it reached, the
+    last step (``horizon``), the fitted RSS at the step (``level``, bytes), ``slope`` (bytes a step) and its
+    lower bound, ``projected`` RSS at the last step, the ``limit`` and ``elapsed_s`` at the stop; its RAM
+    constraint counts the projection.
     A trial that ran out of memory has the peak of the resource that ran out raised to the least it needed
     (more than its budget, where it has one): its constraint is positive even when it shared its process.
     """
@@ -78,6 +83,7 @@ class TrialRecord:
     host: str | None = None   # the host id of the process-per-trial runner that ran the trial
     gpu: int | None = None    # the GPU index the runner placed the trial on
     enforcement: str | None = None  # how the runner held the trial to its RAM budget (above)
+    forecast: dict[str, Any] = field(default_factory=dict)  # a forecast stop's fit and projection (below)
 
     def constraints(self) -> dict[str, float]:
         """``{"memprune_ram": GiB over the soft line, ...}`` per budgeted resource; <= 0 is feasible.
@@ -94,6 +100,8 @@ class TrialRecord:
             figures = [getattr(self, f"pred_{r}")]
             if not self.concurrent or self.decision is Decision.OUT_OF_MEMORY:
                 figures.append(getattr(self, f"peak_{r}"))
+            if r == "ram" and self.decision is Decision.FORECAST_STOPPED:
+                figures.append(self.forecast.get("projected"))
             known = [f for f in figures if f is not None]
             limit = int(self.soft * budget)
             over = float(max(known) - limit) if known else 0.0
@@ -125,6 +133,8 @@ class TrialRecord:
             out["gpu"] = int(self.gpu)
         if self.enforcement is not None:
             out["enforcement"] = str(self.enforcement)
+        if self.forecast:
+            out["forecast"] = json.dumps(self.forecast, **_JSON)
         return {PREFIX + k: v for k, v in out.items()}
 
 
@@ -192,4 +202,5 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
         host=get("host"),
         gpu=get("gpu"),
         enforcement=get("enforcement"),
+        forecast=loads("forecast", {}),
     )

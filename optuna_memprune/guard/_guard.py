@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from ..budget import RAM_FLOOR, Budget
 from ..monitor import gpu_reader
 from ..units import check_number, format_bytes
+from ._forecast import check_horizon
 from ._objective import GuardedObjective
 from ._policy import Policy
 from ._pruner import GuardedPruner
@@ -90,6 +91,12 @@ class MemoryGuard:
             the first call at least 60).
         on_footprint_error: ``"warn"`` (default: the trial runs unchecked, and repeated failures warn) or
             ``"raise"``.
+        horizon: a trial's last step, for the forecast stop: a trial that reports steps (``trial.report``)
+            and whose RSS, fitted over the recent part of its run, is projected over the RAM budget at that
+            step with high confidence is stopped early, PRUNED with decision ``forecast_stopped``
+            (``optuna_memprune.monitor.forecast`` says when). ``None`` (default): the trial's
+            ``n_timesteps`` or ``total_timesteps`` param where it has one, else no forecast; a positive int;
+            a param name; a callable ``params -> int``; ``False``: no forecast.
 
     Example:
         >>> import optuna, optuna_memprune as omp
@@ -111,6 +118,7 @@ class MemoryGuard:
         soft: float = 0.9,
         footprint_timeout: float | None = 5.0,
         on_footprint_error: str = "warn",
+        horizon: Any = None,
     ) -> None:
         from optuna.distributions import BaseDistribution
 
@@ -151,6 +159,7 @@ class MemoryGuard:
         if on_footprint_error not in _ON_ERROR:
             raise ValueError(f"on_footprint_error must be 'warn' or 'raise', but got {on_footprint_error!r}.")
         _check_soft_line(budget, float(soft))
+        self._horizon = check_horizon(horizon)
         self._policy = Policy(footprint, budget, on_infeasible=on_infeasible, clamp=clamp, search_space=search_space,
                               interval=float(monitor_interval), soft=float(soft),
                               footprint_timeout=None if footprint_timeout is None else float(footprint_timeout),
@@ -168,7 +177,7 @@ class MemoryGuard:
 
     def __getstate__(self) -> dict[str, Any]:
         # Running trials and given warnings stay in their process; the configuration travels.
-        return {"_policy": self._policy}
+        return {"_policy": self._policy, "_horizon": self._horizon}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -181,6 +190,11 @@ class MemoryGuard:
     @property
     def budget(self) -> Budget:
         return self._policy.budget
+
+    @property
+    def horizon(self) -> Any:
+        """The ``horizon=`` of the forecast stop, as given (checked)."""
+        return self._horizon
 
     # -- the wrappers -------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ assignment was checked or clamped.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import logging
 import threading
@@ -25,6 +26,7 @@ from optuna.distributions import (
 from .. import _internals, records
 from ..monitor import Monitor, Reading, downsample
 from ..records import Decision
+from ._forecast import StepForecast, trial_forecast
 from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cuda_peak
 from ._outcome import Outcome, trial_outcome
 from ._peak_rss import peak_rss
@@ -143,7 +145,7 @@ class GuardedObjective:
                 "process as a whole, and a breach stops every guarded trial running in it. Use "
                 "optuna_memprune.optimize(..., n_workers=k) for one process per trial.",
             )
-        live = _Live(guard, state, threading.get_ident())
+        live = _Live(guard, state, threading.get_ident(), trial_forecast(guard, trial.storage, state))
         watch = watch_of(guard)
         stopped = soft_pruned = False
         oom: OutOfMemory | None = None
@@ -156,7 +158,7 @@ class GuardedObjective:
         except _Interrupt as interrupt:
             live.disarm()  # the only interrupt of this trial was delivered: this call completes
             stopped = True
-            reason = _outcome(policy, state, stopped=True).reason
+            reason = _outcome(policy, state, stopped=True, forecast=live.forecast_reason()).reason
             # Drop the objective's frames now: Optuna keeps the exception in a reference cycle until the
             # next garbage collection, and with it every array the objective held.
             interrupt.__traceback__ = None
@@ -174,11 +176,14 @@ class GuardedObjective:
         finally:
             try:
                 watch.unsubscribe(live)
-                end = _outcome(policy, state, stopped=stopped, soft_pruned=soft_pruned, out_of_memory=oom)
+                end = _outcome(policy, state, stopped=stopped, soft_pruned=soft_pruned, out_of_memory=oom,
+                               forecast=live.forecast_reason() if stopped else None)
                 peaks = with_cuda_peak(live.peaks())
                 peaks = oom.needs(peaks, policy.budget) if oom is not None else peaks
                 record = policy.record(state, trial.params, decision=end.decision, reason=end.reason,
                                        peaks=peaks, timeline=live.timeline(), breach=end.breach)
+                if end.decision is Decision.FORECAST_STOPPED and live.forecast is not None:
+                    record = dataclasses.replace(record, forecast=live.forecast.record())
                 records.write(trial, record)
             except Exception:  # noqa: BLE001 - bookkeeping must not change how the trial ends
                 _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
@@ -205,19 +210,22 @@ def store_rejection(guard: "Guard", trial: optuna.Trial, state: TrialGuardState,
 
 
 def _outcome(policy: "Policy", state: TrialGuardState, *, stopped: bool = False, soft_pruned: bool = False,
-             out_of_memory: OutOfMemory | None = None) -> Outcome:
-    """How an in-process trial ended: stopped by the interrupt, out of memory, pruned at the soft line, or on
-    its own."""
+             out_of_memory: OutOfMemory | None = None, forecast: str | None = None) -> Outcome:
+    """How an in-process trial ended: stopped by the interrupt (at the budget or on the forecast), out of
+    memory, pruned at the soft line, or on its own."""
     return trial_outcome(policy, state.reason, soft_reading=state.soft_reading, hard_reading=state.hard_reading,
                          stopped_by="in process" if stopped else None, soft_pruned=soft_pruned,
-                         out_of_memory=out_of_memory, ended_first="the objective ended first or caught the interrupt")
+                         out_of_memory=out_of_memory, ended_first="the objective ended first or caught the interrupt",
+                         forecast=forecast)
 
 
 class _Live:
     """The monitor's side of one trial: its readings, soft and hard crossings, the one interrupt."""
 
-    def __init__(self, guard: "Guard", state: TrialGuardState, thread_id: int) -> None:
+    def __init__(self, guard: "Guard", state: TrialGuardState, thread_id: int,
+                 forecast: StepForecast | None = None) -> None:
         self._policy = guard.policy
+        self.forecast = forecast
         self._state = state
         self._thread_id = thread_id
         self._lock = threading.Lock()
@@ -243,6 +251,12 @@ class _Live:
         if state.hard_reading is None and policy.over(reading, 1.0):
             state.hard_reading = reading
             self._fire()
+        elif self.forecast is not None and self.forecast.on_reading(reading.t, reading.rss) is not None:
+            self._fire()  # projected over the budget at the trial's last step
+
+    def forecast_reason(self) -> str | None:
+        """The reason of the forecast stop, ``None`` when the forecast stopped nothing."""
+        return None if self.forecast is None else self.forecast.reason()
 
     def _fire(self) -> None:
         with self._lock:

@@ -35,6 +35,7 @@ def trial_outcome(
     failed: str | None = None,
     out_of_memory: "OutOfMemory | None" = None,
     ended_first: str = "the objective ended first",
+    forecast: str | None = None,
 ) -> Outcome:
     """The decision, reason and breach of a trial that ran.
 
@@ -57,7 +58,9 @@ def trial_outcome(
     """
     decision: Decision | None = None
     reason: str | None = None
-    if stopped_by is not None:
+    if stopped_by is not None and forecast is not None and hard_reading is None:
+        decision, reason = Decision.FORECAST_STOPPED, f"{forecast} ({stopped_by})"
+    elif stopped_by is not None:
         decision = Decision.STOPPED
         reason = f"stopped {stopped_by}: {policy.describe_breach(hard_reading, 1.0)}"
     elif out_of_memory is not None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 from ._monitor import Monitor, downsample
 from ._nvml import GpuReader, gpu_reader
 from ._proc import read_tree
+from ._forecast import Forecast, forecast, steps_of
 from ._types import MonitorError, ProcessGone, Reading
 
 __all__ = [
     "Reading", "read_tree", "Monitor", "gpu_reader", "GpuReader",
-    "MonitorError", "ProcessGone", "downsample",
+    "MonitorError", "ProcessGone", "downsample", "Forecast", "forecast", "steps_of",
 ]

@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 from ..exceptions import MemPruneError
 from ..records import RESOURCES, Decision, TrialRecord, read
 from ..storages import StorageError, open_storage, shown
+from ._forecast import forecast_stops
 
 if TYPE_CHECKING:
     import optuna
 
 SCHEMA = "memprune-report/1"
-NOTABLE = (Decision.REJECTED, Decision.CLAMPED, Decision.SOFT_PRUNED, Decision.STOPPED, Decision.OUT_OF_MEMORY)
+NOTABLE = (Decision.REJECTED, Decision.CLAMPED, Decision.SOFT_PRUNED, Decision.STOPPED, Decision.OUT_OF_MEMORY,
+           Decision.FORECAST_STOPPED)
 TIMELINE_ADMITTED = 3  # admitted trials drawn beside the stopped ones: the highest peaks
 TIMELINE_STOPPED = 8   # at most this many stopped trials in the timeline plot (the last ones)
 
@@ -169,6 +171,9 @@ class ReportData:
         }
         if self.running:  # the key is there only when some trial is RUNNING
             out["running"] = [t.to_json_dict() for t in self.running]
+        stops = forecast_stops(self.trials)
+        if stops:  # the key is there only when some trial was stopped on the forecast
+            out["forecast_stops"] = [s.to_json_dict() for s in stops]
         return _finite(out)
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision
 from . import _format as fmt
+from . import _forecast
 from ._table import margin_line, running_word
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ MiB = 2**20
 COLORS = {  # one colour per decision, the same in every plot and table
     Decision.ADMITTED: "#2b8a3e", Decision.CLAMPED: "#1c7ed6", Decision.REJECTED: "#868e96",
     Decision.SOFT_PRUNED: "#f08c00", Decision.STOPPED: "#e03131", Decision.OUT_OF_MEMORY: "#0b7285",
-    Decision.UNCHECKED: "#ae3ec9",
+    Decision.UNCHECKED: "#ae3ec9", Decision.FORECAST_STOPPED: "#c2255c",
 }
 MARKERS = {"COMPLETE": "o", "PRUNED": "s", "FAIL": "X", "RUNNING": "^", "WAITING": "v"}
 UNITS = {"ram": "MiB", "vram": "MiB", "threads": "threads"}
@@ -56,8 +57,14 @@ def render(data: "ReportData") -> str:
             body = svg if svg is not None else f'<p class="empty">{_e(caption)}</p>'
             sections.append(f'<section class="plot" id="plot-{plot_id}"><h2>{_e(title)}</h2>{body}'
                             f'<p class="caption">{_e(caption) if svg is not None else ""}</p></section>')
+        stops = _forecast.forecast_stops(data.trials)
+        drawn = _forecast.plot(stops)
+        if drawn is not None:
+            sections.append(f'<section class="plot" id="plot-forecast"><h2>Forecast stops: observed and projected '
+                            f'RSS</h2>{_scoped(_svg(drawn[0]), "forecast")}<p class="caption">{_e(drawn[1])}</p>'
+                            "</section>")
     return _PAGE.format(title=_e(f"memprune report: {data.study_name}"), summary=_summary(data),
-                        plots="\n".join(sections), notable=_notable(data) + _running(data))
+                        plots="\n".join(sections), notable=_notable(data) + _running(data) + _forecast.html_rows(stops))
 
 
 # -- the plots: each returns (svg or None, caption or why there is nothing to draw). The gids of the drawn

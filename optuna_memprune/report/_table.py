@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from ..records import RESOURCES, Decision
 from . import _format as fmt
+from ._forecast import forecast_stops
+from ._forecast import table as forecast_table
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -68,6 +70,8 @@ def render(data: "ReportData") -> "Group":
 
     note = Text("over the trials that ran to the end (COMPLETE); error = (peak - pred) / peak, + = under-predicted")
     running = [Text(), _running(data)] if data.running else []
+    stops = forecast_stops(data.trials)
+    running += [Text(), forecast_table(stops)] if stops else []
     return Group(header, Text(), counts, Text(), notable, *running, Text(), quality, note, Text(),
                  Text(margin_line(data)))
 

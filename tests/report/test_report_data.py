@@ -33,7 +33,7 @@ def test_json_matches_the_record_on_every_trial(study: optuna.Study) -> None:
                           "largest_admitted"]
     assert data["study"] == {"name": "guarded", "directions": ["minimize"], "n_trials": 7, "n_guarded": 7}
     assert data["counts"] == {"admitted": 3, "clamped": 1, "rejected": 1, "soft_pruned": 1, "stopped": 1,
-                              "out_of_memory": 0, "unchecked": 0}
+                              "out_of_memory": 0, "forecast_stopped": 0, "unchecked": 0}
     frozen = {t.number: t for t in study.trials}
     for row in data["trials"]:
         t = frozen[row["number"]]

@@ -128,7 +128,8 @@ def test_chromium_renders_the_report_offline_without_errors(data: report.ReportD
     assert image.size == (shot.width, shot.height)
     wanted = {"pred-vs-peak": [Decision.ADMITTED, Decision.CLAMPED, Decision.STOPPED],
               "timelines": [Decision.STOPPED], "decisions": [d for d in Decision
-                                                          if d not in (Decision.UNCHECKED, Decision.OUT_OF_MEMORY)],
+                                                          if d not in (Decision.UNCHECKED, Decision.OUT_OF_MEMORY,
+                                                                       Decision.FORECAST_STOPPED)],
               "breakdown": [Decision.ADMITTED]}
     for plot in PLOTS:
         box = shot.boxes[f"plot-{plot}"]

@@ -48,8 +48,8 @@ def judge(child: "TrialProcess", catch: tuple) -> Ending:
              "vram": peak.vram if peak else None, "threads": peak.threads if peak else None}
     peaks["ram"], kernel = child.kernel_verdict(peaks["ram"])  # kernel: why it killed at the cgroup limit
     end = Ending(TrialState.FAIL, peaks, kernel=kernel, stop_asked=bool(result and result[-2]))
-    end.stopped = (child.hard_reading is not None or kernel is not None) and (
-        result is None or result[0] != "complete")
+    stopped = child.hard_reading is not None or kernel is not None or child.forecast_reason() is not None
+    end.stopped = stopped and (result is None or result[0] != "complete")
     if end.stopped:
         end.state = TrialState.PRUNED
     elif result is None:

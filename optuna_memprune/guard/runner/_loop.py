@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from ... import _internals, procfs, records
 from ...records import Decision
+from .._forecast import trial_forecast
 from .._objective import store_rejection
 from .._outcome import trial_outcome
 from .._pruner import GuardedPruner
@@ -303,7 +304,8 @@ class Runner:
             raise
         finally:
             send.close()
-        child = TrialProcess(self.policy, trial, state, waiting.margins, entry, process, receive, cgroup)
+        child = TrialProcess(self.policy, trial, state, waiting.margins, entry, process, receive, cgroup,
+                             trial_forecast(self.guard, _internals.storage_of(self.study), state))
         self.children[state.trial_id] = child
         child.watch()
         if self.heartbeats:
@@ -349,7 +351,8 @@ class Runner:
         outcome = trial_outcome(policy, child.state.reason, soft_reading=child.soft_reading,
                                 hard_reading=child.hard_reading,
                                 stopped_by="by the runner" if end.stopped and not end.kernel else None,
-                                soft_pruned=end.soft_pruned, failed=end.failed, out_of_memory=end.oom)
+                                soft_pruned=end.soft_pruned, failed=end.failed, out_of_memory=end.oom,
+                                forecast=child.forecast_reason())
         peaks = end.oom.needs(end.peaks, policy.budget) if end.oom is not None else end.peaks
         timeline = child.monitor.timeline() if child.monitor is not None else []
         record = policy.record(child.state, params, decision=outcome.decision, reason=outcome.reason, peaks=peaks,
@@ -360,7 +363,7 @@ class Runner:
         budgeted = ({r: m for r, m in child.margins.items() if r in policy.budget.resources}
                     if child.reserved_prediction else {})
         record = dataclasses.replace(record, margin=budgeted, host=self.ledger.host, gpu=child.entry.gpu,
-                                     enforcement=child.enforcement())
+                                     enforcement=child.enforcement(), forecast=child.forecast_record())
         if outcome.decision is Decision.STOPPED and child.hard_reading is not None:  # crossing reading -> tree gone
             stop_ms = round((child.ended - child.hard_reading.t) * 1000, 1)
             record = dataclasses.replace(record, breach={**record.breach, "stop_ms": stop_ms})

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import optuna
 
     from ...ledger import Entry
+    from .._forecast import StepForecast
     from .._policy import Policy
     from .._trials import TrialGuardState
     from ._cgroup import TrialCgroup
@@ -30,7 +31,8 @@ class TrialProcess:
     """One trial's process: its watchdog, its reservation, what came back."""
 
     def __init__(self, policy: "Policy", trial: "optuna.Trial", state: "TrialGuardState", margins: dict[str, float],
-                 entry: "Entry", process: Any, conn: Any, cgroup: "TrialCgroup | None" = None) -> None:
+                 entry: "Entry", process: Any, conn: Any, cgroup: "TrialCgroup | None" = None,
+                 forecast: "StepForecast | None" = None) -> None:
         self.trial, self.state, self.margins = trial, state, margins
         self.reserved_prediction = state.prediction is not None  # else it reserved the budget
         self.entry, self.process, self.conn = entry, process, conn
@@ -44,6 +46,7 @@ class TrialProcess:
         self.monitor: Monitor | None = None
         self.heartbeat: Any = None
         self.cgroup = cgroup  # the trial's group, where one was made (``_cgroup``)
+        self.forecast = forecast  # the forecast stop (``.._forecast``), where the trial has a horizon
 
     def watch(self) -> None:
         try:
@@ -53,7 +56,8 @@ class TrialProcess:
             _logger.warning("Trial %d: its process could not be watched: %s", self.trial.number, exc)
 
     def on_reading(self, reading: Reading) -> None:
-        """From the watchdog's thread: signal the soft line once, stop the tree at the budget."""
+        """From the watchdog's thread: signal the soft line once, stop the tree at the budget or when its RSS
+        is projected over the budget at the trial's last step."""
         policy = self.policy
         if self.soft_reading is None and policy.over(reading, policy.soft):
             self.soft_reading = reading
@@ -61,6 +65,16 @@ class TrialProcess:
         if self.hard_reading is None and policy.over(reading, 1.0):
             self.hard_reading = reading
             self.stop(signal.SIGTERM)
+        elif self.forecast is not None and self.forecast.on_reading(reading.t, reading.rss) is not None:
+            self.stop(signal.SIGTERM)
+
+    def forecast_reason(self) -> str | None:
+        """The reason of the forecast stop, ``None`` when the forecast stopped nothing."""
+        return None if self.forecast is None else self.forecast.reason()
+
+    def forecast_record(self) -> dict[str, Any]:
+        """The record's ``forecast`` field: the fit that stopped the trial, empty when none did."""
+        return {} if self.forecast is None else self.forecast.record()
 
     def stop(self, sig: int) -> None:
         """Send ``sig`` to every live process of the trial's tree (children first)."""
