@@ -53,6 +53,11 @@ class TrialRecord:
     cgroup, with polling), ``"cgroup v1 tree kill + polling"`` or ``"cgroup v2 tree kill + polling"`` (a
     cgroup without a memory limit: the tree is killed whole, the budget is polled), ``"polling"``, or
     ``"polling (...)"`` with the reason a group made for the trial did not apply.
+    ``learned`` (empty unless the guard learns footprints) says how ``pred_*`` was learned: ``mode``
+    (``"learned"``: the bound of the study's own trials; ``"corrected"``: the footprint function's figures
+    corrected by the learned ratio), ``phase`` (``"warm-up"`` or ``"bound"``), ``n`` (trials observed to the
+    end), ``warmup``, ``miss_rate``, ``factor_ram`` (the conformal factor) and ``raw`` (the footprint
+    function's own figures, corrected mode).
     A trial that ran out of memory has the peak of the resource that ran out raised to the least it needed
     (more than its budget, where it has one): its constraint is positive even when it shared its process.
     """
@@ -78,6 +83,7 @@ class TrialRecord:
     host: str | None = None   # the host id of the process-per-trial runner that ran the trial
     gpu: int | None = None    # the GPU index the runner placed the trial on
     enforcement: str | None = None  # how the runner held the trial to its RAM budget (above)
+    learned: dict[str, Any] = field(default_factory=dict)  # a learned prediction: mode, phase, n, raw (see below)
 
     def constraints(self) -> dict[str, float]:
         """``{"memprune_ram": GiB over the soft line, ...}`` per budgeted resource; <= 0 is feasible.
@@ -125,6 +131,8 @@ class TrialRecord:
             out["gpu"] = int(self.gpu)
         if self.enforcement is not None:
             out["enforcement"] = str(self.enforcement)
+        if self.learned:
+            out["learned"] = json.dumps(self.learned, **_JSON)
         return {PREFIX + k: v for k, v in out.items()}
 
 
@@ -192,4 +200,5 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
         host=get("host"),
         gpu=get("gpu"),
         enforcement=get("enforcement"),
+        learned=loads("learned", {}),
     )
