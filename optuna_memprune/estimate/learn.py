@@ -147,8 +147,9 @@ class Model:
                 continue
             self._fits[r] = self._fit(r, rows)
         ram = self._fits.get("ram")
+        self.directions = dict(settings.monotone)
         if ram is not None and not corrected:
-            self.directions = dict(ram.encoder.directions)
+            self.directions.update(ram.encoder.directions)
 
     @property
     def miss_rate(self) -> float:
@@ -160,7 +161,7 @@ class Model:
         if self.corrected:
             encoders = [_Encoder.corrected(resource, rows)]
         else:
-            base = _Encoder.of(self.settings, resource, rows, y)
+            base = _directed(_Encoder.of(self.settings, resource, rows, y), self.settings, rows, y, censored)
             encoders = [base, base.with_products()] if base.products_possible else [base]
         best: _Fit | None = None
         best_err = math.inf
@@ -188,8 +189,9 @@ class Model:
         return {r: max(self._value(r, params, predicted, upper=True), floor.get(r, 0)) for r in RESOURCES}
 
     def floor(self, params: Mapping[str, Any]) -> dict[str, int]:
-        """What a censored trial whose params ``params`` dominate (each at least as large in its memory
-        direction, the same label for the rest) reached, per resource: the least this assignment needs."""
+        """What a censored trial whose params ``params`` dominate (each numeric param at least as large in
+        its memory direction, +1 until one is learned or declared; the same label for the rest) reached,
+        per resource: the least this assignment needs."""
         out: dict[str, int] = {}
         if self.corrected:
             return out
@@ -275,6 +277,11 @@ class _Encoder:
             enc.numeric[name] = (lo, hi, direction, use_log)
         return enc
 
+    def copy(self) -> "_Encoder":
+        other = _Encoder()
+        other.numeric, other.labels, other.products = dict(self.numeric), self.labels, self.products
+        return other
+
     def with_products(self) -> "_Encoder":
         other = _Encoder()
         other.numeric, other.labels, other.products = self.numeric, self.labels, True
@@ -299,7 +306,7 @@ class _Encoder:
             else:
                 x = float(raw)
             u = (x - lo) / (hi - lo) if direction > 0 else (hi - x) / (hi - lo)
-            linear.append(max(u, 0.0))
+            linear.append(u)  # below the range seen: extrapolated down the same line (still monotone)
             if use_log:
                 if x <= 0:
                     raise EstimateError(f"param {name!r} must be positive (it is on a log scale), but got {raw!r}.")
@@ -307,7 +314,8 @@ class _Encoder:
                 logs.append(max(v if direction > 0 else 1.0 - v, 0.0))
         feats = [1.0, *linear, *logs]
         if self.products:
-            feats += [a * b for i, a in enumerate(linear) for b in linear[i:]]
+            pos = [max(u, 0.0) for u in linear]  # a product of two negatives would grow downwards
+            feats += [a * b for i, a in enumerate(pos) for b in pos[i:]]
         for name, labels in self.labels.items():
             value = params.get(name)
             if value not in labels and weights is not None:  # a label no trial ran: the costliest seen
@@ -318,6 +326,27 @@ class _Encoder:
 
     def matrix(self, rows: list[Observation]) -> np.ndarray:
         return np.array([self.row(o.params, o.predicted) for o in rows])
+
+
+def _directed(enc: "_Encoder", settings: Learned, rows: list[Observation], y: np.ndarray,
+              censored: np.ndarray) -> "_Encoder":
+    """``enc`` with each undeclared param's direction flipped where that fits the trials better (a marginal
+    rank correlation is confounded by the other params: a param that lowers memory can look neutral)."""
+    def error(e: _Encoder) -> float:
+        x = e.matrix(rows)
+        fit = _predict(x, _fit_censored(x, y, censored))
+        done = ~censored
+        return float(np.mean(np.abs(fit[done] - y[done]) / y[done])) if done.any() else 0.0
+
+    best = error(enc)
+    for name in [n for n in enc.numeric if n not in settings.monotone]:
+        lo, hi, direction, use_log = enc.numeric[name]
+        other = enc.copy()
+        other.numeric[name] = (lo, hi, -direction, use_log)
+        err = error(other)
+        if err < 0.99 * best:
+            enc, best = other, err
+    return enc
 
 
 def _direction(known: list[tuple[float, float]]) -> int:
@@ -386,7 +415,10 @@ def _solve(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _fit_censored(x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> np.ndarray:
     """The fit, a censored trial's target raised to the fit where the fit says it needed more."""
     target = y.copy()
-    w = _solve(x, target)
+    done = ~censored
+    # first the trials that ran to the end (a censored peak far below the fit must not bend it), then each
+    # censored target raised to the fit wherever the fit says it needed more than it reached
+    w = _solve(x[done], y[done]) if done.sum() >= 2 else _solve(x, target)
     for _ in range(_IMPUTE_ROUNDS if censored.any() else 0):
         target = np.where(censored, np.maximum(y, _predict(x, w)), y)
         w = _solve(x, target)
@@ -424,8 +456,9 @@ def _dominates(params: Mapping[str, Any], other: Mapping[str, Any], directions: 
         return False
     for name, value in other.items():
         mine = params[name]
-        if name in directions and name not in categorical and _is_number(mine) and _is_number(value):
-            if directions[name] * (float(mine) - float(value)) < 0:
+        if name not in categorical and _is_number(mine) and _is_number(value):
+            # a direction not learned yet (one value seen) is memory's usual one: it grows with the param
+            if directions.get(name, 1) * (float(mine) - float(value)) < 0:
                 return False
         elif mine != value:
             return False
