@@ -158,8 +158,9 @@ class Model:
     def _fit(self, resource: str, rows: list[Observation]) -> _Fit:
         y = np.array([float(o.peaks[resource]) for o in rows])  # type: ignore[arg-type]
         censored = np.array([o.censored for o in rows])
-        if self.corrected:
-            encoders = [_Encoder.corrected(resource, rows)]
+        if self.corrected:  # the footprint's figure alone, or with the params' own features beside it
+            params = _Encoder.of(self.settings, resource, rows, y)
+            encoders = [_Encoder.corrected(resource, rows), _Encoder.corrected(resource, rows, params)]
         else:
             base = _directed(_Encoder.of(self.settings, resource, rows, y), self.settings, rows, y, censored)
             encoders = [base, base.with_products()] if base.products_possible else [base]
@@ -170,7 +171,7 @@ class Model:
             weights = _fit_censored(x, y, censored)
             scores = _loo_scores(x, y, censored) if len(rows) > 1 else []
             done = [s for s, c in zip(scores, censored[-len(scores):] if scores else []) if not c]
-            err = float(np.median(np.abs(np.log(done)))) if done else math.inf
+            err = _conformal(done, self.settings.miss_rate) or float(np.max(done)) if done else math.inf
             if best is None or err < best_err:
                 best, best_err = _Fit(enc, weights, None, scores), err
         assert best is not None
@@ -237,6 +238,7 @@ class _Encoder:
         self.products = False
         self.resource = ""
         self.scale = 1.0  # corrected mode: the predicted figure's scale
+        self.params: _Encoder | None = None  # corrected mode: the params' features beside the figure
 
     @property
     def directions(self) -> dict[str, int]:
@@ -247,9 +249,9 @@ class _Encoder:
         return len(self.numeric) >= 1
 
     @classmethod
-    def corrected(cls, resource: str, rows: list[Observation]) -> "_Encoder":
+    def corrected(cls, resource: str, rows: list[Observation], params: "_Encoder | None" = None) -> "_Encoder":
         enc = cls()
-        enc.resource = resource
+        enc.resource, enc.params = resource, params
         enc.scale = max(max(float((o.predicted or {})[resource] or 0) for o in rows), 1.0)
         return enc
 
@@ -295,7 +297,9 @@ class _Encoder:
             if value is None:
                 raise EstimateError(f"the footprint's {self.resource} figure must be a number, but got "
                                     f"{(predicted or {}).get(self.resource)!r}.")
-            return np.array([1.0, value / self.scale])
+            extra = self.params.row(params, None, None if weights is None else np.concatenate(
+                [[0.0], weights[2:]]))[1:] if self.params is not None else []
+            return np.array([1.0, value / self.scale, *extra])
         linear, logs = [], []
         for name, (lo, hi, direction, use_log) in self.numeric.items():
             raw = params.get(name)

@@ -121,15 +121,22 @@ class Learning:
         return (f"learned footprint warming up: {self.model.n} of {self.settings.warmup} trials observed to the "
                 "end; the trial runs unchecked under the monitor")
 
-    def info(self, raw: Footprint | None, warmup: bool) -> dict[str, Any]:
-        """What the record says of the learned prediction: mode, phase, trials, miss rate, the footprint
-        function's own figures (corrected mode; what the next fits learn from)."""
+    def info(self, params: Mapping[str, Any], raw: Footprint | None, warmup: bool) -> dict[str, Any]:
+        """What the record says of the learned prediction: mode, phase, trials, miss rate, the fit's own
+        figures (``center``: the bound without its conformal factor), the footprint function's (``raw``,
+        corrected mode; what the next fits learn from)."""
         model = self.model
         out: dict[str, Any] = {"mode": self.mode, "phase": "warm-up" if warmup or not model.ready else "bound",
                                "n": model.n, "warmup": self.settings.warmup, "miss_rate": model.miss_rate}
         factor = model.factor("ram")
         if factor is not None and model.ready:
             out["factor_ram"] = round(factor, 4)
+        if model.ready and not warmup:
+            try:
+                figures = None if raw is None else {r: getattr(raw, r) for r in RESOURCES}
+                out["center"] = model.center(params, figures)
+            except ValueError:  # a param the model cannot read: the record keeps the rest
+                pass
         if raw is not None:
             out["raw"] = {r: int(getattr(raw, r)) for r in RESOURCES}
         return out

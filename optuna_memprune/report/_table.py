@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..records import RESOURCES, Decision
 from . import _format as fmt
+from . import _learned
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -68,7 +69,9 @@ def render(data: "ReportData") -> "Group":
 
     note = Text("over the trials that ran to the end (COMPLETE); error = (peak - pred) / peak, + = under-predicted")
     running = [Text(), _running(data)] if data.running else []
-    return Group(header, Text(), counts, Text(), notable, *running, Text(), quality, note, Text(),
+    learned_table = _learned.table(data)
+    learned = [Text(), learned_table, *(Text(line) for line in _learned.lines(data))] if learned_table else []
+    return Group(header, Text(), counts, Text(), notable, *running, Text(), quality, note, *learned, Text(),
                  Text(margin_line(data)))
 
 
