@@ -56,8 +56,9 @@ class TrialRecord:
     ``learned`` (empty unless the guard learns footprints) says how ``pred_*`` was learned: ``mode``
     (``"learned"``: the bound of the study's own trials; ``"corrected"``: the footprint function's figures
     corrected by the learned ratio), ``phase`` (``"warm-up"`` or ``"bound"``), ``n`` (trials observed to the
-    end), ``warmup``, ``miss_rate``, ``factor_ram`` (the conformal factor) and ``raw`` (the footprint
-    function's own figures, corrected mode).
+    end), ``warmup``, ``miss_rate``, ``factor_ram`` (the conformal factor), ``raw`` (the footprint
+    function's own figures, corrected mode), and after the warm-up ``center`` (the fit, which ``pred_*`` then
+    holds) and ``bound`` (the upper bound the guard admitted, clamped or rejected on; the constraints use it).
     A trial that ran out of memory has the peak of the resource that ran out raised to the least it needed
     (more than its budget, where it has one): its constraint is positive even when it shared its process.
     """
@@ -88,7 +89,7 @@ class TrialRecord:
     def constraints(self) -> dict[str, float]:
         """``{"memprune_ram": GiB over the soft line, ...}`` per budgeted resource; <= 0 is feasible.
 
-        The figure is the larger of the prediction and, when the trial ran alone in its process or ran out
+        The figure is the larger of the prediction (and a learned prediction's bound) and, when the trial ran alone in its process or ran out
         of memory, the peak; the line is ``soft`` x budget; RAM and VRAM are in GiB, threads in threads. Never
         NaN: a resource with neither figure known counts as 0.0 (feasible).
         """
@@ -97,7 +98,7 @@ class TrialRecord:
             budget = getattr(self, f"budget_{r}")
             if budget is None:
                 continue
-            figures = [getattr(self, f"pred_{r}")]
+            figures = [getattr(self, f"pred_{r}"), (self.learned.get("bound") or {}).get(r)]
             if not self.concurrent or self.decision is Decision.OUT_OF_MEMORY:
                 figures.append(getattr(self, f"peak_{r}"))
             known = [f for f in figures if f is not None]

@@ -339,6 +339,10 @@ class Policy:
         for r in RESOURCES:
             figures[f"pred_{r}"] = None if prediction is None else getattr(prediction, r)
             figures[f"budget_{r}"] = getattr(self._budget, r)
+        if prediction is not None and learned.get("center"):
+            # a learned prediction is the fit; the bound the guard decided on (and the constraints) beside it
+            learned["bound"] = {r: getattr(prediction, r) for r in RESOURCES}
+            figures.update({f"pred_{r}": int(v) for r, v in learned["center"].items() if r in RESOURCES})
         if state.concurrent:
             reason += "; other trials ran in this process at the same time (peaks are the process's)"
         for r in RESOURCES:

@@ -53,8 +53,9 @@ def rows(data: "ReportData") -> list[LearnedRow]:
 def _row(t: "GuardedTrial") -> LearnedRow:
     learned = t.record.learned
     peak = None if t.decision is Decision.OUT_OF_MEMORY else t.record.peak_ram
+    bound = (learned.get("bound") or {}).get("ram", t.record.pred_ram)
     return LearnedRow(t.number, t.state, t.decision.value, str(learned.get("mode", "")),
-                      str(learned.get("phase", "")), int(learned.get("n", 0)), t.record.pred_ram,
+                      str(learned.get("phase", "")), int(learned.get("n", 0)), bound,
                       (learned.get("center") or {}).get("ram"), (learned.get("raw") or {}).get("ram"), peak)
 
 

@@ -3,6 +3,7 @@ real storages, in process and process per trial; the model rebuilt from the reco
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -72,13 +73,23 @@ def test_in_process_trials_run_unchecked_through_the_warmup_then_are_checked_by_
     assert len(bounded) >= 4
     errors = []
     for t, r in bounded:
+        bound = r.learned["bound"]["ram"]  # what the guard decided on; pred_ram is the fit
+        assert bound >= r.pred_ram
         if r.decision is not Decision.REJECTED:  # admitted and clamped trials fit: the bound held
-            assert r.peak_ram <= budget.ram and r.pred_ram <= 0.9 * budget.ram, (t.number, r)
-            errors.append((r.pred_ram - r.peak_ram) / r.peak_ram)
+            assert r.peak_ram <= budget.ram and bound <= 0.9 * budget.ram, (t.number, r)
+            errors.append((r.peak_ram - r.pred_ram) / r.peak_ram)
         else:
-            assert r.pred_ram > 0.9 * budget.ram
+            assert bound > 0.9 * budget.ram and r.constraints()["memprune_ram"] > 0  # the constraint uses the bound
     errors.sort()
-    assert -0.05 < errors[len(errors) // 2] < 0.15, errors  # an upper bound, close: the median within 15% over
+    assert abs(errors[len(errors) // 2]) < 0.05, errors  # the fit's median error
+    # the report: the learned predictions are their own rows, quality line and plot
+    from optuna_memprune import report
+
+    data = report.build(study)
+    learned = json.loads(report.render_json(data))["learned"]
+    assert [row["number"] for row in learned["rows"]] == list(range(10))
+    assert learned["median_rel_error_center"] is not None and learned["warmup_trials"] >= 4
+    assert 'id="plot-learned"' in report.render_html(data)
     # a restart: a new guard knows nothing but the storage, and its first trial is checked by the bound
     fresh = omp.MemoryGuard(None, budget, search_space=SPACE, learn=omp.estimate.learned(miss_rate=0.2))
     again = _study(url, fresh, seed=1)
