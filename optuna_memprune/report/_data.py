@@ -169,10 +169,6 @@ class ReportData:
         }
         if self.running:  # the key is there only when some trial is RUNNING
             out["running"] = [t.to_json_dict() for t in self.running]
-        from . import _learned
-
-        if _learned.rows(self):  # the key is there only when some trial has a learned prediction
-            out["learned"] = {"rows": [r.to_json_dict() for r in _learned.rows(self)], **(_learned.quality(self) or {})}
         return _finite(out)
 
 

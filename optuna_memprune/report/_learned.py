@@ -76,6 +76,16 @@ def quality(data: "ReportData") -> dict[str, Any] | None:
             "median_rel_error_raw": median("raw")}
 
 
+def json_dict(data: "ReportData") -> dict[str, Any] | None:
+    """``{"rows": [...], "mode", "warmup_trials", "n", "median_rel_error_*"}``; ``None`` without learned trials."""
+    learned = rows(data)
+    if not learned:
+        return None
+    q = quality(data) or {}
+    return {"rows": [r.to_json_dict() for r in learned],
+            **{k: (None if isinstance(v, float) and v != v else v) for k, v in q.items()}}
+
+
 def lines(data: "ReportData") -> list[str]:
     """The learned footprint's quality in words (empty without learned trials)."""
     q = quality(data)
