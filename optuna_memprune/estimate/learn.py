@@ -343,27 +343,30 @@ def _directed(enc: "_Encoder", settings: Learned, rows: list[Observation], y: np
         return float(np.mean(np.abs(fit[done] - y[done]) / y[done])) if done.any() else 0.0
 
     best = error(enc)
+    if len(rows) < 8:  # too few trials to tell a direction from noise: memory's usual one
+        return enc
     for name in [n for n in enc.numeric if n not in settings.monotone]:
         lo, hi, direction, use_log = enc.numeric[name]
         other = enc.copy()
         other.numeric[name] = (lo, hi, -direction, use_log)
         err = error(other)
-        if err < 0.99 * best:
+        if err < 0.8 * best:  # a clear improvement only: one noisy peak must not turn a param around
             enc, best = other, err
     return enc
 
 
 def _direction(known: list[tuple[float, float]]) -> int:
-    """+1 when the peak rises with the param (Spearman's rank correlation >= -0.3), else -1."""
+    """+1 unless the peak clearly falls as the param grows (Spearman's rank correlation below -0.5 over at
+    least 8 trials): memory's usual direction stands until the data say otherwise."""
     xs = np.array([v for v, _ in known])
     ys = np.array([y for _, y in known])
-    if len(xs) < 3:
+    if len(xs) < 8:
         return 1
     rx, ry = _ranks(xs), _ranks(ys)
     if rx.std() == 0 or ry.std() == 0:
         return 1
     rho = float(np.corrcoef(rx, ry)[0, 1])
-    return -1 if rho < -0.3 else 1
+    return -1 if rho < -0.5 else 1
 
 
 def _ranks(a: np.ndarray) -> np.ndarray:
