@@ -15,8 +15,9 @@ feature is that function's own figure: ``peak ~ a + b * predicted`` (the correct
 
 The bound is split-conformal in its jackknife form: each observation's score is its peak over the
 prediction of the model fitted without it; the bound is the prediction times the ``ceil((n+1)(1-miss))``-th
-smallest of the ``n`` scores. That order statistic exists only once ``n >= (1-miss)/miss`` (9 at the
-default 10%): the warm-up is exactly the number of trials below which no bound at that miss rate exists.
+smallest of the ``n`` scores, and at least ``MIN_FACTOR`` (1/0.95) for RAM and VRAM. That order statistic
+exists only once ``n >= (1-miss)/miss`` (9 at the default 10%): the warm-up is exactly the number of
+trials below which no bound at that miss rate exists.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ MIN_WARMUP = 4         # never fewer observed trials than this, whatever the mis
 SCORED = 60            # the most recent observations scored by leave-one-out (older ones are fitted only)
 _IMPUTE_ROUNDS = 3     # censored targets raised to the fit this many times
 _DECADE = 10.0         # a positive numeric param spanning this ratio also gets a log feature
+#: The least the bound puts on the fit (RAM, VRAM): a trial clamped or admitted right under the soft line
+#: crosses it only when its peak is at least 5% over the fit, (peak - fit) / peak >= 0.05. With a dozen
+#: trials the conformal factor is their largest leave-one-out ratio, which under-states the tail.
+MIN_FACTOR = 1 / 0.95
 
 
 @dataclass(frozen=True)
@@ -222,8 +227,10 @@ class Model:
             return int((predicted or {}).get(r) or 0) if self.corrected else 0
         row = fit.encoder.row(params, predicted, fit.weights)
         value = max(float(row @ fit.weights), 0.0)
-        if upper and fit.factor is not None and self.ready:
-            value *= max(fit.factor, 1.0 if r == "threads" else 0.0)
+        if not upper:
+            return int(round(value))
+        if fit.factor is not None and self.ready:
+            value *= max(fit.factor, 1.0 if r == "threads" else MIN_FACTOR)
         return int(math.ceil(round(value, 6)))  # 5.0000001 threads is 5
 
 
