@@ -127,6 +127,9 @@ def main() -> None:
     args.trials = args.trials or (8 if args.smoke else 24)
     names = args.studies.split(",") if args.studies else (["torch_mlp"] if args.smoke else ["torch_mlp", "lightgbm", "keras_dqn"])
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if "torch_mlp" in names and importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401 - loaded here, the runner's fork server preloads it: a trial does not import it
+
     place, why = cgroups.place()
     enforce = "cgroup" if place is not None and place.memory else "polling"
     print(f"hard limit: {'cgroup v%d memory group per trial' % place.version if enforce == 'cgroup' else why}; "
