@@ -22,10 +22,15 @@ end after the warm-up. Last line::
 Targets: over-budget launches after warm-up <= 5%, nothing lost, guarded wasted compute <= a quarter of
 unguarded. A study whose package is missing is skipped with the reason (``studies=`` counts the ones run).
 
-Packages (not in the project's extras; a venv of your own that sees the project's torch)::
+Packages (not in the project's extras): a venv of your own, made from the project venv's python, that also
+sees the project venv's packages (torch, optuna, gymnasium) through a ``.pth`` file, since
+``--system-site-packages`` reaches only the base interpreter's::
 
-    python -m venv --system-site-packages /tmp/learned-venv
-    /tmp/learned-venv/bin/pip install tensorflow-cpu==2.20.0 lightgbm==4.6.0
+    $PROJECT_VENV/bin/python -m venv --system-site-packages $BENCH_VENV
+    $BENCH_VENV/bin/pip install tensorflow-cpu==2.21.0 lightgbm==4.7.0
+    $PROJECT_VENV/bin/python -c "import site; print(site.getsitepackages()[0])" \
+        > $BENCH_VENV/lib/python3.11/site-packages/project-venv.pth
+    $BENCH_VENV/bin/python scripts/bench_learned.py
 
 Run: ``python scripts/bench_learned.py [--smoke] [--trials N] [--studies a,b] [--seed S] [--miss-rate R]``
 (``--smoke``: the torch study only, 8 trials). Needs a cgroup v1 or v2 memory controller this process may
