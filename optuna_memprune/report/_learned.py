@@ -134,7 +134,7 @@ def plot(data: "ReportData", figure: Any, to_svg: Any) -> tuple[str | None, str]
                zorder=4, label="fit", gid="learned-center")
     warm = [r.number for r in learned if r.phase == "warm-up"]
     if warm:
-        ax.axvspan(min(warm) - 0.5, max(warm) + 0.5, color="#e9ecef", zorder=0, label="warm-up (unchecked)")
+        ax.axvspan(min(warm) - 0.5, max(warm) + 0.5, color="#e9ecef", zorder=0, label="warm-up")
     budget = data.budget.get("ram")
     if budget is not None:
         ax.axhline(budget / MiB, color="#e03131", ls="--", lw=1, label="budget", gid="learned-budget")
@@ -142,9 +142,11 @@ def plot(data: "ReportData", figure: Any, to_svg: Any) -> tuple[str | None, str]
     ax.set(xlabel="trial number", ylabel="RAM (MiB)", title="learned prediction vs observed peak, trial by trial")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=7, ncols=3)
+    fig.legend(loc="outside right upper", fontsize=7)
     caption = " ".join(lines(data)) or "Learned predictions per trial."
-    return to_svg(fig), caption + " Censored trials (stopped, pruned) show the peak they reached."
+    return to_svg(fig), caption + (" Shaded: the warm-up (no footprint function: unchecked trials; with one: its "
+                                   "figures x1.10 or the largest ratio seen). Stopped and pruned trials show the "
+                                   "peak they reached.")
 
 
 def _mib(value: int | None) -> str:
