@@ -35,6 +35,10 @@ MISS_RATE = 0.1        # the default share of trials whose peak may exceed the b
 MIN_WARMUP = 4         # never fewer observed trials than this, whatever the miss rate
 SCORED = 60            # the most recent observations scored by leave-one-out (older ones are fitted only)
 _IMPUTE_ROUNDS = 3     # censored targets raised to the fit this many times
+#: Trials observed before a param's direction may be turned to "memory falls as it grows": with fewer, a
+#: param that merely varies alongside one that takes memory (confounded) looks like it.
+MIN_TURN = 20
+_CENSORED_WEIGHT = 10.0  # the weight of a censored trial the fit puts below what it reached
 _DECADE = 10.0         # a positive numeric param spanning this ratio also gets a log feature
 #: The least the bound puts on the fit (RAM, VRAM): a trial clamped or admitted right under the soft line
 #: crosses it only when its peak is at least 5% over the fit, (peak - fit) / peak >= 0.05. With a dozen
@@ -317,7 +321,7 @@ class _Encoder:
             else:
                 x = float(raw)
             u = (x - lo) / (hi - lo) if direction > 0 else (hi - x) / (hi - lo)
-            linear.append(u)  # below the range seen: extrapolated down the same line (still monotone)
+            linear.append(max(u, 0.0))  # below the range seen: as at its low end (a bound errs high there)
             if use_log:
                 if x <= 0:
                     raise EstimateError(f"param {name!r} must be positive (it is on a log scale), but got {raw!r}.")
@@ -325,8 +329,7 @@ class _Encoder:
                 logs.append(max(v if direction > 0 else 1.0 - v, 0.0))
         feats = [1.0, *linear, *logs]
         if self.products:
-            pos = [max(u, 0.0) for u in linear]  # a product of two negatives would grow downwards
-            feats += [a * b for i, a in enumerate(pos) for b in pos[i:]]
+            feats += [a * b for i, a in enumerate(linear) for b in linear[i:]]
         for name, labels in self.labels.items():
             value = params.get(name)
             if value not in labels and weights is not None:  # a label no trial ran: the costliest seen
@@ -350,7 +353,7 @@ def _directed(enc: "_Encoder", settings: Learned, rows: list[Observation], y: np
         return float(np.mean(np.abs(fit[done] - y[done]) / y[done])) if done.any() else 0.0
 
     best = error(enc)
-    if len(rows) < 8:  # too few trials to tell a direction from noise: memory's usual one
+    if len(rows) < MIN_TURN:  # too few trials to tell a direction from noise: memory's usual one
         return enc
     for name in [n for n in enc.numeric if n not in settings.monotone]:
         lo, hi, direction, use_log = enc.numeric[name]
@@ -364,10 +367,10 @@ def _directed(enc: "_Encoder", settings: Learned, rows: list[Observation], y: np
 
 def _direction(known: list[tuple[float, float]]) -> int:
     """+1 unless the peak clearly falls as the param grows (Spearman's rank correlation below -0.5 over at
-    least 8 trials): memory's usual direction stands until the data say otherwise."""
+    least ``MIN_TURN`` trials): memory's usual direction stands until the data say otherwise."""
     xs = np.array([v for v, _ in known])
     ys = np.array([y for _, y in known])
-    if len(xs) < 8:
+    if len(xs) < MIN_TURN:
         return 1
     rx, ry = _ranks(xs), _ranks(ys)
     if rx.std() == 0 or ry.std() == 0:
@@ -420,9 +423,11 @@ def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
     return w
 
 
-def _solve(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """The relative-error non-negative fit of ``y`` on the rows ``x``."""
+def _solve(x: np.ndarray, y: np.ndarray, boost: np.ndarray | None = None) -> np.ndarray:
+    """The relative-error non-negative fit of ``y`` on the rows ``x`` (rows weighted ``boost`` times more)."""
     weight = 1.0 / np.maximum(y, 1e-9 * max(float(y.max()), 1.0))
+    if boost is not None:
+        weight = weight * boost
     return nnls(x * weight[:, None], y * weight)
 
 
@@ -434,8 +439,10 @@ def _fit_censored(x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> np.ndar
     # censored target raised to the fit wherever the fit says it needed more than it reached
     w = _solve(x[done], y[done]) if done.sum() >= 2 else _solve(x, target)
     for _ in range(_IMPUTE_ROUNDS if censored.any() else 0):
-        target = np.where(censored, np.maximum(y, _predict(x, w)), y)
-        w = _solve(x, target)
+        fit = _predict(x, w)
+        target = np.where(censored, np.maximum(y, fit), y)
+        # a censored trial the fit puts under what it reached is a hard fact the fit must meet: weighed more
+        w = _solve(x, target, np.where(censored & (fit < y), _CENSORED_WEIGHT, 1.0))
     return w
 
 
