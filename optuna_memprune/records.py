@@ -58,6 +58,12 @@ class TrialRecord:
     last step (``horizon``), the fitted RSS at the step (``level``, bytes), ``slope`` (bytes a step) and its
     lower bound, ``projected`` RSS at the last step, the ``limit`` and ``elapsed_s`` at the stop; its RAM
     constraint counts the projection.
+    ``learned`` (empty unless the guard learns footprints) says how ``pred_*`` was learned: ``mode``
+    (``"learned"``: the bound of the study's own trials; ``"corrected"``: the footprint function's figures
+    corrected by the learned ratio), ``phase`` (``"warm-up"`` or ``"bound"``), ``n`` (trials observed to the
+    end), ``warmup``, ``miss_rate``, ``factor_ram`` (the conformal factor), ``raw`` (the footprint
+    function's own figures, corrected mode), and after the warm-up ``center`` (the fit, which ``pred_*`` then
+    holds) and ``bound`` (the upper bound the guard admitted, clamped or rejected on; the constraints use it).
     A trial that ran out of memory has the peak of the resource that ran out raised to the least it needed
     (more than its budget, where it has one): its constraint is positive even when it shared its process.
     """
@@ -84,11 +90,12 @@ class TrialRecord:
     gpu: int | None = None    # the GPU index the runner placed the trial on
     enforcement: str | None = None  # how the runner held the trial to its RAM budget (above)
     forecast: dict[str, Any] = field(default_factory=dict)  # a forecast stop's fit and projection (below)
+    learned: dict[str, Any] = field(default_factory=dict)  # a learned prediction: mode, phase, n, raw (see below)
 
     def constraints(self) -> dict[str, float]:
         """``{"memprune_ram": GiB over the soft line, ...}`` per budgeted resource; <= 0 is feasible.
 
-        The figure is the larger of the prediction and, when the trial ran alone in its process or ran out
+        The figure is the larger of the prediction (and a learned prediction's bound) and, when the trial ran alone in its process or ran out
         of memory, the peak; the line is ``soft`` x budget; RAM and VRAM are in GiB, threads in threads. Never
         NaN: a resource with neither figure known counts as 0.0 (feasible).
         """
@@ -97,7 +104,7 @@ class TrialRecord:
             budget = getattr(self, f"budget_{r}")
             if budget is None:
                 continue
-            figures = [getattr(self, f"pred_{r}")]
+            figures = [getattr(self, f"pred_{r}"), (self.learned.get("bound") or {}).get(r)]
             if not self.concurrent or self.decision is Decision.OUT_OF_MEMORY:
                 figures.append(getattr(self, f"peak_{r}"))
             if r == "ram" and self.decision is Decision.FORECAST_STOPPED:
@@ -135,6 +142,8 @@ class TrialRecord:
             out["enforcement"] = str(self.enforcement)
         if self.forecast:
             out["forecast"] = json.dumps(self.forecast, **_JSON)
+        if self.learned:
+            out["learned"] = json.dumps(self.learned, **_JSON)
         return {PREFIX + k: v for k, v in out.items()}
 
 
@@ -203,4 +212,5 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
         gpu=get("gpu"),
         enforcement=get("enforcement"),
         forecast=loads("forecast", {}),
+        learned=loads("learned", {}),
     )

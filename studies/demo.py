@@ -65,16 +65,13 @@ def footprint(params: dict) -> omp.Footprint:
         + array((params["buffer_size"],), "int64", name="labels")
         + array((VALIDATION, obs_size(fs)), "float32", name="validation set")
         + process(STACK, torch_threads=THREADS, extra_threads=1)  # + the guard's monitor thread
-        + UNMODELLED
     )
 
 
-# What the estimators do not see (the storage's caches, numpy temporaries while the buffer fills): before
-# the estimators modelled glibc's heap retention, peaks here ran up to about 100 MiB over their sum; since,
-# they stay 30-90 MiB under it with this margin, which is now generous. Clamping aims right at the soft
-# line, where the pruner prunes, so a margin keeps clamped trials running; a margin learned from the
-# observed peaks is to replace it.
-UNMODELLED = omp.Footprint.of(ram="112MiB", name="unmodelled", kind=omp.Kind.OTHER)
+# What the estimators do not see (the storage's caches, numpy temporaries while the buffer fills) is not a
+# fixed margin here: MemoryGuard(learn=True) learns the ratio of the observed peaks to these figures from
+# the study's own trials and predicts with its upper bound (before its warm-up: x1.10, or the largest ratio
+# seen), so clamping aims at the soft line divided by that ratio.
 
 
 # The task: which of 10 patterns the newest frame shows (under noise); older frames are other samples.
@@ -161,7 +158,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     budget = omp.Budget(ram=args.budget, threads=16)
-    guard = MemoryGuard(footprint, budget, on_infeasible="clamp", clamp=["buffer_size", "batch_size"])
+    guard = MemoryGuard(footprint, budget, on_infeasible="clamp", clamp=["buffer_size", "batch_size"], learn=True)
     try:
         optuna.delete_study(study_name="demo", storage=args.storage)
     except KeyError:
@@ -171,7 +168,8 @@ def main() -> None:
         sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=0, n_startup_trials=8)),
         pruner=guard.wrap_pruner(optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)),
     )
-    print(f"{budget}; footprint = torch_training(MLP) + array(replay buffer) + process{STACK}; "
+    print(f"{budget}; footprint = torch_training(MLP) + array(replay buffer) + process{STACK}, corrected by "
+          "the learned ratio; "
           f"{args.trials} trials; pred/peak in MiB; * = clamped, then stopped or pruned")
     study.optimize(guard.wrap_objective(objective), n_trials=args.trials,
                    callbacks=[lambda s, t: print(_line(t), flush=True)])

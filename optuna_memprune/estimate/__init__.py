@@ -15,7 +15,7 @@ __all__ = [
     "torch_training", "torch_inference",
     "replay_buffer", "rollout_buffer", "deque_buffer", "array",
     "process",
-    "recipes",
+    "recipes", "learned",
 ]
 
 _LAZY = {
@@ -25,7 +25,8 @@ _LAZY = {
     "rollout_buffer": "buffers",
     "deque_buffer": "buffers",
     "array": "buffers",
-    "process": "recipes",  # with the recipes' stack names ("sb3", ...)
+    "process": "recipes",
+    "learned": "learn",  # footprints learned from observed trials (numpy only)  # with the recipes' stack names ("sb3", ...)
 }
 
 

@@ -10,9 +10,11 @@ import math
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..budget import RAM_FLOOR, Budget
+from ..estimate.learn import Learned, learned
 from ..monitor import gpu_reader
 from ..units import check_number, format_bytes
 from ._forecast import check_horizon
+from ._learning import Learning
 from ._objective import GuardedObjective
 from ._policy import Policy
 from ._pruner import GuardedPruner
@@ -75,8 +77,18 @@ class MemoryGuard:
           2 threads (the process's main thread and the guard's monitor thread).
         - A VRAM budget where no GPU is visible to NVML is predicted only, never measured: it warns once.
 
+    Learned footprints: ``footprint=None`` learns each trial's peak RAM, VRAM and threads from the study's
+    own trials (``optuna_memprune.estimate.learned``: monotone in each param, an upper bound missed by about
+    ``miss_rate`` of trials). Until ``warmup`` trials ran to the end, trials run unchecked under the monitor
+    and their record says "warming up" (a trial whose params are all at least those of a trial stopped over
+    the budget is rejected even then); after, admission, clamping and the constraints use the bound. With a
+    footprint function, ``learn=True`` (or ``learn=learned(...)``) corrects its figures by the ratio learned
+    from the observed peaks (before the warm-up: x1.10, or the largest ratio seen). The model is rebuilt from
+    the trial records, so it survives a restart and is shared by every worker of a storage.
+
     Args:
-        footprint: ``params dict -> Footprint``; the predicted peak of a trial run with those params.
+        footprint: ``params dict -> Footprint``; the predicted peak of a trial run with those params; or
+            ``None``: learned from the study's trials.
         budget: the per-process limits (at least one resource).
         on_infeasible: ``"clamp"`` (default) lowers clampable params to the nearest assignment that fits,
             and rejects the trial when none does; ``"reject"`` ends every infeasible trial PRUNED.
@@ -97,6 +109,8 @@ class MemoryGuard:
             (``optuna_memprune.monitor.forecast`` says when). ``None`` (default): the trial's
             ``n_timesteps`` or ``total_timesteps`` param where it has one, else no forecast; a positive int;
             a param name; a callable ``params -> int``; ``False``: no forecast.
+        learn: ``True`` or the settings of ``optuna_memprune.estimate.learned(...)`` to learn from observed
+            peaks; default: learn when ``footprint`` is ``None``, else use the footprint as it is.
 
     Example:
         >>> import optuna, optuna_memprune as omp
@@ -108,7 +122,7 @@ class MemoryGuard:
 
     def __init__(
         self,
-        footprint: Callable[[dict[str, Any]], Footprint],
+        footprint: Callable[[dict[str, Any]], Footprint] | None,
         budget: Budget,
         *,
         on_infeasible: str = "clamp",
@@ -119,13 +133,16 @@ class MemoryGuard:
         footprint_timeout: float | None = 5.0,
         on_footprint_error: str = "warn",
         horizon: Any = None,
+        learn: "bool | Learned | None" = None,
     ) -> None:
         from optuna.distributions import BaseDistribution
 
-        if not callable(footprint):
+        if footprint is not None and not callable(footprint):
             raise TypeError(
-                f"footprint must be a callable params dict -> Footprint, but got {type(footprint).__name__}."
+                "footprint must be a callable params dict -> Footprint, or None (learned from the study's "
+                f"trials), but got {type(footprint).__name__}."
             )
+        learning = _learning(footprint, learn)
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be an optuna_memprune.Budget, but got {type(budget).__name__}.")
         if not budget.resources:
@@ -163,7 +180,7 @@ class MemoryGuard:
         self._policy = Policy(footprint, budget, on_infeasible=on_infeasible, clamp=clamp, search_space=search_space,
                               interval=float(monitor_interval), soft=float(soft),
                               footprint_timeout=None if footprint_timeout is None else float(footprint_timeout),
-                              on_footprint_error=on_footprint_error)
+                              on_footprint_error=on_footprint_error, learning=learning)
         self._init_runtime_state()
         if budget.vram is not None and not _gpu_visible():
             self._warnings.once("vram-unmeasured", (
@@ -243,6 +260,22 @@ def _check_soft_line(budget: Budget, soft: float) -> None:
             f"The RAM soft line (soft={soft:g} x Budget.ram {format_bytes(budget.ram)}) must be at least "
             f"{format_bytes(RAM_FLOOR)} (a Python process running an Optuna trial takes more): raise ram or "
             f"soft.")
+
+
+def _learning(footprint: Any, learn: Any) -> Learning | None:
+    """The learned model ``learn=`` asks for (checked), or ``None``."""
+    if learn is None:
+        learn = footprint is None
+    if learn is False:
+        if footprint is None:
+            raise ValueError("learn=False needs a footprint function: with footprint=None the footprint is learned.")
+        return None
+    if learn is True:
+        learn = learned()
+    if not isinstance(learn, Learned):
+        raise TypeError("learn must be True, False, None or optuna_memprune.estimate.learned(...), but got "
+                        f"{type(learn).__name__}.")
+    return Learning(learn, corrected=footprint is not None)
 
 
 def _gpu_visible() -> bool:

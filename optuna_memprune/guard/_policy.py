@@ -20,6 +20,8 @@ from ._call import FootprintTimeout, LimitedCall, NoFootprint, NotAFootprint
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
+    from ._learning import Learning
+
     from ..monitor import Reading
     from ._trials import TrialGuardState, TrialRegistry
     from ._warn import OnceWarnings
@@ -43,12 +45,15 @@ class Policy:
         soft: the soft line as a fraction of the budget.
         footprint_timeout: seconds one footprint call may take, or ``None`` for no limit.
         on_footprint_error: ``"warn"`` or ``"raise"`` (what the sampler does when the footprint fails).
+        learning: the learned model (``guard/_learning.py``), or ``None``; with it ``footprint`` may be
+            ``None`` (the footprint is the learned bound).
     """
 
-    def __init__(self, footprint: Callable[[dict[str, Any]], Footprint], budget: Budget, *, on_infeasible: str,
-                 clamp: tuple[str, ...] | None, search_space: dict[str, "BaseDistribution"] | None,
-                 interval: float, soft: float, footprint_timeout: float | None = None,
-                 on_footprint_error: str = "warn") -> None:
+    def __init__(self, footprint: Callable[[dict[str, Any]], Footprint] | None, budget: Budget, *,
+                 on_infeasible: str, clamp: tuple[str, ...] | None,
+                 search_space: dict[str, "BaseDistribution"] | None, interval: float, soft: float,
+                 footprint_timeout: float | None = None, on_footprint_error: str = "warn",
+                 learning: "Learning | None" = None) -> None:
         self._footprint = footprint
         self._budget = budget
         self._on_infeasible = on_infeasible
@@ -58,6 +63,7 @@ class Policy:
         self._soft = soft
         self._footprint_timeout = footprint_timeout
         self._on_footprint_error = on_footprint_error
+        self._learning = learning
         self._init_cache()
 
     def _init_cache(self) -> None:
@@ -68,7 +74,7 @@ class Policy:
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("_footprint", "_budget", "_on_infeasible", "_clamp", "_search_space", "_interval", "_soft",
-                "_footprint_timeout", "_on_footprint_error")
+                "_footprint_timeout", "_on_footprint_error", "_learning")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -115,6 +121,25 @@ class Policy:
         return self._on_footprint_error
 
     @property
+    def learning(self) -> "Learning | None":
+        """The learned model (``None``: the footprint function's figures are used as they are)."""
+        return self._learning
+
+    @property
+    def can_clamp(self) -> bool:
+        """Whether an infeasible trial may be clamped now: not while a learned footprint warms up (it knows
+        only that some params need at least a stopped trial's peak, nothing of lower ones)."""
+        learning = self._learning
+        return self._on_infeasible == "clamp" and (learning is None or learning.corrected or learning.ready)
+
+    def learned_info(self, params: dict[str, Any], warmup: bool = False) -> dict[str, Any] | None:
+        """What the record says of the learned prediction of ``params`` (``None`` without learning)."""
+        if self._learning is None:
+            return None
+        raw = self._cached(params) if self._footprint is not None else None
+        return self._learning.info(params, raw, warmup)
+
+    @property
     def cached_footprints(self) -> int:
         """How many footprints the cache holds."""
         with self._lock:
@@ -129,6 +154,13 @@ class Policy:
         How the limit applies (a worker thread, abandoned past it; a cold start; calibration not counted):
         :class:`~optuna_memprune.guard._call.LimitedCall`. A late answer still fills the cache.
         """
+        if self._learning is not None:
+            raw = None if self._footprint is None else self._raw(params)
+            return self._learning.footprint(params, raw, self.limits)
+        return self._raw(params)
+
+    def _raw(self, params: dict[str, Any]) -> Footprint:
+        """The footprint function's own figures (cached)."""
         key = _key(params)
         hit = self._cached(params, key)
         if hit is not None:
@@ -300,10 +332,17 @@ class Policy:
                 pass  # the reason already says there is no footprint
             except Exception as exc:  # noqa: BLE001 - the record says why there is no prediction
                 reason = f"{reason}; no prediction after the run: {type(exc).__name__}: {exc}"
+        learned: dict[str, Any] = {}
+        if self._learning is not None:
+            learned = dict(state.learned or self.learned_info(params, warmup=prediction is None) or {})
         figures: dict[str, Any] = {}
         for r in RESOURCES:
             figures[f"pred_{r}"] = None if prediction is None else getattr(prediction, r)
             figures[f"budget_{r}"] = getattr(self._budget, r)
+        if prediction is not None and learned.get("center"):
+            # a learned prediction is the fit; the bound the guard decided on (and the constraints) beside it
+            learned["bound"] = {r: getattr(prediction, r) for r in RESOURCES}
+            figures.update({f"pred_{r}": int(v) for r, v in learned["center"].items() if r in RESOURCES})
         if state.concurrent:
             reason += "; other trials ran in this process at the same time (peaks are the process's)"
         for r in RESOURCES:
@@ -318,6 +357,7 @@ class Policy:
             breach=breach._asdict() if breach is not None else {},
             soft=self._soft,
             concurrent=state.concurrent,
+            learned=learned,
         )
 
 

@@ -16,6 +16,7 @@ from .. import _internals, records
 from ..records import Decision
 from ._call import NoFootprint
 from ._clamp import ClampSearch
+from ._learning import learn
 from ._policy import check_guard
 from ._trials import TrialGuardState
 from ._warn import FAILURES_BEFORE_WARNING
@@ -120,6 +121,7 @@ class GuardedSampler(BaseSampler):
             state.uncheck(problem.split(";")[0] + ": the trial runs unchecked under the monitor")
             return drawn
         assignment, locked = self._lookahead(study, trial, search_space, drawn)
+        learn(policy, study)
         try:
             self._check(state, assignment, search_space, locked)
         except Exception as exc:  # noqa: BLE001 - a broken footprint must not stop the study (unless asked)
@@ -180,8 +182,9 @@ class GuardedSampler(BaseSampler):
         """The footprint failed on ``assignment``: the trial runs unchecked, saying why; a param no earlier
         trial suggested is no failure. Repeated failures are warned about, or raised with
         ``on_footprint_error="raise"``."""
-        if isinstance(exc, NoFootprint):  # a guard without a footprint by design: no failure
+        if isinstance(exc, NoFootprint):  # a guard without a footprint by design, or one warming up: no failure
             state.uncheck(str(exc))
+            state.learned = self._guard.policy.learned_info(assignment, warmup=True)
             return
         policy = self._guard.policy
         name = policy.missing_param(exc, assignment)
@@ -248,10 +251,12 @@ class GuardedSampler(BaseSampler):
         footprint = policy.predict(assignment)
         state.prediction = footprint
         if not policy.excess(footprint):
+            state.learned = policy.learned_info(assignment)
             state.decision, state.reason = Decision.ADMITTED, "predicted to fit under the soft line"
             return
         over = policy.describe_excess(footprint)
-        if policy.on_infeasible == "reject":
+        state.learned = policy.learned_info(assignment)
+        if not policy.can_clamp:
             state.decision, state.reason = Decision.REJECTED, f"predicted over budget: {over}"
             return
         names = policy.clamp if policy.clamp is not None else list(space)
@@ -268,6 +273,7 @@ class GuardedSampler(BaseSampler):
         clamped, footprint = result
         state.clamped_from = {n: assignment[n] for n in clamped if clamped[n] != assignment[n]}
         state.assignment, state.prediction = clamped, footprint
+        state.learned = policy.learned_info(clamped)
         state.decision = Decision.CLAMPED
         moves = ", ".join(f"{n} {assignment[n]!r} -> {clamped[n]!r}" for n in state.clamped_from)
         state.reason = f"predicted over budget: {over}; lowered {moves} ({policy.describe_figures(footprint)})"

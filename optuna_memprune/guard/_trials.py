@@ -44,6 +44,7 @@ class TrialGuardState:
     first_seen: str | None = None   # the param the footprint asked for that no earlier trial suggested
     footprint_failed: bool = False  # the footprint raised, timed out or returned no Footprint at launch
     oom_kills: int | None = None    # the host's OOM-kill count when the runner launched the trial's process
+    learned: dict[str, Any] | None = None  # the record's word on a learned prediction (mode, phase, raw)
 
     @property
     def checked(self) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+from . import _learned
 from ._dashboard import save_notes, trial_note
 from ._data import GuardedTrial, Margin, Quality, ReportData, ReportError, RunningTrial, build, load
 from ._html import render as render_html
@@ -25,5 +26,10 @@ __all__ = [
 
 
 def render_json(data: ReportData) -> str:
-    """The report as JSON text: ``data.to_json_dict()`` with stable keys (README: "Reviewing a study")."""
-    return json.dumps(data.to_json_dict(), indent=1, allow_nan=False)
+    """The report as JSON text: ``data.to_json_dict()`` with stable keys (README: "Reviewing a study"), and
+    ``learned`` (its rows and quality) when some trial has a learned prediction."""
+    out = data.to_json_dict()
+    learned = _learned.json_dict(data)
+    if learned is not None:
+        out["learned"] = learned
+    return json.dumps(out, indent=1, allow_nan=False)

@@ -16,6 +16,7 @@ from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision
 from . import _format as fmt
 from . import _forecast
+from . import _learned
 from ._table import margin_line, running_word
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ def render(data: "ReportData") -> str:
             ("timelines", "Memory timelines", _timelines),
             ("decisions", "Decisions over trial number", _decisions),
             ("breakdown", "Footprint of the largest admitted trial", _breakdown),
+            *((("learned", "Learned predictions over trial number",
+                lambda d: _learned.plot(d, _figure, _svg)),) if _learned.rows(data) else ()),
         ):
             svg, caption = draw(data)
             svg = None if svg is None else _scoped(svg, plot_id)

@@ -11,6 +11,7 @@ from ..records import RESOURCES, Decision
 from . import _format as fmt
 from ._forecast import forecast_stops
 from ._forecast import table as forecast_table
+from . import _learned
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -72,7 +73,9 @@ def render(data: "ReportData") -> "Group":
     running = [Text(), _running(data)] if data.running else []
     stops = forecast_stops(data.trials)
     running += [Text(), forecast_table(stops)] if stops else []
-    return Group(header, Text(), counts, Text(), notable, *running, Text(), quality, note, Text(),
+    learned_table = _learned.table(data)
+    learned = [Text(), learned_table, *(Text(line) for line in _learned.lines(data))] if learned_table else []
+    return Group(header, Text(), counts, Text(), notable, *running, Text(), quality, note, *learned, Text(),
                  Text(margin_line(data)))
 
 

@@ -1,0 +1,196 @@
+"""The guard's learned footprint: the model of the study's own trials (``estimate/learn.py``), refreshed
+from the study's trial records, and the footprint it gives before and after its warm-up.
+
+Owns turning records into observations (which trials count, which are censored), when to refit, and the
+footprint the guard uses: the learned upper bound (no footprint function), or the footprint function's
+figures corrected by the learned ratio. Knows nothing of the sampler's lookahead, monitors or processes;
+its state is the records, so a restarted study or another worker of the same storage rebuilds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Mapping
+
+from .. import _internals, records
+from ..estimate.footprint import Component, Footprint, Kind
+from ..estimate.learn import RESOURCES, Learned, Model, Observation
+from ..records import Decision
+from ..units import format_bytes
+from ._call import NoFootprint
+
+if TYPE_CHECKING:
+    import optuna
+
+_logger = logging.getLogger("optuna_memprune.guard")
+#: Before a footprint function's correction is learned, its figures are multiplied by the larger of this
+#: and the largest observed/predicted ratio seen: a clamped trial then has a tenth of room under the line.
+WARMUP_RATIO = 1.10
+#: A trial that ended this way reached at least its peaks: its peaks are lower bounds (censored).
+_CENSORED = (Decision.STOPPED, Decision.OUT_OF_MEMORY, Decision.SOFT_PRUNED)
+
+
+class Learning:
+    """A guard's learned model: settings, mode (``"learned"``: no footprint function; ``"corrected"``: the
+    function's figures corrected), and the model of the observations read so far (per process).
+
+    Pickles its settings and mode only: each process rebuilds the model from the study's records.
+    """
+
+    def __init__(self, settings: Learned, corrected: bool) -> None:
+        self.settings, self.corrected = settings, corrected
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[int, Observation | None] = {}  # finished trial id -> observation (None: not one)
+        self.model: Model = self.settings.fit([], corrected=self.corrected)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings, "corrected": self.corrected}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_state()
+
+    @property
+    def mode(self) -> str:
+        return "corrected" if self.corrected else "learned"
+
+    @property
+    def ready(self) -> bool:
+        return self.model.ready
+
+    # -- the records ----------------------------------------------------------------------------------
+
+    def refresh(self, study: "optuna.Study") -> Model:
+        """Read the study's finished trials not read yet (a finished record never changes) and refit when
+        any of them is an observation. Safe to call from several threads."""
+        from optuna.trial import TrialState
+
+        with self._lock:
+            new = False
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                               TrialState.FAIL)):
+                key = _internals.trial_id(t)
+                if key in self._seen:
+                    continue
+                obs = observation(t.number, t.state, t.params, t.user_attrs, corrected=self.corrected)
+                self._seen[key] = obs
+                new = new or obs is not None
+            if new:
+                self.model = self.settings.fit(sorted((o for o in self._seen.values() if o is not None),
+                                                      key=lambda o: o.number or 0), corrected=self.corrected)
+            return self.model
+
+    # -- the footprint --------------------------------------------------------------------------------
+
+    def footprint(self, params: dict[str, Any], raw: Footprint | None, limits: Mapping[str, int]) -> Footprint:
+        """The footprint the guard uses for ``params``: the bound (``raw`` is ``None``) or ``raw`` corrected.
+
+        Before the warm-up without a footprint function: :class:`NoFootprint` (the trial runs unchecked),
+        unless the params dominate a censored trial whose peak is over ``limits`` (then that peak: memory is
+        monotone, so this one needs at least as much)."""
+        model = self.model
+        if raw is None:
+            if not model.ready:
+                floor = model.floor(params)
+                if any(floor.get(r, 0) > v for r, v in limits.items()):
+                    number = model.dominated_by(params)
+                    return _single(floor, f"at least trial #{number}'s peak (stopped there; these params are "
+                                   "as large in every param that takes memory)")
+                raise NoFootprint(self.warmup_reason())
+            return _single(model.bound(params), f"learned upper bound ({model.n} trials, miss rate "
+                           f"{model.miss_rate:.0%})")
+        figures = {r: getattr(raw, r) for r in RESOURCES}
+        if model.ready:
+            bound = model.bound(params, figures)
+            note = f"learned from {model.n} trials (miss rate {model.miss_rate:.0%})"
+        else:
+            ratio = max([WARMUP_RATIO, *self._ratios()])
+            bound = {r: int(figures[r] * ratio) if r != "threads" else figures[r] for r in RESOURCES}
+            note = f"warm-up x{ratio:.3f} ({model.n} of {self.settings.warmup} trials observed)"
+        return _corrected(raw, bound, note)
+
+    def _ratios(self) -> list[float]:
+        return [float(o.peaks["ram"]) / float(o.predicted["ram"]) for o in self.model.observations
+                if not o.censored and o.predicted and o.predicted.get("ram") and o.peaks.get("ram")]
+
+    def warmup_reason(self) -> str:
+        return (f"learned footprint warming up: {self.model.n} of {self.settings.warmup} trials observed to the "
+                "end; the trial runs unchecked under the monitor")
+
+    def info(self, params: Mapping[str, Any], raw: Footprint | None, warmup: bool) -> dict[str, Any]:
+        """What the record says of the learned prediction: mode, phase, trials, miss rate, the fit's own
+        figures (``center``: the bound without its conformal factor), the footprint function's (``raw``,
+        corrected mode; what the next fits learn from)."""
+        model = self.model
+        out: dict[str, Any] = {"mode": self.mode, "phase": "warm-up" if warmup or not model.ready else "bound",
+                               "n": model.n, "warmup": self.settings.warmup, "miss_rate": model.miss_rate}
+        factor = model.factor("ram")
+        if factor is not None and model.ready:
+            out["factor_ram"] = round(factor, 4)
+        if model.ready and not warmup:
+            try:
+                figures = None if raw is None else {r: getattr(raw, r) for r in RESOURCES}
+                out["center"] = model.center(params, figures)
+            except ValueError:  # a param the model cannot read: the record keeps the rest
+                pass
+        if raw is not None:
+            out["raw"] = {r: int(getattr(raw, r)) for r in RESOURCES}
+        return out
+
+
+def observation(number: int, state: Any, params: Mapping[str, Any], user_attrs: Mapping[str, Any], *,
+                corrected: bool) -> Observation | None:
+    """A finished trial as an observation: ``None`` without a record, a peak, alone in its process (peaks of
+    trials that shared it are the process's), or, when ``corrected``, the footprint function's figures.
+    A trial stopped, soft-pruned, out of memory, pruned or failed reached at least its peaks (censored)."""
+    from optuna.trial import TrialState
+
+    record = records.read(user_attrs)
+    if record is None or record.concurrent or record.decision is Decision.REJECTED:
+        return None
+    peaks = {r: getattr(record, f"peak_{r}") for r in RESOURCES}
+    if peaks["ram"] is None and peaks["threads"] is None:
+        return None
+    predicted = None
+    if corrected:
+        predicted = (record.learned or {}).get("raw")
+        if not predicted:
+            return None
+    censored = record.decision in _CENSORED or state != TrialState.COMPLETE
+    return Observation(dict(params), peaks, censored, predicted, number)
+
+
+def _single(figures: Mapping[str, int], name: str) -> Footprint:
+    return Footprint((Component(name, Kind.OTHER, ram=int(figures.get("ram", 0)), vram=int(figures.get("vram", 0)),
+                                threads=int(figures.get("threads", 0))),))
+
+
+def _corrected(raw: Footprint, bound: Mapping[str, int], note: str) -> Footprint:
+    """``raw``'s components scaled so RAM and VRAM total ``bound``'s, threads raised to it, and a component
+    naming the correction."""
+    factors = {r: (bound[r] / getattr(raw, r)) if getattr(raw, r) else 1.0 for r in ("ram", "vram")}
+    parts = [Component(c.name, c.kind, ram=int(round(c.ram * factors["ram"])), vram=int(round(c.vram * factors["vram"])),
+                       threads=c.threads, processes=c.processes, note=c.note) for c in raw.components]
+    extra = {r: max(bound[r] - sum(getattr(c, r) for c in parts), 0) for r in RESOURCES}
+    diff = bound["ram"] - raw.ram
+    parts.append(Component("learned correction", Kind.OTHER, ram=extra["ram"], vram=extra["vram"],
+                           threads=extra["threads"],
+                           note=f"RAM x{factors['ram']:.3f} ({'+' if diff >= 0 else '-'}{format_bytes(abs(diff))}); "
+                           f"{note}"))
+    return Footprint(tuple(parts))
+
+
+def learn(policy: Any, study: "optuna.Study") -> None:
+    """Refresh ``policy``'s learned model from ``study``'s records, if it learns; a failure to read them
+    is logged and the model stays as it was (the guard's own failure never stops a study)."""
+    learning = policy.learning
+    if learning is None:
+        return
+    try:
+        learning.refresh(study)
+    except Exception:  # noqa: BLE001
+        _logger.exception("memprune: reading the study's records for the learned footprint failed")

@@ -1,0 +1,173 @@
+"""Learned footprints on real studies with no footprint function, guarded against unguarded, same seed.
+
+Three studies (``scripts/_learned_workloads.py``): a Keras (TensorFlow CPU) DQN on CartPole with a
+``deque`` replay memory (``maxlen``, width, batch size tuned), LightGBM (rows, ``num_leaves``, ``max_bin``)
+and a torch MLP whose widths and batches include sizes that cannot fit. Each runs twice under the same
+per-trial RAM budget (about a third of its space exceeds it), with the same TPE seed, in the process-per-
+trial runner (``omp.optimize``) with the budget held by a cgroup v1 hard limit (``enforce="cgroup"``):
+
+- guarded: ``MemoryGuard(None, budget, learn=learned(miss_rate=...))``: trials run unchecked through the
+  warm-up, then are admitted, clamped or rejected by the learned upper bound;
+- unguarded: a guard whose footprint predicts nothing (``MonitorOnly``): every trial launches, and the
+  kernel's hard limit (or the runner's watchdog, whichever acts first) ends the ones over the budget.
+
+Measured per study: launches after the warm-up that ended over the budget (stopped, out of memory), trials
+lost (left RUNNING, or a study that raised), wasted compute (seconds of trials that ended over the budget),
+and the learned prediction's median error ``(peak - pred) / peak`` over the guarded trials that ran to the
+end after the warm-up. Last line::
+
+    LEARNED studies=<k> over_budget_launches_after_warmup=<x>% lost=<n> wasted_compute_guarded=<s>
+    wasted_compute_unguarded=<s> learned_median_err=<x>%
+
+Targets: over-budget launches after warm-up <= 5%, nothing lost, guarded wasted compute <= a quarter of
+unguarded. A study whose package is missing is skipped with the reason (``studies=`` counts the ones run).
+
+Packages (not in the project's extras): a venv of your own, made from the project venv's python, that also
+sees the project venv's packages (torch, optuna, gymnasium) through a ``.pth`` file, since
+``--system-site-packages`` reaches only the base interpreter's::
+
+    $PROJECT_VENV/bin/python -m venv --system-site-packages $BENCH_VENV
+    $BENCH_VENV/bin/pip install tensorflow-cpu==2.21.0 lightgbm==4.7.0
+    $PROJECT_VENV/bin/python -c "import site; print(site.getsitepackages()[0])" \
+        > $BENCH_VENV/lib/python3.11/site-packages/project-venv.pth
+    $BENCH_VENV/bin/python scripts/bench_learned.py
+
+Run: ``python scripts/bench_learned.py [--smoke] [--trials N] [--studies a,b] [--seed S] [--miss-rate R]``
+(``--smoke``: the torch study only, 8 trials). Needs a cgroup v1 or v2 memory controller this process may
+make groups in (root); without one it says so and runs with the watchdog's polling instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import optuna  # noqa: E402
+
+import _learned_workloads as workloads  # noqa: E402
+import optuna_memprune as omp  # noqa: E402
+from optuna_memprune import cgroups  # noqa: E402
+from optuna_memprune.guard._call import MonitorOnly  # noqa: E402
+from optuna_memprune.ledger import HostBudget, Ledger  # noqa: E402
+from optuna_memprune.records import Decision  # noqa: E402
+
+MiB = 2**20
+#: Per-trial RAM budgets: about a third of each space's trials exceed them (the unguarded runs show it).
+BUDGETS = {"keras_dqn": "1000MiB", "lightgbm": "400MiB", "torch_mlp": "600MiB"}
+NEEDS = {"keras_dqn": ("tensorflow", "gymnasium"), "lightgbm": ("lightgbm",), "torch_mlp": ("torch",)}
+OVER = (Decision.STOPPED, Decision.OUT_OF_MEMORY)
+
+
+def run_one(name: str, guarded: bool, args: argparse.Namespace, where: Path, enforce: str) -> dict:
+    budget = omp.Budget(ram=BUDGETS[name])
+    space = workloads.SPACES[name]
+    if guarded:
+        guard = omp.MemoryGuard(None, budget, search_space=space,
+                                learn=omp.estimate.learned(miss_rate=args.miss_rate))
+    else:
+        guard = omp.MemoryGuard(MonitorOnly("unguarded baseline: every trial launches, held by the hard limit"),
+                                budget, search_space=space)
+    kind = "guarded" if guarded else "unguarded"
+    study = optuna.create_study(
+        storage=f"sqlite:///{where / f'{name}-{kind}.db'}", study_name=name,
+        sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=args.seed, n_startup_trials=8)),
+        pruner=guard.wrap_pruner(None))
+    ledger = Ledger(HostBudget(ram="6GiB", headroom=0.0), url=f"sqlite:///{where / f'ledger-{name}-{kind}.db'}",
+                    host=f"bench-{name}-{kind}")
+    error = None
+    start = time.monotonic()
+    try:
+        omp.optimize(study, workloads.OBJECTIVES[name], guard=guard, n_trials=args.trials, host=ledger,
+                     enforce=enforce, progress=False)
+    except Exception as exc:  # noqa: BLE001 - a study that raised counts as lost
+        error = f"{type(exc).__name__}: {exc}"
+    wall = time.monotonic() - start
+    return summarize(study, budget, guarded, error, wall)
+
+
+def summarize(study: optuna.Study, budget: omp.Budget, guarded: bool, error: str | None, wall: float) -> dict:
+    trials = study.trials
+    lost = sum(not t.state.is_finished() for t in trials) + (error is not None)
+    wasted, launched_after, over_after, errors, stopped = 0.0, 0, 0, [], 0
+    for t in trials:
+        record = omp.read_record(t.user_attrs)
+        if record is None:
+            continue
+        over = record.decision in OVER
+        stopped += over
+        if over and t.datetime_start and t.datetime_complete:
+            wasted += (t.datetime_complete - t.datetime_start).total_seconds()
+        if guarded and record.learned.get("phase") == "bound" and record.decision is not Decision.REJECTED:
+            launched_after += 1
+            over_after += over
+            if t.state == optuna.trial.TrialState.COMPLETE and record.pred_ram and record.peak_ram:
+                errors.append((record.peak_ram - record.pred_ram) / record.peak_ram)
+    decisions: dict[str, int] = {}
+    for t in trials:
+        record = omp.read_record(t.user_attrs)
+        key = record.decision.value if record else "no record"
+        decisions[key] = decisions.get(key, 0) + 1
+    return {"trials": len(trials), "lost": lost, "error": error, "wasted": wasted, "stopped": stopped,
+            "launched_after": launched_after, "over_after": over_after, "errors": errors, "wall": wall,
+            "decisions": decisions}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="the torch study only, 8 trials")
+    parser.add_argument("--trials", type=int, default=None)
+    parser.add_argument("--studies", default=None, help="comma-separated: keras_dqn,lightgbm,torch_mlp")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--miss-rate", type=float, default=0.2)
+    args = parser.parse_args()
+    args.trials = args.trials or (8 if args.smoke else 24)
+    names = args.studies.split(",") if args.studies else (["torch_mlp"] if args.smoke else ["torch_mlp", "lightgbm", "keras_dqn"])
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if "torch_mlp" in names and importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401 - loaded here, the runner's fork server preloads it: a trial does not import it
+
+    place, why = cgroups.place()
+    enforce = "cgroup" if place is not None and place.memory else "polling"
+    print(f"hard limit: {'cgroup v%d memory group per trial' % place.version if enforce == 'cgroup' else why}; "
+          f"{args.trials} trials per study, seed {args.seed}, miss rate {args.miss_rate:g} "
+          f"(warm-up {omp.estimate.learned(miss_rate=args.miss_rate).warmup})")
+    totals = {"studies": 0, "lost": 0, "wasted_g": 0.0, "wasted_u": 0.0, "launched": 0, "over": 0, "errors": []}
+    with tempfile.TemporaryDirectory(prefix="bench-learned-") as tmp:
+        for name in names:
+            missing = [m for m in NEEDS[name] if importlib.util.find_spec(m) is None]
+            if missing:
+                print(f"{name}: skipped, {', '.join(missing)} not installed (see this script's docstring)")
+                continue
+            g = run_one(name, True, args, Path(tmp), enforce)
+            u = run_one(name, False, args, Path(tmp), enforce)
+            totals["studies"] += 1
+            totals["lost"] += g["lost"] + u["lost"]
+            totals["wasted_g"] += g["wasted"]
+            totals["wasted_u"] += u["wasted"]
+            totals["launched"] += g["launched_after"]
+            totals["over"] += g["over_after"]
+            totals["errors"] += g["errors"]
+            med = f"{100 * statistics.median(g['errors']):+.1f}%" if g["errors"] else "-"
+            print(f"{name} (budget {BUDGETS[name]}): unguarded {u['stopped']}/{u['trials']} over budget, "
+                  f"wasted {u['wasted']:.1f} s, {u['wall']:.0f} s; guarded {g['decisions']}, over budget after "
+                  f"warm-up {g['over_after']}/{g['launched_after']} launches, wasted {g['wasted']:.1f} s, median "
+                  f"error {med}, {g['wall']:.0f} s" + "".join(f"; {k} raised {r['error']}" for k, r in
+                                                              (("guarded", g), ("unguarded", u)) if r["error"]))
+    rate = 100 * totals["over"] / totals["launched"] if totals["launched"] else 0.0
+    err = 100 * statistics.median(totals["errors"]) if totals["errors"] else float("nan")
+    print(f"LEARNED studies={totals['studies']} over_budget_launches_after_warmup={rate:.1f}% lost={totals['lost']} "
+          f"wasted_compute_guarded={totals['wasted_g']:.1f} wasted_compute_unguarded={totals['wasted_u']:.1f} "
+          f"learned_median_err={err:+.1f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The learned footprint's model (estimate/learn.py) on synthetic observations: directions, monotone
+bounds, censored trials, the conformal bound's coverage, corrected mode and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from optuna_memprune.estimate import learned
+from optuna_memprune.estimate.checks import EstimateError
+from optuna_memprune.estimate.learn import Observation
+
+MiB = 2**20
+
+
+def _truth(p: dict) -> float:
+    """A DQN-like peak: baseline, a buffer linear in maxlen, weights quadratic in width, activations
+    width x batch, an optimizer state that only Adam has; ``chunks`` lowers memory as it grows."""
+    return (300 * MiB + p["maxlen"] * 4000 + p["width"] ** 2 * 64 + p["batch"] * p["width"] * 16
+            + (50 * MiB if p["opt"] == "adam" else 0) + 200 * MiB // p["chunks"])
+
+
+def _sample(rng: np.random.Generator) -> dict:
+    return {"maxlen": int(rng.integers(1000, 200_000)), "width": int(2 ** rng.uniform(5, 11)),
+            "batch": int(rng.choice([32, 64, 128, 256])), "lr": float(10 ** rng.uniform(-5, -2)),
+            "opt": str(rng.choice(["adam", "sgd"])), "chunks": int(rng.integers(1, 9))}
+
+
+def _observe(rng: np.random.Generator, n: int, noise: float = 0.04) -> list[Observation]:
+    out = []
+    for i in range(n):
+        p = _sample(rng)
+        out.append(Observation(p, {"ram": _truth(p) * rng.uniform(1 - noise, 1 + noise), "threads": 5}, number=i))
+    return out
+
+
+def test_directions_are_read_from_the_data_and_a_declared_one_wins() -> None:
+    obs = _observe(np.random.default_rng(0), 30)
+    model = learned().fit(obs)
+    assert model.directions["maxlen"] == 1 and model.directions["width"] == 1
+    assert model.directions["chunks"] == -1  # memory shrinks as chunks grows
+    assert learned(monotone={"chunks": 1}).fit(obs).directions["chunks"] == 1
+
+
+def test_the_bound_is_monotone_in_each_param_in_its_direction() -> None:
+    model = learned().fit(_observe(np.random.default_rng(1), 30))
+    p = {"maxlen": 50_000, "width": 256, "batch": 64, "lr": 1e-3, "opt": "sgd", "chunks": 4}
+    base = model.bound(p)["ram"]
+    assert model.bound({**p, "maxlen": 150_000})["ram"] > base
+    assert model.bound({**p, "width": 1024})["ram"] > base
+    assert model.bound({**p, "chunks": 1})["ram"] >= base  # lowering a decreasing param never lowers memory
+    assert model.bound({**p, "opt": "adam"})["ram"] >= base
+    assert model.bound(p)["threads"] == 5
+
+
+def test_conformal_bound_covers_about_its_stated_share_on_new_trials() -> None:
+    rng = np.random.default_rng(2)
+    model = learned(miss_rate=0.1).fit(_observe(rng, 30))
+    assert model.ready and model.n == 30
+    new = _observe(rng, 400)
+    misses = sum(o.peaks["ram"] > model.bound(o.params)["ram"] for o in new)
+    errors = [abs(model.center(o.params)["ram"] - o.peaks["ram"]) / o.peaks["ram"] for o in new]
+    assert misses / len(new) <= 0.1
+    assert float(np.median(errors)) < 0.05
+    # the bound is tight: on average within a fifth of the peak
+    assert np.mean([model.bound(o.params)["ram"] / o.peaks["ram"] for o in new]) < 1.2
+
+
+def test_warmup_is_the_fewest_trials_that_give_a_bound_and_censored_trials_do_not_count() -> None:
+    assert learned().warmup == 9 and learned(miss_rate=0.2).warmup == 4 and learned(miss_rate=0.05).warmup == 19
+    rng = np.random.default_rng(3)
+    obs = _observe(rng, 8)
+    assert not learned().fit(obs).ready
+    stopped = [Observation(o.params, o.peaks, censored=True, number=o.number) for o in _observe(rng, 5)]
+    model = learned().fit(obs + stopped)
+    assert model.n == 8 and not model.ready
+    assert learned().fit(obs + _observe(rng, 1)).ready
+
+
+def test_a_censored_trial_raises_the_bound_of_every_assignment_that_dominates_it() -> None:
+    rng = np.random.default_rng(4)
+    obs = _observe(rng, 12)
+    p = {"maxlen": 100_000, "width": 512, "batch": 128, "lr": 1e-3, "opt": "sgd", "chunks": 2}
+    stopped = Observation(p, {"ram": 4096 * MiB}, censored=True, number=99)  # killed at 4 GiB: at least that
+    model = learned().fit([*obs, stopped])
+    assert model.bound({**p, "maxlen": 120_000, "chunks": 1})["ram"] >= 4096 * MiB  # larger everywhere
+    assert model.dominated_by({**p, "width": 600}) == 99
+    assert model.dominated_by({**p, "maxlen": 50_000}) is None  # smaller in one param: not known
+    assert model.floor({**p, "opt": "adam"}) == {}  # another label: not comparable
+    # a censored peak above the fit pulls the fit up (it needed at least that), one below it does not lower it
+    low = Observation(p, {"ram": 10 * MiB}, censored=True, number=98)
+    assert learned().fit([*obs, low]).center(p)["ram"] == pytest.approx(learned().fit(obs).center(p)["ram"], rel=0.02)
+
+
+def test_corrected_mode_learns_the_ratio_to_a_footprint_functions_figures() -> None:
+    rng = np.random.default_rng(5)
+    obs = []
+    for i in range(12):
+        pred = float(rng.uniform(200, 700)) * MiB
+        peak = (pred + 40 * MiB) * rng.uniform(0.99, 1.01)  # the function misses a constant 40 MiB
+        obs.append(Observation({"x": i}, {"ram": peak, "threads": 5}, predicted={"ram": pred, "threads": 5},
+                               number=i))
+    model = learned().fit(obs, corrected=True)
+    assert model.ready
+    figures = {"ram": 500 * MiB, "vram": 0, "threads": 5}
+    center, bound = model.center({"x": 0}, figures), model.bound({"x": 0}, figures)
+    assert 535 * MiB <= center["ram"] <= 545 * MiB and center["threads"] == bound["threads"] == 5
+    # the bound is at least the fit / 0.95: a trial under the line crosses it only 5% over the fit
+    assert center["ram"] / 0.95 <= bound["ram"] <= 600 * MiB
+
+
+def test_bad_settings_and_params_raise_naming_what_was_expected() -> None:
+    with pytest.raises(EstimateError, match=r"miss_rate must be a share in \(0, 0.5\], but got 0.9"):
+        learned(miss_rate=0.9)
+    with pytest.raises(EstimateError, match=r"warmup must be an int >= 9 .* but got 3"):
+        learned(warmup=3)
+    with pytest.raises(EstimateError, match=r"monotone\['width'\] must be \+1 .* but got 2"):
+        learned(monotone={"width": 2})
+    with pytest.raises(EstimateError, match="categorical must be a list of param names"):
+        learned(categorical="opt")
+    model = learned().fit(_observe(np.random.default_rng(6), 10))
+    p = {"maxlen": 1000, "width": 64, "batch": 32, "lr": 1e-3, "opt": "sgd", "chunks": 1}
+    with pytest.raises(EstimateError, match=r"param 'width' must be a number .* but got 'wide'"):
+        model.bound({**p, "width": "wide"})
+    with pytest.raises(EstimateError, match=r"param 'lr' must be positive .* but got -1"):
+        model.bound({**p, "lr": -1})
+    # a label no trial ran is priced as the costliest label seen
+    assert model.bound({**p, "opt": "rmsprop"})["ram"] >= model.bound(p)["ram"]

@@ -1,0 +1,22 @@
+"""Objectives for the learned footprint's tests: module-level, so they pickle into the runner's children.
+
+Each touches real memory driven by its params (numpy pages written), with no footprint function anywhere.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import optuna
+
+MiB = 2**20
+
+
+def alloc(trial: optuna.Trial) -> float:
+    """``mb`` MiB written and held 0.1 s; ``lr`` takes no memory."""
+    mb = trial.suggest_int("mb", 8, 480, log=True)
+    lr = trial.suggest_float("lr", 1e-4, 1e-1, log=True)
+    block = np.ones(mb * MiB, dtype=np.uint8)
+    time.sleep(0.1)
+    return float(block[::4096].sum()) * lr

@@ -1,0 +1,132 @@
+"""MemoryGuard(None, budget): footprints learned from the study's own trials, with real allocations and
+real storages, in process and process per trial; the model rebuilt from the records after a restart."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.distributions import FloatDistribution, IntDistribution
+
+import optuna_memprune as omp
+from optuna_memprune.ledger import HostBudget, Ledger
+from optuna_memprune.records import Decision
+
+import _learned_objectives as objectives
+
+MiB = 2**20
+SPACE = {"mb": IntDistribution(8, 480, log=True), "lr": FloatDistribution(1e-4, 1e-1, log=True)}
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _study(url: str, guard: omp.MemoryGuard, seed: int = 0) -> optuna.Study:
+    return optuna.create_study(storage=url, study_name="learned", load_if_exists=True,
+                               sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=seed)),
+                               pruner=guard.wrap_pruner(None))
+
+
+def _records(study: optuna.Study) -> list[tuple[optuna.trial.FrozenTrial, omp.guard.TrialRecord]]:
+    out = []
+    for t in study.trials:
+        assert t.state.is_finished(), f"trial {t.number} left {t.state.name}"
+        record = omp.read_record(t.user_attrs)
+        assert record is not None, f"trial {t.number} has no record"
+        out.append((t, record))
+    return out
+
+
+def _check_warmup_then_bound(rows, warmup: int) -> list:
+    """Every trial before ``warmup`` trials ran to the end is unchecked and says it warms up (or was rejected
+    for dominating a stopped trial); from then on every trial's prediction is the learned bound."""
+    done, bounded = 0, []
+    for t, r in rows:
+        if done < warmup:
+            assert r.learned["phase"] == "warm-up", (t.number, r)
+            assert r.decision in (Decision.UNCHECKED, Decision.STOPPED, Decision.REJECTED), (t.number, r)
+            if r.decision is Decision.UNCHECKED:
+                assert "warming up" in r.reason and r.pred_ram is None, (t.number, r.reason)
+        else:
+            assert r.learned["phase"] == "bound" and r.learned["n"] >= warmup, (t.number, r.learned)
+            assert r.decision in (Decision.ADMITTED, Decision.CLAMPED, Decision.REJECTED), (t.number, r)
+            assert r.pred_ram is not None and "learned upper bound" in r.breakdown["components"][0]["name"]
+            bounded.append((t, r))
+        done += t.state == optuna.trial.TrialState.COMPLETE and r.decision is not Decision.STOPPED
+    return bounded
+
+
+def test_in_process_trials_run_unchecked_through_the_warmup_then_are_checked_by_the_learned_bound(tmp_path) -> None:
+    base = psutil.Process().memory_info().rss
+    budget = omp.Budget(ram=base + 320 * MiB)
+    guard = omp.MemoryGuard(None, budget, search_space=SPACE, learn=omp.estimate.learned(miss_rate=0.2))
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = _study(url, guard)
+    study.optimize(guard.wrap_objective(objectives.alloc), n_trials=10)
+    bounded = _check_warmup_then_bound(_records(study), warmup=4)
+    assert len(bounded) >= 4
+    errors = []
+    for t, r in bounded:
+        bound = r.learned["bound"]["ram"]  # what the guard decided on; pred_ram is the fit
+        assert bound >= r.pred_ram
+        if r.decision is not Decision.REJECTED:  # admitted and clamped trials fit: the bound held
+            assert r.peak_ram <= budget.ram and bound <= 0.9 * budget.ram, (t.number, r)
+            errors.append((r.peak_ram - r.pred_ram) / r.peak_ram)
+        else:
+            assert bound > 0.9 * budget.ram and r.constraints()["memprune_ram"] > 0  # the constraint uses the bound
+    errors.sort()
+    assert abs(errors[len(errors) // 2]) < 0.05, errors  # the fit's median error
+    # the report: the learned predictions are their own rows, quality line and plot
+    from optuna_memprune import report
+
+    data = report.build(study)
+    learned = json.loads(report.render_json(data))["learned"]
+    assert [row["number"] for row in learned["rows"]] == list(range(10))
+    assert learned["median_rel_error_center"] is not None and learned["warmup_trials"] >= 4
+    assert 'id="plot-learned"' in report.render_html(data)
+    # a restart: a new guard knows nothing but the storage, and its first trial is checked by the bound
+    fresh = omp.MemoryGuard(None, budget, search_space=SPACE, learn=omp.estimate.learned(miss_rate=0.2))
+    again = _study(url, fresh, seed=1)
+    again.optimize(fresh.wrap_objective(objectives.alloc), n_trials=1)
+    last = omp.read_record(again.trials[-1].user_attrs)
+    assert last.learned["phase"] == "bound" and last.learned["n"] >= 4 and last.pred_ram is not None
+
+
+def test_a_stopped_trial_makes_every_larger_assignment_rejected_even_in_the_warmup(tmp_path) -> None:
+    base = psutil.Process().memory_info().rss
+    budget = omp.Budget(ram=base + 200 * MiB)
+    guard = omp.MemoryGuard(None, budget, search_space=SPACE)
+    study = _study(f"sqlite:///{tmp_path / 'study.db'}", guard)
+    study.enqueue_trial({"mb": 300, "lr": 1e-3})   # over the budget: stopped in process
+    study.enqueue_trial({"mb": 400, "lr": 1e-3})   # larger in the param that takes memory: rejected
+    study.enqueue_trial({"mb": 20, "lr": 1e-3})    # smaller: nothing known, unchecked
+    study.optimize(guard.wrap_objective(objectives.alloc), n_trials=3)
+    (_, first), (_, second), (_, third) = _records(study)
+    assert first.decision is Decision.STOPPED
+    assert second.decision is Decision.REJECTED and "at least trial #0" in second.breakdown["components"][0]["name"]
+    assert third.decision is Decision.UNCHECKED and "warming up" in third.reason
+
+
+@pytest.mark.slow
+def test_optimize_workers_share_the_learned_model_through_the_storage(tmp_path) -> None:
+    budget = omp.Budget(ram="700MiB")
+    guard = omp.MemoryGuard(None, budget, search_space=SPACE, learn=omp.estimate.learned(miss_rate=0.2))
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    ledger = Ledger(HostBudget(ram="4GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+                    host="test-host")
+    omp.optimize(_study(url, guard), objectives.alloc, guard=guard, n_trials=8, n_workers=2, host=ledger,
+                 enforce="polling")
+    rows = _records(optuna.load_study(study_name="learned", storage=url))
+    assert any(r.learned["phase"] == "bound" for _, r in rows)
+    # another worker of the same storage (the guard as it travels: pickled, no model) starts where it stands
+    other = pickle.loads(pickle.dumps(guard))
+    omp.optimize(_study(url, other, seed=2), objectives.alloc, guard=other, n_trials=1, host=ledger,
+                 enforce="polling")
+    last = omp.read_record(optuna.load_study(study_name="learned", storage=url).trials[-1].user_attrs)
+    assert last.learned["phase"] == "bound" and last.learned["n"] >= 4 and last.pred_ram is not None
