@@ -68,8 +68,17 @@ def render(data: "ReportData") -> "Group":
 
     note = Text("over the trials that ran to the end (COMPLETE); error = (peak - pred) / peak, + = under-predicted")
     running = [Text(), _running(data)] if data.running else []
-    return Group(header, Text(), counts, Text(), notable, *running, Text(), quality, note, Text(),
+    lowered = [Text(line) for line in override_lines(data)]
+    return Group(header, *lowered, Text(), counts, Text(), notable, *running, Text(), quality, note, Text(),
                  Text(margin_line(data)))
+
+
+def override_lines(data: "ReportData") -> list[str]:
+    """One line per fixed hyperparameter ``memprune run --clamp-fixed`` lowered, with the -params that
+    replays a trial as it ran."""
+    return [f"fixed {name} lowered {was} -> {ran} by --clamp-fixed on {n} trials (the stored params plus this "
+            f"are what ran; replay a trial with -params {name}:{ran})"
+            for (name, was, ran), n in data.overrides.items()]
 
 
 def _running(data: "ReportData") -> "Table":

@@ -312,6 +312,52 @@ def fixed_message(argv: list[str], budget: Any, soft: float = 0.9) -> str | None
             f"{units.format_bytes(ram)} budget){fix}")
 
 
+def clamp_fixed(argv: list[str], budget: Any, names: list[str], soft: float = 0.9) -> dict[str, tuple[Any, int]]:
+    """``memprune run --clamp-fixed NAME``: ``{name: (its value, the largest value that fits)}`` for each named
+    fixed hyperparameter (a count in the zoo's model kwargs: ``buffer_size``, ``batch_size``, ``n_steps``...)
+    that makes the search's trials infeasible under the soft line with the yml's defaults, lowered in turn;
+    a name that already fits is left out. EstimateError for a name the search does not set, or none fits."""
+    ram = getattr(budget, "ram", budget)
+    algo, env_id, options = _train_options(argv)
+    options = dict(options)
+    hyperparams = dict(options.pop("hyperparams"))
+    merged = {**fixed_hyperparams(algo, env_id, options["conf_file"]), **hyperparams}
+    out: dict[str, tuple[Any, int]] = {}
+    for name in names:
+        if name not in merged or name in MANAGER or isinstance(merged[name], bool) or \
+                not isinstance(merged[name], (int, float)):
+            settable = sorted(k for k, v in merged.items() if k not in MANAGER and isinstance(v, (int, float))
+                              and not isinstance(v, bool))
+            raise EstimateError(f"--clamp-fixed {name!r}: not a fixed count of {algo} on {env_id}; the zoo's "
+                                f"fixed numbers are {settable}.")
+        if ram is None:
+            continue
+        advice = _advice(algo, env_id, int(soft * ram), name, None, hyperparams=hyperparams, **options)
+        if advice is None:
+            continue
+        if advice[1] is None:
+            raise EstimateError(f"--clamp-fixed {name}: {advice[0]} under the soft line ({soft:.0%} of "
+                                f"{units.format_bytes(ram)}).")
+        out[name] = (merged[name], advice[1])
+        hyperparams[name] = advice[1]
+    return out
+
+
+def with_params(argv: list[str], params: Mapping[str, Any]) -> list[str]:
+    """``argv`` with ``params`` added to its ``-params`` (as one last ``-params``, which ``rl_zoo3.train``'s
+    parser takes over an earlier one).
+
+    Example:
+        >>> with_params(["--algo", "dqn", "-params", "gamma:0.9"], {"buffer_size": 5000})
+        ['--algo', 'dqn', '-params', 'gamma:0.9', '-params', 'gamma:0.9', 'buffer_size:5000']
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("-params", "--hyperparams", dest="hyperparams", nargs="+", default=[])
+    given = parser.parse_known_args(list(argv))[0].hyperparams
+    kept = [item for item in given if item.partition(":")[0] not in params]
+    return [*argv, "-params", *kept, *(f"{k}:{v}" for k, v in params.items())]
+
+
 def _trial(algo: str, env_id: str, options: Mapping[str, Any], params: Mapping[str, Any]) -> Footprint:
     return rlzoo3(algo, env_id, params, **options)
 
