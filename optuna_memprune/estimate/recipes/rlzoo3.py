@@ -351,6 +351,8 @@ def with_params(argv: list[str], params: Mapping[str, Any]) -> list[str]:
         >>> with_params(["--algo", "dqn", "-params", "gamma:0.9"], {"buffer_size": 5000})
         ['--algo', 'dqn', '-params', 'gamma:0.9', '-params', 'gamma:0.9', 'buffer_size:5000']
     """
+    if not params:
+        return list(argv)
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("-params", "--hyperparams", dest="hyperparams", nargs="+", default=[])
     given = parser.parse_known_args(list(argv))[0].hyperparams
