@@ -116,6 +116,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     argv = list(options.program.argv)
+    replayed = inject.replayed(options)
+    if replayed is not None:  # a trial that ran with --clamp-fixed's values is replayed with them
+        argv = list(replayed[0])
+        print(f"memprune: {replayed[1]}", file=sys.stderr)
     if args.dry_run and _format(args) == "json":
         print(json.dumps({"command": argv, "budget": options.budget.resources, "footprint": label,
                           "default_params": default and default[1].to_dict(), "fixed": fixed}, indent=1))

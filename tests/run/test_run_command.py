@@ -236,3 +236,22 @@ def test_a_fixed_hyperparameter_that_no_trial_fits_is_named_with_the_largest_val
     assert recipes.rlzoo3("dqn", "PongNoFrameskip-v4", hyperparams={"buffer_size": fits}).ram <= soft < need
 
 
+
+
+def test_clamp_fixed_lowers_the_buffer_and_a_replayed_trial_gets_the_same_value(tmp_path: Path) -> None:
+    pytest.importorskip("rl_zoo3", reason="rl_zoo3 is not importable (the test extra installs rl-zoo3==2.9.2)")
+    zoo = [sys.executable, "-m", "rl_zoo3.train", "--algo", "dqn", "--env", "PongNoFrameskip-v4"]
+    proc = run("--ram", "4GiB", "--clamp-fixed", "buffer_size", "--dry-run", "--", *zoo, "-optimize")
+    assert proc.returncode == 0, proc.stderr
+    found = re.fullmatch(r"--clamp-fixed: buffer_size 100000 -> ([0-9]+) on every trial", proc.stdout.splitlines()[-1])
+    assert found and 10_000 < int(found[1]) < 100_000, proc.stdout[-500:]
+    url = f"sqlite:///{tmp_path / 'zoo.db'}"  # a trial the search ran with the lowered value, replayed
+    study = optuna.create_study(study_name="pong", storage=url)
+    trial = study.ask()
+    records.write_overrides(study, trial._trial_id, {"buffer_size": (100000, int(found[1]))})
+    study.tell(trial, 1.0)
+    replay = run("--ram", "4GiB", "--dry-run", "--", *zoo, "--storage", url, "--study-name", "pong", "--trial-id", "0")
+    assert replay.returncode == 0, replay.stderr
+    assert memprune_lines(replay.stderr) == [f"memprune: trial 0 ran with buffer_size 100000 -> {found[1]} "
+                                             f"(--clamp-fixed): replayed with -params buffer_size:{found[1]}"]
+    assert replay.stdout.splitlines()[0].endswith(f"--trial-id 0 -params buffer_size:{found[1]}"), replay.stdout

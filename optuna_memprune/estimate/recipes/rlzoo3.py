@@ -323,22 +323,24 @@ def clamp_fixed(argv: list[str], budget: Any, names: list[str], soft: float = 0.
     hyperparams = dict(options.pop("hyperparams"))
     merged = {**fixed_hyperparams(algo, env_id, options["conf_file"]), **hyperparams}
     out: dict[str, tuple[Any, int]] = {}
+    def count(key: str) -> bool:
+        value = merged.get(key)
+        return key not in MANAGER and isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and float(value).is_integer() and value >= 1
+
     for name in names:
-        if name not in merged or name in MANAGER or isinstance(merged[name], bool) or \
-                not isinstance(merged[name], (int, float)):
-            settable = sorted(k for k, v in merged.items() if k not in MANAGER and isinstance(v, (int, float))
-                              and not isinstance(v, bool))
+        if not count(name):
             raise EstimateError(f"--clamp-fixed {name!r}: not a fixed count of {algo} on {env_id}; the zoo's "
-                                f"fixed numbers are {settable}.")
+                                f"fixed counts are {sorted(k for k in merged if count(k))}.")
         if ram is None:
             continue
         advice = _advice(algo, env_id, int(soft * ram), name, None, hyperparams=hyperparams, **options)
         if advice is None:
             continue
         if advice[1] is None:
-            raise EstimateError(f"--clamp-fixed {name}: {advice[0]} under the soft line ({soft:.0%} of "
-                                f"{units.format_bytes(ram)}).")
-        out[name] = (merged[name], advice[1])
+            raise EstimateError(f"--clamp-fixed {name}: no value of it brings a trial under the soft line ({soft:.0%} "
+                                f"of {units.format_bytes(ram)}): {advice[0]}.")
+        out[name] = (int(merged[name]), advice[1])
         hyperparams[name] = advice[1]
     return out
 

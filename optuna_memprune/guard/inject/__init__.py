@@ -273,6 +273,14 @@ def overrides(options: Options) -> dict[str, tuple[Any, int]]:
     return module.clamp_fixed(list(args), options.budget, list(options.clamp_fixed))
 
 
+def replayed(options: Options) -> tuple[tuple[str, ...], str] | None:
+    """For an rl-zoo3 command that replays a trial ``--clamp-fixed`` lowered fixed hyperparameters for: the
+    command with them added to its ``-params``, and a line saying so (``_fixed.replay``); else ``None``."""
+    from ._fixed import replay
+
+    return replay(options.program.argv, options.program.recipe_args)
+
+
 def recipe_args(options: Options, fixed: dict[str, tuple[Any, int]]) -> tuple[str, ...] | None:
     """The rl-zoo3 arguments the recipe reads, with ``fixed``'s overrides as one last ``-params``."""
     args = options.program.recipe_args
