@@ -100,7 +100,8 @@ def guarded(case: str, args: argparse.Namespace, workdir: Path) -> int:
             need = r.pred_ram if r.decision is Decision.REJECTED else footprint({**t.params, **r.clamped_from}).ram
             under_line += need is None or need <= r.soft * r.budget_ram
         error = None
-        if r.decision is Decision.ADMITTED and t.state is optuna.trial.TrialState.COMPLETE and r.peak_ram and r.pred_ram:
+        complete = t.state is optuna.trial.TrialState.COMPLETE
+        if r.decision is Decision.ADMITTED and complete and r.peak_ram and r.pred_ram:
             error = (r.peak_ram - r.pred_ram) / r.peak_ram
             errors.append(error)
         print(f"  #{t.number} {t.state.name} {r.decision.value} predicted {format_bytes(r.pred_ram or 0)} peak "

@@ -90,7 +90,8 @@ def test_jobs_of_a_script_that_runs_its_study_at_import_stay_threads_with_whole_
     proc = run("--ram", "2GiB", "--footprint", "footprints:fits", "--", sys.executable, "unguarded_jobs.py")
     assert proc.returncode == 0 and proc.stdout == "trials 4\n", proc.stderr
     lines = memprune_lines(proc.stderr)
-    said = [line for line in lines if "2 jobs run as threads of this process (its script calls create_study() outside if __name__" in line]
+    words = "2 jobs run as threads of this process (its script calls create_study() outside if __name__"
+    said = [line for line in lines if words in line]
     assert len(said) == 1 and "with whole-process admission" in said[0], lines
     assert lines[-1].startswith("memprune: 4 trials guarded in study"), lines
 

@@ -286,7 +286,8 @@ def for_command(argv: list[str]) -> tuple[str, Callable[[Mapping[str, Any]], Foo
     """``memprune run -- python -m rl_zoo3.train ARGV``: a title and the footprint of a trial of that search
     as a function of its sampled params (picklable). ``ARGV`` is read as ``rl_zoo3.train`` reads it
     (``--algo``, ``--env``, ``-params``, ``-n``, ``--n-eval-envs``, ``--vec-env``, ``--device``,
-    ``--conf-file``; the rest is the search's own business); ``--device auto`` is CUDA where torch sees a GPU."""
+    ``--conf-file``, ``--num-threads``; the rest is the search's own business); ``--device auto`` is CUDA
+    where torch sees a GPU."""
     algo, env_id, options = _train_options(argv)
     return (f"the rlzoo3 recipe ({algo} on {env_id}, the zoo's yml merged with each trial's params)",
             partial(_trial, algo, env_id, options))
@@ -325,8 +326,8 @@ def clamp_fixed(argv: list[str], budget: Any, names: list[str], soft: float = 0.
     out: dict[str, tuple[Any, int]] = {}
     def count(key: str) -> bool:
         value = merged.get(key)
-        return key not in MANAGER and isinstance(value, (int, float)) and not isinstance(value, bool) \
-            and float(value).is_integer() and value >= 1
+        return key not in MANAGER and key != "torch_threads" and isinstance(value, (int, float)) \
+            and not isinstance(value, bool) and float(value).is_integer() and value >= 1
 
     for name in names:
         if not count(name):
@@ -378,13 +379,15 @@ def _train_options(argv: list[str]) -> tuple[str, str, dict[str, Any]]:
     parser.add_argument("--vec-env", default="dummy")
     parser.add_argument("--device", default="auto")
     parser.add_argument("-conf", "--conf-file", dest="conf_file", default=None)
+    parser.add_argument("--num-threads", type=int, default=-1)
     args, _ = parser.parse_known_args(list(argv))
     device = args.device
     if device == "auto":
         import torch  # the search imports it anyway
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    options = {"hyperparams": _hyperparams(args.hyperparams),
+    threads = {"torch_threads": args.num_threads} if args.num_threads > 0 else {}  # train.py sets it
+    options = {"hyperparams": {**threads, **_hyperparams(args.hyperparams)},
                "n_timesteps": args.n_timesteps if args.n_timesteps > 0 else None, "n_eval_envs": args.n_eval_envs,
                "vec_env": args.vec_env, "device": "cuda" if device.startswith("cuda") else "cpu",
                "conf_file": args.conf_file}
