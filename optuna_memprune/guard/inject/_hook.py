@@ -206,8 +206,8 @@ class _Injected:
         shared = _split.shared_study(study, writable_dir(cache_dir() / "runs"))
         where = (f"a journal file made for the in-memory study: {shared.path}" if shared.path is not None
                  else f"the study's storage {shown(_location(study) or '')}")
-        print(f"memprune: {k} jobs run as one process per trial ({k} at a time; the objective sent by cloudpickle), "
-              f"each with its own budget ({self.budget}) reserved on this host's ledger, on {where}",
+        print(f"memprune: {k} jobs run as one process per trial ({k} at a time; the objective sent by "
+              f"{objective.by}), each with its own budget ({self.budget}) reserved on this host's ledger, on {where}",
               file=sys.stderr)
         start = len(shared.study.get_trials(deepcopy=False))
         if shared.path is not None:

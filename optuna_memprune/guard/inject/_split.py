@@ -52,8 +52,8 @@ class Transported:
     """The objective as it crosses into a trial's process: cloudpickle's bytes, and the torch thread count
     the program set (a trial's process starts from a fresh interpreter, whose default is the CPU count)."""
 
-    def __init__(self, data: bytes, torch_threads: int | None) -> None:
-        self.data, self.torch_threads = data, torch_threads
+    def __init__(self, data: bytes, torch_threads: int | None, by: str = "cloudpickle") -> None:
+        self.data, self.torch_threads, self.by = data, torch_threads, by
         self._objective: Callable | None = None
 
     def __call__(self, trial: Any) -> Any:
@@ -66,20 +66,23 @@ class Transported:
         return self._objective(trial)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"data": self.data, "torch_threads": self.torch_threads, "_objective": None}
+        return {"data": self.data, "torch_threads": self.torch_threads, "by": self.by, "_objective": None}
 
 
 def transport(objective: Callable) -> Transported:
-    """``objective`` made to cross into another process (cloudpickle, checked by a round trip); the
-    exception saying why it cannot (ImportError without cloudpickle, or what pickling raised)."""
+    """``objective`` made to cross into another process (cloudpickle, or pickle where cloudpickle is not
+    installed; checked by a round trip); the exception saying why it cannot (what pickling raised)."""
     import sys
 
-    import cloudpickle
-
-    data = cloudpickle.dumps(objective)
+    try:
+        import cloudpickle
+    except ImportError:  # pickle alone: a module-level function or a picklable callable object
+        cloudpickle = None
+    data = (cloudpickle or pickle).dumps(objective)
     pickle.loads(data)
     torch = sys.modules.get("torch")
-    moved = Transported(data, torch.get_num_threads() if torch is not None else None)
+    moved = Transported(data, torch.get_num_threads() if torch is not None else None,
+                        "pickle" if cloudpickle is None else "cloudpickle")
     module = getattr(objective, "__module__", None)
     if isinstance(module, str) and module != "__main__":
         moved.__module__ = module  # the runner's fork server imports it once, not every trial's process
