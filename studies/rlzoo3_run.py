@@ -53,12 +53,13 @@ CASES = {
 }
 
 
-def zoo_command(case: str, trials: int, timesteps: int, n_jobs: int, study: str, storage: str) -> list[str]:
+def zoo_command(case: str, trials: int, timesteps: int, n_jobs: int, study: str, storage: str,
+                logs: str = "logs") -> list[str]:
     algo, env, _, extra, _, _ = CASES[case]
     return [sys.executable, "-m", "rl_zoo3.train", "--algo", algo, "--env", env, "-optimize", "--n-trials",
             str(trials), "--n-timesteps", str(timesteps), "--n-jobs", str(n_jobs), "--sampler", "random",
             "--pruner", "none", "--seed", "0", "--num-threads", "1", "--no-optim-plots", "--n-evaluations", "1",
-            *extra, "-f", "logs", "--storage", storage, "--study-name", study]
+            *extra, "-f", logs, "--storage", storage, "--study-name", study]
 
 
 def guarded(case: str, args: argparse.Namespace, workdir: Path) -> int:
@@ -142,7 +143,8 @@ def hard_limit(case: str, args: argparse.Namespace, workdir: Path) -> None:
     try:
         group.limit(limit)
         started = time.monotonic()
-        proc = subprocess.run(zoo_command(case, args.trials, args.timesteps, args.n_jobs, case, storage), cwd=workdir,
+        command = zoo_command(case, args.trials, args.timesteps, args.n_jobs, case, storage, "hard-logs")
+        proc = subprocess.run(command, cwd=workdir,
                               capture_output=True, text=True, preexec_fn=lambda: group.add(os.getpid()))
         seconds = time.monotonic() - started
         peak, kills = group.peak(), group.oom_kills()
@@ -157,7 +159,7 @@ def hard_limit(case: str, args: argparse.Namespace, workdir: Path) -> None:
     states = {s.name: sum(t.state is s for t in trials) for s in optuna.trial.TrialState}
     print(f"HARDLIMIT case={case} limit={format_bytes(limit)} exit={proc.returncode} oom_kills={kills} "
           f"trials={len(trials)} complete={states['COMPLETE']} running={states['RUNNING']} fail={states['FAIL']} "
-          f"report={int(any((workdir / 'logs').glob('*/report_*.csv')))} peak={format_bytes(peak or 0)} "
+          f"report={int(any((workdir / 'hard-logs').glob('*/report_*.csv')))} peak={format_bytes(peak or 0)} "
           f"seconds={seconds:.1f}")
 
 
