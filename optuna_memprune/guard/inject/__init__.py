@@ -278,7 +278,7 @@ def replayed(options: Options) -> tuple[tuple[str, ...], str] | None:
     command with them added to its ``-params``, and a line saying so (``_fixed.replay``); else ``None``."""
     from ._fixed import replay
 
-    return replay(options.program.argv, options.program.recipe_args)
+    return replay(options.program.argv, options.program.recipe_args, recipe(RLZOO3))
 
 
 def recipe_args(options: Options, fixed: dict[str, tuple[Any, int]]) -> tuple[str, ...] | None:

@@ -48,14 +48,16 @@ class Overriding(BaseSampler):
         self.base.reseed_rng()
 
 
-def replay(argv: tuple[str, ...], recipe_args: tuple[str, ...] | None) -> tuple[tuple[str, ...], str] | None:
+def replay(argv: tuple[str, ...], recipe_args: tuple[str, ...] | None,
+           module: Any) -> tuple[tuple[str, ...], str] | None:
     """An rl-zoo3 command that replays a trial (``--trial-id N --storage S --study-name X``) whose record says
     ``--clamp-fixed`` lowered fixed hyperparameters for it: the command with those values added to its
     ``-params`` (rl-zoo3 takes ``-params`` over the trial's stored params) and a line saying so; ``None`` for any
-    other command or trial. A storage or trial that cannot be read is rl-zoo3's to report."""
+    other command or trial (``module``: the rl-zoo3 recipe, or None). A storage or trial that cannot be read
+    is rl-zoo3's to report."""
     import argparse
 
-    if recipe_args is None:
+    if recipe_args is None or module is None:
         return None
     parser = argparse.ArgumentParser(add_help=False)
     for flag in ("--trial-id", "--storage", "--study-name"):
@@ -66,7 +68,6 @@ def replay(argv: tuple[str, ...], recipe_args: tuple[str, ...] | None) -> tuple[
     import optuna
 
     from ...storages import open_storage
-    from . import RLZOO3, recipe
 
     try:
         storage = open_storage(known.storage, existing=True)
@@ -74,8 +75,7 @@ def replay(argv: tuple[str, ...], recipe_args: tuple[str, ...] | None) -> tuple[
         fixed = records.read_overrides(study.trials[int(known.trial_id)].user_attrs)
     except Exception:  # noqa: BLE001 - rl-zoo3 reads the same trial and says what is wrong with it
         return None
-    module = recipe(RLZOO3)
-    if not fixed or module is None:
+    if not fixed:
         return None
     extra = module.with_params(list(recipe_args), {k: v[1] for k, v in fixed.items()})[len(recipe_args):]
     words = ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in fixed.items())
