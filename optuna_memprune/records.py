@@ -214,3 +214,22 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
         forecast=loads("forecast", {}),
         learned=loads("learned", {}),
     )
+
+
+#: The user attr of a fixed hyperparameter ``memprune run --clamp-fixed`` lowered for the trial:
+#: JSON ``{name: [the program's value, the value that ran]}``.
+OVERRIDES = PREFIX + "overrides"
+
+
+def write_overrides(study: "optuna.Study", trial_id: int, overrides: Mapping[str, tuple[Any, Any]]) -> None:
+    """Write the fixed hyperparameters lowered for a trial (``{name: (was, ran)}``) on it, by its id."""
+    value = json.dumps({k: [v[0], v[1]] for k, v in overrides.items()}, **_JSON)
+    _internals.storage_of(study).set_trial_user_attr(trial_id, OVERRIDES, value)
+
+
+def read_overrides(user_attrs: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The fixed hyperparameters lowered for a trial, ``{name: (was, ran)}``; empty where none were."""
+    text = user_attrs.get(OVERRIDES)
+    if not isinstance(text, str) or not text:
+        return {}
+    return {k: (v[0], v[1]) for k, v in json.loads(text).items()}

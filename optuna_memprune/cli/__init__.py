@@ -105,12 +105,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         options, label = inject.prepare(args.command[1:] if args.command[:1] == ["--"] else args.command,
                                         ram=args.ram, vram=args.vram, threads=args.threads, workers=args.workers,
-                                        on_infeasible=args.on_infeasible, footprint=args.footprint)
+                                        on_infeasible=args.on_infeasible, footprint=args.footprint,
+                                        clamp_fixed=args.clamp_fixed)
         default = inject.default_params(options) if args.dry_run else None
-        fixed = inject.fixed_message(options) if args.dry_run else None
+        fixed = inject.fixed_message(options) if args.dry_run and not args.clamp_fixed else None
+        if args.dry_run and args.clamp_fixed:
+            lowered = inject.overrides(options)
+            fixed = "; ".join(f"--clamp-fixed: {k} {v[0]} -> {v[1]} on every trial" for k, v in lowered.items()) \
+                or "--clamp-fixed: every named fixed hyperparameter fits as it is; nothing lowered"
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     argv = list(options.program.argv)
+    replayed = inject.replayed(options)
+    if replayed is not None:  # a trial that ran with --clamp-fixed's values is replayed with them
+        argv = list(replayed[0])
+        print(f"memprune: {replayed[1]}", file=sys.stderr)
     if args.dry_run and _format(args) == "json":
         print(json.dumps({"command": argv, "budget": options.budget.resources, "footprint": label,
                           "default_params": default and default[1].to_dict(), "fixed": fixed}, indent=1))
@@ -272,7 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--on-infeasible", choices=["clamp", "reject"], default="clamp")
     run.add_argument("--footprint", default="auto", help="auto (default), learned, none, a recipe's name, or "
                      "MODULE:FUNCTION params -> Footprint")
-    run.add_argument("--workers", type=int, default=1, help="trial processes (only 1 for now)")
+    run.add_argument("--workers", type=int, default=1, help="trials at once, each in its own process, for a program "
+                     "that calls optimize with n_jobs=1 (n_jobs above 1 does the same by itself)")
+    run.add_argument("--clamp-fixed", action="append", default=[], metavar="NAME",
+                     help="lower this fixed hyperparameter of an rl-zoo3 search to the largest value that fits "
+                     "when no trial fits with it (repeatable); recorded on every trial")
     run.add_argument("--dry-run", action="store_true", help="print what would be guarded; run nothing")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: python ..., a .py file")
     run.set_defaults(func=_cmd_run)

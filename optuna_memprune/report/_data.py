@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import MemPruneError
-from ..records import RESOURCES, Decision, TrialRecord, read
+from ..records import RESOURCES, Decision, TrialRecord, read, read_overrides
 from ..storages import StorageError, open_storage, shown
 from ._forecast import forecast_stops
 
@@ -40,6 +40,7 @@ class GuardedTrial:
     values: list[float] | None
     params: dict[str, Any]
     record: TrialRecord
+    overrides: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # fixed hyperparameters lowered
 
     @property
     def decision(self) -> Decision:
@@ -67,6 +68,7 @@ class GuardedTrial:
             "margin": r.margin or None,
             "host": r.host,
             "gpu": r.gpu,
+            "overrides": {k: list(v) for k, v in self.overrides.items()},
         }
 
 
@@ -148,6 +150,15 @@ class ReportData:
         """The rejected, clamped, soft-pruned, stopped and out-of-memory trials, in number order."""
         return [t for t in self.trials if t.decision in NOTABLE]
 
+    @property
+    def overrides(self) -> dict[tuple[str, Any, Any], int]:
+        """``{(name, was, ran): trials}``: the fixed hyperparameters ``memprune run --clamp-fixed`` lowered."""
+        out: dict[tuple[str, Any, Any], int] = {}
+        for t in self.trials:
+            for name, (was, ran) in t.overrides.items():
+                out[(name, was, ran)] = out.get((name, was, ran), 0) + 1
+        return out
+
     def trial(self, number: int) -> GuardedTrial:
         return next(t for t in self.trials if t.number == number)
 
@@ -214,7 +225,7 @@ def build(study: "optuna.Study") -> ReportData:
         record = read(t.user_attrs)
         if record is not None:
             trials.append(GuardedTrial(t.number, t.state.name, None if t.values is None else list(t.values),
-                                       dict(t.params), record))
+                                       dict(t.params), record, read_overrides(t.user_attrs)))
     running = _running(study, sorted((t for t in frozen if t.state is TrialState.RUNNING), key=lambda t: t.number))
     if not trials:
         still = "; RUNNING: " + "; ".join(f"#{t.number} ({t.note})" for t in running) if running else ""

@@ -75,8 +75,17 @@ def render(data: "ReportData") -> "Group":
     running += [Text(), forecast_table(stops)] if stops else []
     learned_table = _learned.table(data)
     learned = [Text(), learned_table, *(Text(line) for line in _learned.lines(data))] if learned_table else []
-    return Group(header, Text(), counts, Text(), notable, *running, Text(), quality, note, *learned, Text(),
+    lowered = [Text(line) for line in override_lines(data)]
+    return Group(header, *lowered, Text(), counts, Text(), notable, *running, Text(), quality, note, *learned, Text(),
                  Text(margin_line(data)))
+
+
+def override_lines(data: "ReportData") -> list[str]:
+    """One line per fixed hyperparameter ``memprune run --clamp-fixed`` lowered, with the -params that
+    replays a trial as it ran."""
+    return [f"fixed {name} lowered {was} -> {ran} by --clamp-fixed on {n} trials (the stored params plus this "
+            f"are what ran; replay a trial with -params {name}:{ran})"
+            for (name, was, ran), n in data.overrides.items()]
 
 
 def _running(data: "ReportData") -> "Table":

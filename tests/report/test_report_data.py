@@ -134,3 +134,21 @@ def test_running_trials_are_shown_and_their_runner_is_said_unknown_without_a_led
     assert '<section id="running">' in report.render_html(data)
     study.tell(trial, 2.0)
     assert "running" not in report.build(study).to_json_dict()  # the key is there only while a trial runs
+
+
+def test_fixed_hyperparameters_lowered_by_memprune_run_are_shown_with_the_params_that_replay_them(tmp_path) -> None:
+    from optuna_memprune import records
+    from optuna_memprune.report._table import override_lines
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'fixed.db'}")
+    for _ in range(2):
+        trial = study.ask()
+        records.write_overrides(study, trial._trial_id, {"buffer_size": (100000, 42000)})
+        records.write(trial, TrialRecord(Decision.ADMITTED, pred_ram=100, peak_ram=100))
+        study.tell(trial, 1.0)
+    data = report.build(study)
+    assert data.trials[1].overrides == {"buffer_size": (100000, 42000)}
+    assert data.to_json_dict()["trials"][0]["overrides"] == {"buffer_size": [100000, 42000]}
+    assert override_lines(data) == ["fixed buffer_size lowered 100000 -> 42000 by --clamp-fixed on 2 trials (the "
+                                    "stored params plus this are what ran; replay a trial with -params "
+                                    "buffer_size:42000)"]

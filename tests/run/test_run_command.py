@@ -33,7 +33,7 @@ def memprune_lines(stderr: str) -> list[str]:
 
 
 def guarded_trials(url: str) -> list[optuna.trial.FrozenTrial]:
-    study = optuna.load_study(study_name="example", storage=url)
+    study = optuna.load_study(study_name="example", storage=storages.open_storage(url, existing=True))
     return study.get_trials(deepcopy=False)
 
 
@@ -65,15 +65,35 @@ def test_the_program_exit_status_is_kept_and_the_summary_still_printed(tmp_path:
     assert "the study was in memory" in last
 
 
-def test_parallel_jobs_run_with_whole_process_admission_and_say_so(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'jobs.db'}"
-    proc = run("--ram", "2GiB", "--footprint", "footprints:fits", "--", sys.executable, "example_study.py", url, "2")
-    assert proc.returncode == 0, proc.stderr
-    jobs = [line for line in memprune_lines(proc.stderr) if "n_jobs=2" in line]
-    assert len(jobs) == 1 and "the whole process's" in jobs[0], proc.stderr
+@pytest.mark.parametrize("storage, options", [("sqlite", []), ("-", ["--workers", "2"])])
+def test_parallel_jobs_run_one_process_per_trial_on_a_shared_storage_and_say_so(storage, options, tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}" if storage == "sqlite" else "-"
+    jobs = ["2"] if storage == "sqlite" else ["1"]  # n_jobs=2 in the program, or n_jobs=1 with --workers 2
+    proc = run("--ram", "2GiB", *options, "--footprint", "footprints:fits", "--", sys.executable, "example_study.py",
+               url, *jobs, env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0 and proc.stdout.startswith("best "), proc.stderr  # the program's study has them
+    lines = memprune_lines(proc.stderr)
+    said = [line for line in lines if "2 jobs run as one process per trial (2 at a time" in line]
+    assert len(said) == 1, lines
+    if storage == "-":  # an in-memory study: its trials ran on a journal file memprune run made, and said where
+        url = said[0].rsplit("a journal file made for the in-memory study: ", 1)[1]
+        assert url.startswith(str(tmp_path / "cache" / "runs")) and url.endswith(".log"), said
     trials = guarded_trials(url)
-    assert len(trials) == 4 and all(records.read(t.user_attrs) is not None for t in trials)
-    assert memprune_lines(proc.stderr)[-1].startswith("memprune: 4 trials guarded in study 'example'")
+    recs = [records.read(t.user_attrs) for t in trials]
+    assert len(trials) == 4 and all(r is not None and r.host and r.enforcement for r in recs), recs  # the runner's
+    assert all(r.peak_ram and r.peak_ram < 2 * 2**30 for r in recs), recs
+    assert lines[-1].startswith("memprune: 4 trials guarded in study 'example'") and \
+        lines[-1].endswith(f"memprune report {url} --study-name example"), lines
+
+
+def test_jobs_of_a_script_that_runs_its_study_at_import_stay_threads_with_whole_process_admission() -> None:
+    proc = run("--ram", "2GiB", "--footprint", "footprints:fits", "--", sys.executable, "unguarded_jobs.py")
+    assert proc.returncode == 0 and proc.stdout == "trials 4\n", proc.stderr
+    lines = memprune_lines(proc.stderr)
+    words = "2 jobs run as threads of this process (its script calls create_study() outside if __name__"
+    said = [line for line in lines if words in line]
+    assert len(said) == 1 and "with whole-process admission" in said[0], lines
+    assert lines[-1].startswith("memprune: 4 trials guarded in study"), lines
 
 
 def test_auto_takes_the_footprint_the_program_declares() -> None:
@@ -169,8 +189,8 @@ def test_a_command_that_is_not_a_python_program_is_one_line_and_nothing_runs(com
     (["--ram", "34MiB"], "RAM soft line"),
     (["--threads", "2"], "Budget.threads must be at least 3"),
     (["--ram", "lots"], "ram"),
-    (["--workers", "2"], "--workers above 1"),
     (["--workers", "0"], "--workers"),
+    (["--clamp-fixed", "buffer_size"], "--clamp-fixed lowers the fixed hyperparameters of an rl-zoo3 search"),
 ])
 def test_bad_options_are_one_line_before_anything_runs(options: list[str], words: str, tmp_path: Path) -> None:
     budget = [] if any(o in options for o in ("--ram", "--threads")) or options == [] else ["--ram", "2GiB"]
@@ -217,3 +237,22 @@ def test_a_fixed_hyperparameter_that_no_trial_fits_is_named_with_the_largest_val
     assert recipes.rlzoo3("dqn", "PongNoFrameskip-v4", hyperparams={"buffer_size": fits}).ram <= soft < need
 
 
+
+
+def test_clamp_fixed_lowers_the_buffer_and_a_replayed_trial_gets_the_same_value(tmp_path: Path) -> None:
+    pytest.importorskip("rl_zoo3", reason="rl_zoo3 is not importable (the test extra installs rl-zoo3==2.9.2)")
+    zoo = [sys.executable, "-m", "rl_zoo3.train", "--algo", "dqn", "--env", "PongNoFrameskip-v4"]
+    proc = run("--ram", "4GiB", "--clamp-fixed", "buffer_size", "--dry-run", "--", *zoo, "-optimize")
+    assert proc.returncode == 0, proc.stderr
+    found = re.fullmatch(r"--clamp-fixed: buffer_size 100000 -> ([0-9]+) on every trial", proc.stdout.splitlines()[-1])
+    assert found and 10_000 < int(found[1]) < 100_000, proc.stdout[-500:]
+    url = f"sqlite:///{tmp_path / 'zoo.db'}"  # a trial the search ran with the lowered value, replayed
+    study = optuna.create_study(study_name="pong", storage=url)
+    trial = study.ask()
+    records.write_overrides(study, trial._trial_id, {"buffer_size": (100000, int(found[1]))})
+    study.tell(trial, 1.0)
+    replay = run("--ram", "4GiB", "--dry-run", "--", *zoo, "--storage", url, "--study-name", "pong", "--trial-id", "0")
+    assert replay.returncode == 0, replay.stderr
+    assert memprune_lines(replay.stderr) == [f"memprune: trial 0 ran with buffer_size 100000 -> {found[1]} "
+                                             f"(--clamp-fixed): replayed with -params buffer_size:{found[1]}"]
+    assert replay.stdout.splitlines()[0].endswith(f"--trial-id 0 -params buffer_size:{found[1]}"), replay.stdout

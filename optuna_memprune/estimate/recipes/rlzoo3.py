@@ -286,7 +286,8 @@ def for_command(argv: list[str]) -> tuple[str, Callable[[Mapping[str, Any]], Foo
     """``memprune run -- python -m rl_zoo3.train ARGV``: a title and the footprint of a trial of that search
     as a function of its sampled params (picklable). ``ARGV`` is read as ``rl_zoo3.train`` reads it
     (``--algo``, ``--env``, ``-params``, ``-n``, ``--n-eval-envs``, ``--vec-env``, ``--device``,
-    ``--conf-file``; the rest is the search's own business); ``--device auto`` is CUDA where torch sees a GPU."""
+    ``--conf-file``, ``--num-threads``; the rest is the search's own business); ``--device auto`` is CUDA
+    where torch sees a GPU."""
     algo, env_id, options = _train_options(argv)
     return (f"the rlzoo3 recipe ({algo} on {env_id}, the zoo's yml merged with each trial's params)",
             partial(_trial, algo, env_id, options))
@@ -312,6 +313,56 @@ def fixed_message(argv: list[str], budget: Any, soft: float = 0.9) -> str | None
             f"{units.format_bytes(ram)} budget){fix}")
 
 
+def clamp_fixed(argv: list[str], budget: Any, names: list[str], soft: float = 0.9) -> dict[str, tuple[Any, int]]:
+    """``memprune run --clamp-fixed NAME``: ``{name: (its value, the largest value that fits)}`` for each named
+    fixed hyperparameter (a count in the zoo's model kwargs: ``buffer_size``, ``batch_size``, ``n_steps``...)
+    that makes the search's trials infeasible under the soft line with the yml's defaults, lowered in turn;
+    a name that already fits is left out. EstimateError for a name the search does not set, or none fits."""
+    ram = getattr(budget, "ram", budget)
+    algo, env_id, options = _train_options(argv)
+    options = dict(options)
+    hyperparams = dict(options.pop("hyperparams"))
+    merged = {**fixed_hyperparams(algo, env_id, options["conf_file"]), **hyperparams}
+    out: dict[str, tuple[Any, int]] = {}
+    def count(key: str) -> bool:
+        value = merged.get(key)
+        return key not in MANAGER and key != "torch_threads" and isinstance(value, (int, float)) \
+            and not isinstance(value, bool) and float(value).is_integer() and value >= 1
+
+    for name in names:
+        if not count(name):
+            raise EstimateError(f"--clamp-fixed {name!r}: not a fixed count of {algo} on {env_id}; the zoo's "
+                                f"fixed counts are {sorted(k for k in merged if count(k))}.")
+        if ram is None:
+            continue
+        advice = _advice(algo, env_id, int(soft * ram), name, None, hyperparams=hyperparams, **options)
+        if advice is None:
+            continue
+        if advice[1] is None:
+            raise EstimateError(f"--clamp-fixed {name}: no value of it brings a trial under the soft line ({soft:.0%} "
+                                f"of {units.format_bytes(ram)}): {advice[0]}.")
+        out[name] = (int(merged[name]), advice[1])
+        hyperparams[name] = advice[1]
+    return out
+
+
+def with_params(argv: list[str], params: Mapping[str, Any]) -> list[str]:
+    """``argv`` with ``params`` added to its ``-params`` (as one last ``-params``, which ``rl_zoo3.train``'s
+    parser takes over an earlier one).
+
+    Example:
+        >>> with_params(["--algo", "dqn", "-params", "gamma:0.9"], {"buffer_size": 5000})
+        ['--algo', 'dqn', '-params', 'gamma:0.9', '-params', 'gamma:0.9', 'buffer_size:5000']
+    """
+    if not params:
+        return list(argv)
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("-params", "--hyperparams", dest="hyperparams", nargs="+", default=[])
+    given = parser.parse_known_args(list(argv))[0].hyperparams
+    kept = [item for item in given if item.partition(":")[0] not in params]
+    return [*argv, "-params", *kept, *(f"{k}:{v}" for k, v in params.items())]
+
+
 def _trial(algo: str, env_id: str, options: Mapping[str, Any], params: Mapping[str, Any]) -> Footprint:
     return rlzoo3(algo, env_id, params, **options)
 
@@ -328,13 +379,15 @@ def _train_options(argv: list[str]) -> tuple[str, str, dict[str, Any]]:
     parser.add_argument("--vec-env", default="dummy")
     parser.add_argument("--device", default="auto")
     parser.add_argument("-conf", "--conf-file", dest="conf_file", default=None)
+    parser.add_argument("--num-threads", type=int, default=-1)
     args, _ = parser.parse_known_args(list(argv))
     device = args.device
     if device == "auto":
         import torch  # the search imports it anyway
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    options = {"hyperparams": _hyperparams(args.hyperparams),
+    threads = {"torch_threads": args.num_threads} if args.num_threads > 0 else {}  # train.py sets it
+    options = {"hyperparams": {**threads, **_hyperparams(args.hyperparams)},
                "n_timesteps": args.n_timesteps if args.n_timesteps > 0 else None, "n_eval_envs": args.n_eval_envs,
                "vec_env": args.vec_env, "device": "cuda" if device.startswith("cuda") else "cpu",
                "conf_file": args.conf_file}

@@ -156,6 +156,8 @@ class Options:
     on_infeasible: str
     footprint: str
     program: Program
+    workers: int = 1
+    clamp_fixed: tuple[str, ...] = ()
 
     @property
     def budget(self) -> Budget:
@@ -169,6 +171,7 @@ class Options:
         payload = {"pid": pid, "ram": self.ram, "vram": self.vram, "threads": self.threads,
                    "on_infeasible": self.on_infeasible, "footprint": self.footprint,
                    "program": [self.program.kind, self.program.target, list(self.program.args)],
+                   "workers": self.workers, "clamp_fixed": list(self.clamp_fixed),
                    "pythonpath": old, "package": str(Path(__file__).resolve().parents[3])}
         env["PYTHONPATH"] = SITE_DIR + (os.pathsep + old if old else "")
         env[ENV_VAR] = json.dumps(payload)
@@ -178,14 +181,17 @@ class Options:
     def from_environment(cls, payload: dict[str, Any]) -> "Options":
         kind, target, args = payload["program"]
         return cls(payload["ram"], payload["vram"], payload["threads"], payload["on_infeasible"],
-                   payload["footprint"], Program((), kind, target, tuple(args)))
+                   payload["footprint"], Program((), kind, target, tuple(args)), int(payload.get("workers", 1)),
+                   tuple(payload.get("clamp_fixed", ())))
 
 
 def prepare(command: Sequence[str], *, ram: Any = None, vram: Any = None, threads: Any = None,
-            on_infeasible: str = "clamp", footprint: str = "auto", workers: int = 1) -> tuple[Options, str]:
+            on_infeasible: str = "clamp", footprint: str = "auto", workers: int = 1,
+            clamp_fixed: Sequence[str] = ()) -> tuple[Options, str]:
     """``memprune run``'s options checked before anything runs, and the footprint choice in words; ValueError
     (or TypeError) naming the bad one: a command that is not Python, no budget or one no guarded process
-    fits in, ``workers`` above 1, a footprint that cannot be imported.
+    fits in, ``workers`` below 1, a footprint that cannot be imported, ``clamp_fixed`` for a program that
+    is no rl-zoo3 search guarded by its recipe, or a name it cannot lower.
 
     Example:
         >>> options, label = prepare(["python", "train.py"], ram="4GiB", footprint="none")
@@ -199,12 +205,15 @@ def prepare(command: Sequence[str], *, ram: Any = None, vram: Any = None, thread
     budget = Budget(ram=ram, vram=vram, threads=threads)
     if not budget.resources:
         raise ValueError("give the budget: at least one of --ram, --vram, --threads")
-    if check_int(workers, "--workers", minimum=1) > 1:
-        raise ValueError("--workers above 1 (one process per trial on a shared storage) is not built yet")
+    check_int(workers, "--workers", minimum=1)
     MemoryGuard(MonitorOnly("check"), budget, on_infeasible=on_infeasible)  # the soft line holds a process
     footprint = RLZOO3 if footprint == "rl-zoo3" else footprint  # the project's name, and the registry's
     label = check_choice(footprint, program)
-    return Options(budget.ram, budget.vram, budget.threads, on_infeasible, footprint, program), label
+    options = Options(budget.ram, budget.vram, budget.threads, on_infeasible, footprint, program, workers,
+                      tuple(clamp_fixed))
+    if clamp_fixed:
+        overrides(options)  # checked now: a name the recipe cannot lower is one line before anything runs
+    return options, label
 
 
 def default_params(options: Options) -> tuple[str, Any] | None:
@@ -213,6 +222,7 @@ def default_params(options: Options) -> tuple[str, Any] | None:
     args = options.program.recipe_args
     if args is None or options.footprint not in ("auto", RLZOO3) or recipe(RLZOO3) is None:
         return None
+    args = recipe_args(options, overrides(options))
     title, footprint = RecipeFootprint(RLZOO3, args).build()
     return title, footprint({})
 
@@ -245,6 +255,39 @@ def fixed_message(options: Options) -> str | None:
     module = recipe(RLZOO3) if args is not None and options.footprint in ("auto", RLZOO3) else None
     check = getattr(module, "fixed_message", None)
     return check(list(args), options.budget) if callable(check) else None
+
+
+def overrides(options: Options) -> dict[str, tuple[Any, int]]:
+    """``--clamp-fixed``'s overrides: ``{name: (the yml's value, the largest that fits under the soft line)}``
+    for each named fixed hyperparameter that makes every trial infeasible (``recipe.clamp_fixed``); empty
+    without ``--clamp-fixed``. ValueError for a program the rl-zoo3 recipe does not guard, or a name it
+    cannot lower."""
+    if not options.clamp_fixed:
+        return {}
+    args = options.program.recipe_args
+    module = recipe(RLZOO3) if args is not None and options.footprint in ("auto", RLZOO3) else None
+    if module is None or not callable(getattr(module, "clamp_fixed", None)):
+        raise ValueError("--clamp-fixed lowers the fixed hyperparameters of an rl-zoo3 search guarded by the rlzoo3 "
+                         f"recipe (python -m rl_zoo3.train ...), but the command is {options.program.target!r} "
+                         f"with --footprint {options.footprint}")
+    return module.clamp_fixed(list(args), options.budget, list(options.clamp_fixed))
+
+
+def replayed(options: Options) -> tuple[tuple[str, ...], str] | None:
+    """For an rl-zoo3 command that replays a trial ``--clamp-fixed`` lowered fixed hyperparameters for: the
+    command with them added to its ``-params``, and a line saying so (``_fixed.replay``); else ``None``."""
+    from ._fixed import replay
+
+    return replay(options.program.argv, options.program.recipe_args, recipe(RLZOO3))
+
+
+def recipe_args(options: Options, fixed: dict[str, tuple[Any, int]]) -> tuple[str, ...] | None:
+    """The rl-zoo3 arguments the recipe reads, with ``fixed``'s overrides as one last ``-params``."""
+    args = options.program.recipe_args
+    module = recipe(RLZOO3)
+    if args is None or not fixed or module is None:
+        return args
+    return tuple(module.with_params(list(args), {k: v[1] for k, v in fixed.items()}))
 
 
 # -- the footprint choice --------------------------------------------------------------------------------
@@ -304,17 +347,18 @@ def check_choice(spec: str, program: Program) -> str:
     return f"{spec}"
 
 
-def choose(spec: str, program: Program, main: Any = None) -> Choice:
+def choose(spec: str, program: Program, main: Any = None, args: Sequence[str] | None = None) -> Choice:
     """``--footprint spec`` for ``program``, resolved in the program's process once it creates a study
-    (``main``: its ``__main__`` module, where ``auto`` looks for ``memprune_footprint``)."""
+    (``main``: its ``__main__`` module, where ``auto`` looks for ``memprune_footprint``; ``args``: the
+    recipe's arguments where they differ from the program's, with ``--clamp-fixed``'s overrides)."""
     if spec == "none":
         return Choice(MonitorOnly("no footprint (--footprint none): the trial runs unchecked under the monitor"),
                       "no footprint", False)
     if spec == "learned":
         return Choice(MonitorOnly(f"--footprint learned: {_LEARNED_LATER}; the trial runs unchecked under the "
                                   "monitor"), f"learned ({_LEARNED_LATER}: the monitor alone)", False)
+    args = program.recipe_args if args is None else tuple(args)
     if spec == "auto":
-        args = program.recipe_args
         if args is not None:
             if recipe(RLZOO3) is not None:
                 return Choice(RecipeFootprint(RLZOO3, args), f"the {RLZOO3} recipe", True)
@@ -328,7 +372,7 @@ def choose(spec: str, program: Program, main: Any = None) -> Choice:
                                   "unchecked under the monitor"),
                       f"none declared, {_LEARNED_LATER}: the monitor alone", False)
     if ":" not in spec:
-        return Choice(RecipeFootprint(spec, program.recipe_args or program.args), f"the {spec} recipe", True)
+        return Choice(RecipeFootprint(spec, args or program.args), f"the {spec} recipe", True)
     return Choice(ModuleFootprint(spec), spec, True)
 
 

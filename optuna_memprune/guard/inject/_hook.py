@@ -3,23 +3,29 @@ summary line at exit.
 
 Owns what happens in the program's process: ``optuna.create_study`` / ``optuna.load_study`` give every study
 a guarded sampler and pruner (the program's own, or Optuna's defaults), ``Study.optimize`` a guarded
-objective; one line per study on stderr when it is first guarded and at exit. Every patched function gives
-Optuna's original behaviour in any other process (a forked child inherits the patches). The only printing
-outside the CLI: the program's process has no CLI to print for it. Knows nothing of the command line.
+objective (with ``n_jobs`` above 1 or ``--workers N``, handed to ``_split``: one process per trial, or threads
+under whole-process admission), ``--clamp-fixed``'s values set in rl-zoo3's manager; one line per study on
+stderr when it is first guarded, one saying how parallel jobs run, and one per study at exit. Every patched
+function gives Optuna's original behaviour in any other process (a forked child inherits the patches). The
+only printing outside the CLI: the program's process has no CLI to print for it. Knows nothing of the
+command line.
 """
 
 from __future__ import annotations
 
 import atexit
+import inspect
 import json
 import os
 import sys
 import threading
 from typing import Any
 
+from ... import records
 from ...records import Decision, read
 from ...storages import shown
-from . import ENV_VAR, Choice, Options, choose, fixed_message, rlzoo3_space
+from ...units import format_bytes
+from . import ENV_VAR, Choice, Options, _split, choose, fixed_message, overrides, recipe_args, rlzoo3_space
 
 _STATE: "_Injected | None" = None
 
@@ -62,6 +68,9 @@ class _Injected:
         self.guards: dict[int, Any] = {}          # id(study) -> its MemoryGuard
         self.studies: list[tuple[Any, Any, set[int]]] = []  # (study, guard, numbers of the trials run here)
         self.jobs_said = False
+        self.fixed: dict[str, tuple[Any, int]] = {}   # --clamp-fixed: {name: (was, lowered to)}
+        self.applied: set[int] = set()                # id() of the rl-zoo3 managers the overrides were set on
+        self.shadows: dict[int, Any] = {}             # id(in-memory study) -> its copy on a journal file
         self.optuna = optuna
         self.originals = (optuna.create_study, optuna.load_study, optuna.Study.optimize)
 
@@ -82,9 +91,12 @@ class _Injected:
             entry = state.entry(self) if os.getpid() == state.pid else None
             if entry is None:
                 return optimize(self, func, *args, **kwargs)
-            n_jobs = kwargs.get("n_jobs", args[2] if len(args) > 2 else 1)
-            if n_jobs != 1:
-                state.say_jobs(n_jobs)
+            state.apply_fixed(func)
+            call = inspect.signature(optimize).bind(self, func, *args, **kwargs)
+            call.apply_defaults()
+            k = _split.jobs(call.arguments["n_jobs"], state.options.workers)
+            if k > 1:
+                return state.parallel(entry, func, k, call.arguments)
             return optimize(self, _Counted(entry[1].wrap_objective(func), entry[2]), *args, **kwargs)
 
         for name, function in (("create_study", create_study), ("load_study", load_study)):
@@ -105,11 +117,18 @@ class _Injected:
             if id(study) in self.guards or isinstance(study.sampler, GuardedSampler):
                 return study
             if self.choice is None:
-                self.choice = choose(self.options.footprint, self.options.program, sys.modules.get("__main__"))
                 self._fixed_message()
+                self.choice = choose(self.options.footprint, self.options.program, sys.modules.get("__main__"),
+                                     recipe_args(self.options, self.fixed))
             guard = MemoryGuard(self.choice.footprint, self.budget, on_infeasible=self.options.on_infeasible,
                                 search_space=self._search_space())
-            study.sampler = guard.wrap_sampler(study.sampler)
+            if self.fixed:
+                from ._fixed import Overriding
+
+                base = Overriding(study.sampler, self.fixed)
+            else:
+                base = study.sampler
+            study.sampler = guard.wrap_sampler(base)
             study.pruner = guard.wrap_pruner(study.pruner)
             self.guards[id(study)] = guard
             self.studies.append((study, guard, set()))
@@ -130,9 +149,87 @@ class _Injected:
             return None
 
     def _fixed_message(self) -> None:
+        if self.options.clamp_fixed:
+            try:
+                self.fixed = overrides(self.options)
+            except ValueError as exc:
+                print(f"memprune: --clamp-fixed: {exc}; nothing is lowered", file=sys.stderr)
+                return
+            soft = 0.9 * self.budget.ram if self.budget.ram else None
+            for name in self.options.clamp_fixed:
+                if name in self.fixed:
+                    was, ran = self.fixed[name]
+                    print(f"memprune: --clamp-fixed: {name} {was} -> {ran} on every trial (the largest value that "
+                          f"fits under the soft line, {format_bytes(int(soft or 0))}), recorded on each trial as "
+                          f"{records.OVERRIDES}; replay a trial as it ran with -params {name}:{ran}", file=sys.stderr)
+                else:
+                    print(f"memprune: --clamp-fixed: {name} fits as it is; nothing lowered", file=sys.stderr)
+            return
         message = fixed_message(self.options)
         if message:
             print(f"memprune: {message}", file=sys.stderr)
+
+    def apply_fixed(self, objective: Any) -> None:
+        """Set ``--clamp-fixed``'s values in the rl-zoo3 manager whose bound ``objective`` the search runs (its
+        fixed hyperparameters, which every trial copies; they travel with it into a trial's process)."""
+        if not self.fixed:
+            return
+        manager = getattr(objective, "__self__", None)
+        fixed = getattr(manager, "_hyperparams", None)
+        if id(manager) in self.applied:
+            return
+        if not isinstance(fixed, dict) or not all(name in fixed for name in self.fixed):
+            print(f"memprune: --clamp-fixed could not set {sorted(self.fixed)} in the objective "
+                  f"{getattr(objective, '__qualname__', objective)!r} (not rl-zoo3's ExperimentManager.objective): "
+                  "its trials run with the program's values, predicted with the lowered ones", file=sys.stderr)
+            return
+        for name, (_, ran) in self.fixed.items():
+            fixed[name] = ran
+        self.applied.add(id(manager))
+
+    def parallel(self, entry: tuple[Any, Any, set[int]], func: Any, k: int, call: dict[str, Any]) -> Any:
+        """``optimize`` with ``k`` jobs: one process per trial through the runner where the objective and
+        the program allow it, else threads of this process with whole-process admission; one line says which."""
+        study, guard, numbers = entry
+        why = _split.script_reason(self.options.program.kind, self.options.program.target)
+        objective = None
+        if why is None:
+            try:
+                objective = _split.transport(func)
+            except Exception as exc:  # noqa: BLE001 - any failure to pickle means the threads' way
+                why = f"the objective cannot be sent to another process: {type(exc).__name__}: {str(exc)[:200]}"
+        if objective is None:
+            return self._threads(entry, func, k, call, why or "")
+        from ...paths import cache_dir, writable_dir
+        from ..runner import optimize as run_trials
+
+        shared = _split.shared_study(study, writable_dir(cache_dir() / "runs"))
+        where = (f"a journal file made for the in-memory study: {shared.path}" if shared.path is not None
+                 else f"the study's storage {shown(_location(study) or '')}")
+        print(f"memprune: {k} jobs run as one process per trial ({k} at a time; the objective sent by "
+              f"{objective.by}), each with its own budget ({self.budget}) reserved on this host's ledger, on {where}",
+              file=sys.stderr)
+        start = len(shared.study.get_trials(deepcopy=False))
+        if shared.path is not None:
+            self.shadows[id(study)] = shared.study
+        try:
+            run_trials(shared.study, objective, guard=guard, n_trials=call["n_trials"], timeout=call["timeout"],
+                       n_workers=k, catch=call["catch"], callbacks=call["callbacks"])
+        finally:
+            numbers.update(t.number for t in shared.study.get_trials(deepcopy=False)[start:])
+            _split.copy_back(shared, study)
+
+    def _threads(self, entry: tuple[Any, Any, set[int]], func: Any, k: int, call: dict[str, Any], why: str) -> Any:
+        study, guard, numbers = entry
+        line = guard.policy.limits.get("ram")
+        objective = guard.wrap_objective(func)
+        if line is not None:
+            objective = _split.Gate(objective, guard, line)
+            print(f"memprune: {_split.whole_process_words(k, why, line)}", file=sys.stderr)
+        else:
+            self.say_jobs(k)
+        arguments = {name: value for name, value in call.items() if name not in ("self", "func")}
+        return self.originals[2](study, _Counted(objective, numbers), **{**arguments, "n_jobs": k})
 
     def entry(self, study: Any) -> tuple[Any, Any, set[int]] | None:
         with self.lock:
@@ -148,7 +245,7 @@ class _Injected:
             self.jobs_said = True
         print(f"memprune: n_jobs={n_jobs} runs trials as threads of one process, so the budget ({self.budget}) "
               "is the whole process's: each trial is admitted on its own prediction, and a breach stops every "
-              "trial running in it (one process per trial is not built yet)", file=sys.stderr)
+              "trial running in it", file=sys.stderr)
 
     def summary(self) -> None:
         """One line per guarded study (or one saying there was none), on stderr, at the program's exit."""
@@ -159,6 +256,7 @@ class _Injected:
             return
         seen = set()
         for study, _, numbers in self.studies:
+            study = self.shadows.get(id(study), study)
             key = (study.study_name, _location(study))
             if key in seen:
                 continue

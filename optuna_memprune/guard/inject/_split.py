@@ -1,0 +1,187 @@
+"""``memprune run``'s parallel jobs: ``Study.optimize(..., n_jobs=k)`` (or ``--workers k``) in the guarded
+program turned into one process per trial, k at a time, through the process-per-trial runner.
+
+Design: threads of one process cannot have per-trial budgets, so the hook hands such a call to
+``runner.optimize``: each trial in its own process with the whole budget, reserved on the host's ledger, on a
+storage other processes can open (the study's own; for an in-memory study a journal file made here, whose
+trials are copied back into the program's study when the call returns, so that what the program does next
+with its study, rl-zoo3's report and pickle, sees them). The objective crosses into the trial's process by
+cloudpickle (a bound method such as rl-zoo3's ``ExperimentManager.objective`` with its local env wrappers,
+a function of the program's ``__main__``), checked by a round trip before the first trial. Where that cannot
+be done (the objective does not pickle, a script that would run its study again when a trial's process
+imports it) the trials run as the program asked, threads of its process, with whole-process admission: a
+trial starts only when its prediction and those of the running trials fit under the soft line together.
+
+Owns the choice between the two, the objective's transport, the journal file and the admission gate;
+knows nothing of the command line and never prints (the hook says what was done, in the words returned).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pickle
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ... import _internals
+from ...records import Decision
+from ...units import format_bytes
+
+
+def jobs(n_jobs: Any, workers: int) -> int:
+    """How many trials run at once: ``--workers`` where it is above 1, else Optuna's ``n_jobs`` (-1: the
+    CPU count), at least 1.
+
+    Example:
+        >>> jobs(1, 3), jobs(2, 1), jobs(1, 1)
+        (3, 2, 1)
+    """
+    if workers > 1:
+        return workers
+    if not isinstance(n_jobs, int) or isinstance(n_jobs, bool):
+        return 1
+    return (os.cpu_count() or 1) if n_jobs == -1 else max(1, n_jobs)
+
+
+class Transported:
+    """The objective as it crosses into a trial's process: cloudpickle's bytes, and the torch thread count
+    the program set (a trial's process starts from a fresh interpreter, whose default is the CPU count)."""
+
+    def __init__(self, data: bytes, torch_threads: int | None, by: str = "cloudpickle") -> None:
+        self.data, self.torch_threads, self.by = data, torch_threads, by
+        self._objective: Callable | None = None
+
+    def __call__(self, trial: Any) -> Any:
+        if self._objective is None:
+            if self.torch_threads is not None:
+                import torch
+
+                torch.set_num_threads(self.torch_threads)
+            self._objective = pickle.loads(self.data)
+        return self._objective(trial)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"data": self.data, "torch_threads": self.torch_threads, "by": self.by, "_objective": None}
+
+
+def transport(objective: Callable) -> Transported:
+    """``objective`` made to cross into another process (cloudpickle, or pickle where cloudpickle is not
+    installed; checked by a round trip); the exception saying why it cannot (what pickling raised)."""
+    import sys
+
+    try:
+        import cloudpickle
+    except ImportError:  # pickle alone: a module-level function or a picklable callable object
+        cloudpickle = None
+    data = (cloudpickle or pickle).dumps(objective)
+    pickle.loads(data)
+    torch = sys.modules.get("torch")
+    moved = Transported(data, torch.get_num_threads() if torch is not None else None,
+                        "pickle" if cloudpickle is None else "cloudpickle")
+    module = getattr(objective, "__module__", None)
+    if isinstance(module, str) and module != "__main__":
+        moved.__module__ = module  # the runner's fork server imports it once, not every trial's process
+    return moved
+
+
+def script_reason(kind: str, target: str) -> str | None:
+    """Why a script's trials cannot run in processes of their own, or None: a trial's process imports the
+    program's main script (as ``__mp_main__``), which must then not run its study again: every call of
+    ``optimize``, ``create_study`` or ``load_study`` must be under ``if __name__ == "__main__":``."""
+    if kind != "script":
+        return None
+    try:
+        tree = ast.parse(Path(target).read_text())
+    except (OSError, SyntaxError, ValueError) as exc:
+        return f"its script could not be read to check it ({type(exc).__name__})"
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test):
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call):
+                name = ast.unparse(call.func).rsplit(".", 1)[-1]
+                if name in ("optimize", "create_study", "load_study"):
+                    return (f"its script calls {name}() outside if __name__ == \"__main__\": (line {call.lineno}), "
+                            "so a trial's process importing it would run the study again")
+    return None
+
+
+@dataclass
+class Shared:
+    """The study the runner uses: the program's own, or a copy on a journal file for an in-memory study
+    (``path`` set; ``before``: how many trials the copy started with)."""
+
+    study: Any
+    path: Path | None = None
+    before: int = 0
+
+
+def shared_study(study: Any, directory: Path) -> Shared:
+    """``study`` if other processes can open its storage, else a copy of it on a new journal file in
+    ``directory`` (its finished trials carried over, the same sampler and pruner)."""
+    import optuna
+
+    storage = _internals.storage_of(study)
+    if not isinstance(storage, optuna.storages.InMemoryStorage):
+        return Shared(study)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", study.study_name)[:80] or "study"
+    path = directory / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    journal.create_new_study(list(study.directions), study.study_name)
+    copy = optuna.Study(study.study_name, journal, sampler=study.sampler, pruner=study.pruner)
+    finished = [t for t in study.get_trials(deepcopy=True) if t.state.is_finished()]
+    if finished:
+        copy.add_trials(finished)
+    return Shared(copy, path, len(finished))
+
+
+def copy_back(shared: Shared, study: Any) -> int:
+    """The trials the runner added to a journal copy, added to the program's in-memory ``study``; how many."""
+    if shared.path is None:
+        return 0
+    new = [t for t in shared.study.get_trials(deepcopy=True)[shared.before:] if t.state.is_finished()]
+    if new:
+        study.add_trials(new)
+    return len(new)
+
+
+class Gate:
+    """Whole-process admission for trials run as threads of one process: a trial waits until its predicted
+    RAM and that of the trials running fit under ``line`` together (a trial runs alone when nothing runs);
+    an unchecked trial counts as the whole line, a rejected one passes through to be ended."""
+
+    def __init__(self, objective: Callable, guard: Any, line: int) -> None:
+        self._objective, self._guard, self._line = objective, guard, line
+        self._cond = threading.Condition()
+        self._held = 0
+
+    def __call__(self, trial: Any) -> Any:
+        state = self._guard.trials.get(_internals.trial_id(trial))
+        if state is not None and state.decision is Decision.REJECTED:
+            return self._objective(trial)
+        need = self._line
+        if state is not None and state.checked and state.prediction is not None and state.prediction.ram:
+            need = min(int(state.prediction.ram), self._line)
+        with self._cond:
+            while self._held and self._held + need > self._line:
+                self._cond.wait()
+            self._held += need
+        try:
+            return self._objective(trial)
+        finally:
+            with self._cond:
+                self._held -= need
+                self._cond.notify_all()
+
+
+def whole_process_words(k: int, why: str, line: int) -> str:
+    """The line that says trials run as threads under whole-process admission, and why."""
+    return (f"{k} jobs run as threads of this process ({why}), with whole-process admission: a trial starts "
+            f"only when its prediction and those of the running trials fit under {format_bytes(line)} together")
