@@ -150,8 +150,8 @@ def test_dry_run_prints_what_it_would_guard_and_runs_nothing(tmp_path: Path) -> 
     assert proc.stdout.splitlines() == [
         f"memprune run would guard: {sys.executable} example_study.py {url}",
         "budget: Budget(ram=3.00 GiB) (the program's process)",
-        "footprint: auto: the program's own memprune_footprint(params) if its main module defines one, else the "
-        "monitor alone (learned footprints are not built yet)"]
+        "footprint: auto: the program's own memprune_footprint(params) if its main module defines one, else a "
+        "footprint learned from the study's own trials (its first trials run unchecked under the monitor)"]
     assert not (tmp_path / "dry.db").exists()
     data = json.loads(run("--ram", "3GiB", "--dry-run", "-f", "json", "--", "no_study.py").stdout)
     assert data["budget"] == {"ram": 3 * 2**30} and data["command"] == [sys.executable, "no_study.py"]
@@ -199,12 +199,17 @@ def test_bad_options_are_one_line_before_anything_runs(options: list[str], words
     assert not (tmp_path / "x.db").exists()
 
 
-def test_learned_runs_under_the_monitor_alone_until_it_is_built_and_the_summary_says_so() -> None:
-    proc = run("--ram", "2GiB", "--footprint", "learned", "--", sys.executable, "example_study.py", "-")
+def test_learned_runs_its_warm_up_under_the_monitor_and_the_records_say_so(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'learned.db'}"
+    proc = run("--ram", "2GiB", "--footprint", "learned", "--", sys.executable, "example_study.py", url)
     assert proc.returncode == 0, proc.stderr
     last = memprune_lines(proc.stderr)[-1]
-    assert "unchecked 4" in last and "footprint: learned (learned footprints are not built yet" in last, last
+    assert "unchecked 4" in last, last
+    assert "footprint: a footprint learned from the study's own trials" in proc.stderr, proc.stderr
     assert "The footprint failed" not in proc.stderr  # no footprint by design is no failure
+    trials = optuna.load_study(study_name="example", storage=url).trials
+    learned = [records.read(t.user_attrs).learned for t in trials]
+    assert len(learned) == 4 and all(x.get("phase") == "warm-up" for x in learned), learned
 
 
 def test_rl_zoo3_is_recognised_and_its_recipe_looked_up_in_the_registry() -> None:

@@ -45,7 +45,7 @@ RLZOO3, RLZOO3_TRAIN = "rlzoo3", "rl_zoo3.train"
 _PYTHON = re.compile(r"^python[0-9.]*$")
 _FLAGS_WITH_VALUE = "WX"                       # -W arg, -X arg
 _REFUSED = {"I": "-I (isolated mode)", "E": "-E (ignores PYTHON* variables)", "S": "-S (no site import)"}
-_LEARNED_LATER = "learned footprints are not built yet"
+_LEARNED = "a footprint learned from the study's own trials (its first trials run unchecked under the monitor)"
 
 
 @dataclass(frozen=True)
@@ -294,10 +294,10 @@ def recipe_args(options: Options, fixed: dict[str, tuple[Any, int]]) -> tuple[st
 
 @dataclass(frozen=True)
 class Choice:
-    """A ``--footprint`` resolved: ``footprint`` (what MemoryGuard calls) and ``label`` (in words);
-    ``checked`` is False where trials run under the monitor alone."""
+    """A ``--footprint`` resolved: ``footprint`` (what MemoryGuard calls; ``None``: learned from the study's
+    trials) and ``label`` (in words); ``checked`` is False where trials run under the monitor alone."""
 
-    footprint: Callable[[dict[str, Any]], Any]
+    footprint: Callable[[dict[str, Any]], Any] | None
     label: str
     checked: bool
 
@@ -319,15 +319,14 @@ def check_choice(spec: str, program: Program) -> str:
         if spec == "none":
             return "none: trials run unchecked under the monitor alone"
         if spec == "learned":
-            return f"learned: {_LEARNED_LATER}, so trials run unchecked under the monitor alone"
+            return f"learned: {_LEARNED}"
         args = program.recipe_args
         if args is not None:
             if recipe(RLZOO3) is not None:
                 return f"auto: the {RLZOO3} recipe (estimate.recipes)"
             return (f"auto: the {RLZOO3} recipe is not available in this version of optuna-memprune, so trials "
                     "run unchecked under the monitor alone")
-        return (f"auto: the program's own {DECLARED}(params) if its main module defines one, else the monitor "
-                f"alone ({_LEARNED_LATER})")
+        return f"auto: the program's own {DECLARED}(params) if its main module defines one, else {_LEARNED}"
     if ":" not in spec:
         from ...estimate.recipes import RECIPES
 
@@ -355,8 +354,7 @@ def choose(spec: str, program: Program, main: Any = None, args: Sequence[str] | 
         return Choice(MonitorOnly("no footprint (--footprint none): the trial runs unchecked under the monitor"),
                       "no footprint", False)
     if spec == "learned":
-        return Choice(MonitorOnly(f"--footprint learned: {_LEARNED_LATER}; the trial runs unchecked under the "
-                                  "monitor"), f"learned ({_LEARNED_LATER}: the monitor alone)", False)
+        return Choice(None, _LEARNED, True)
     args = program.recipe_args if args is None else tuple(args)
     if spec == "auto":
         if args is not None:
@@ -368,9 +366,7 @@ def choose(spec: str, program: Program, main: Any = None, args: Sequence[str] | 
         declared = getattr(main, DECLARED, None)
         if callable(declared):
             return Choice(declared, f"the program's {DECLARED}", True)
-        return Choice(MonitorOnly(f"the program declares no {DECLARED} and {_LEARNED_LATER}; the trial runs "
-                                  "unchecked under the monitor"),
-                      f"none declared, {_LEARNED_LATER}: the monitor alone", False)
+        return Choice(None, f"none declared: {_LEARNED}", True)
     if ":" not in spec:
         return Choice(RecipeFootprint(spec, args or program.args), f"the {spec} recipe", True)
     return Choice(ModuleFootprint(spec), spec, True)
