@@ -131,6 +131,9 @@ class Learning:
         factor = model.factor("ram")
         if factor is not None and model.ready:
             out["factor_ram"] = round(factor, 4)
+        residual = model.residual("ram")
+        if residual is not None and model.ready:
+            out["residual_ram"] = int(residual)  # the bound is the fit plus this, not the fit x factor_ram
         if model.ready and not warmup:
             try:
                 figures = None if raw is None else {r: getattr(raw, r) for r in RESOURCES}
