@@ -109,7 +109,8 @@ def summarize(study: optuna.Study, budget: omp.Budget, guarded: bool, error: str
         stopped += over
         if over and t.datetime_start and t.datetime_complete:
             wasted += (t.datetime_complete - t.datetime_start).total_seconds()
-        if guarded and record.learned.get("phase") == "bound" and record.decision is not Decision.REJECTED:
+        # after the warm-up: launched on the bound, or unchecked to explore below every observed trial
+        if guarded and record.learned.get("phase") in ("bound", "explore") and record.decision is not Decision.REJECTED:
             launched_after += 1
             over_after += over
             if t.state == optuna.trial.TrialState.COMPLETE and record.pred_ram and record.peak_ram:

@@ -238,6 +238,20 @@ class Model:
                 return o.number
         return None
 
+    def unseen(self, params: Mapping[str, Any]) -> list[str]:
+        """The numeric params of ``params`` beyond every observed trial's value in the direction that takes
+        less memory and that move RAM's fit by over 1% across the range seen: there the fit holds the low
+        end seen, the bound is no calibrated one."""
+        fit = self._fits.get("ram")
+        out = []
+        for name, (lo, hi, direction, _) in ({} if fit is None else fit.encoder.numeric).items():
+            value = params.get(name)
+            if _is_number(value) and (float(value) < lo if direction > 0 else float(value) > hi):
+                low, high = (self._value("ram", {**params, name: v}, None, upper=False) for v in (lo, hi))
+                if abs(high - low) > 0.01 * min(high, low):
+                    out.append(name)
+        return out
+
     def residual(self, resource: str) -> float | None:
         """The conformal residual of ``resource`` (bytes; bound = fit + residual) when that score is the one
         used, else ``None`` (the bound is fit x :meth:`factor`)."""
