@@ -3,8 +3,10 @@ from the study's trial records, and the footprint it gives before and after its 
 
 Owns turning records into observations (which trials count, which are censored), when to refit, and the
 footprint the guard uses: the learned upper bound (no footprint function), or the footprint function's
-figures corrected by the learned ratio. Knows nothing of the sampler's lookahead, monitors or processes;
-its state is the records, so a restarted study or another worker of the same storage rebuilds it.
+figures corrected by the learned ratio, and which trials after the warm-up still run unchecked to be
+observed (below every observed trial in a param that moves the fit, the fit under the soft line). Knows
+nothing of the sampler's lookahead, monitors or processes; its state is the records, so a restarted study
+or another worker of the same storage rebuilds it.
 """
 
 from __future__ import annotations
