@@ -7,7 +7,8 @@ per-trial RAM budget (about a third of its space exceeds it), with the same TPE 
 trial runner (``omp.optimize``) with the budget held by a cgroup v1 hard limit (``enforce="cgroup"``):
 
 - guarded: ``MemoryGuard(None, budget, learn=learned(miss_rate=...))``: trials run unchecked through the
-  warm-up, then are admitted, clamped or rejected by the learned upper bound;
+  warm-up, then are admitted, clamped or rejected by the learned upper bound (or run unchecked to explore
+  below every observed trial, where the fit is under the line; these count as launches after the warm-up);
 - unguarded: a guard whose footprint predicts nothing (``MonitorOnly``): every trial launches, and the
   kernel's hard limit (or the runner's watchdog, whichever acts first) ends the ones over the budget.
 
