@@ -135,8 +135,9 @@ def main() -> None:
     parser.add_argument("--miss-rate", type=float, default=0.2)
     args = parser.parse_args()
     args.trials = args.trials or (8 if args.smoke else 24)
-    # torch last: it is loaded before its study (the runner's fork server then preloads it, a trial does not
-    # import it), and a child forked from a process holding torch starts ~180 MiB in (its shared pages count)
+    # torch is not loaded here: the runner's fork server, started at the first study, would preload it, and a
+    # trial forked from a process holding torch starts ~180 MiB in (LightGBM's crossed a 171 MiB soft line at
+    # start); each torch trial imports it itself
     order = ["lightgbm", "keras_dqn", "torch_mlp"]
     names = sorted(args.studies.split(",") if args.studies else (["torch_mlp"] if args.smoke else order),
                    key=lambda n: order.index(n) if n in order else -1)
@@ -154,8 +155,6 @@ def main() -> None:
             if missing:
                 print(f"{name}: skipped, {', '.join(missing)} not installed (see this script's docstring)")
                 continue
-            if name == "torch_mlp":
-                import torch  # noqa: F401
             g = run_one(name, True, args, Path(tmp), enforce)
             u = run_one(name, False, args, Path(tmp), enforce)
             totals["studies"] += 1
