@@ -101,7 +101,7 @@ def run_one(name: str, guarded: bool, args: argparse.Namespace, where: Path, enf
 def summarize(study: optuna.Study, budget: omp.Budget, guarded: bool, error: str | None, wall: float) -> dict:
     trials = study.trials
     lost = sum(not t.state.is_finished() for t in trials) + (error is not None)
-    wasted, launched_after, over_after, errors, stopped = 0.0, 0, 0, [], 0
+    wasted, wasted_warm, launched_after, over_after, errors, stopped = 0.0, 0.0, 0, 0, [], 0
     for t in trials:
         record = omp.read_record(t.user_attrs)
         if record is None:
@@ -110,6 +110,8 @@ def summarize(study: optuna.Study, budget: omp.Budget, guarded: bool, error: str
         stopped += over
         if over and t.datetime_start and t.datetime_complete:
             wasted += (t.datetime_complete - t.datetime_start).total_seconds()
+            if record.learned.get("phase") == "warm-up":
+                wasted_warm += (t.datetime_complete - t.datetime_start).total_seconds()
         # after the warm-up: launched on the bound, or unchecked to explore below every observed trial
         if guarded and record.learned.get("phase") in ("bound", "explore") and record.decision is not Decision.REJECTED:
             launched_after += 1
@@ -121,7 +123,8 @@ def summarize(study: optuna.Study, budget: omp.Budget, guarded: bool, error: str
         record = omp.read_record(t.user_attrs)
         key = record.decision.value if record else "no record"
         decisions[key] = decisions.get(key, 0) + 1
-    return {"trials": len(trials), "lost": lost, "error": error, "wasted": wasted, "stopped": stopped,
+    return {"trials": len(trials), "lost": lost, "error": error, "wasted": wasted, "wasted_warm": wasted_warm,
+            "stopped": stopped,
             "launched_after": launched_after, "over_after": over_after, "errors": errors, "wall": wall,
             "decisions": decisions}
 
@@ -167,7 +170,8 @@ def main() -> None:
             med = f"{100 * statistics.median(g['errors']):+.1f}%" if g["errors"] else "-"
             print(f"{name} (budget {BUDGETS[name]}): unguarded {u['stopped']}/{u['trials']} over budget, "
                   f"wasted {u['wasted']:.1f} s, {u['wall']:.0f} s; guarded {g['decisions']}, over budget after "
-                  f"warm-up {g['over_after']}/{g['launched_after']} launches, wasted {g['wasted']:.1f} s, median "
+                  f"warm-up {g['over_after']}/{g['launched_after']} launches, wasted {g['wasted']:.1f} s "
+                  f"({g['wasted_warm']:.1f} s in the warm-up), median "
                   f"error {med}, {g['wall']:.0f} s" + "".join(f"; {k} raised {r['error']}" for k, r in
                                                               (("guarded", g), ("unguarded", u)) if r["error"]))
     rate = 100 * totals["over"] / totals["launched"] if totals["launched"] else 0.0
