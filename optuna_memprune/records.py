@@ -60,10 +60,12 @@ class TrialRecord:
     constraint counts the projection.
     ``learned`` (empty unless the guard learns footprints) says how ``pred_*`` was learned: ``mode``
     (``"learned"``: the bound of the study's own trials; ``"corrected"``: the footprint function's figures
-    corrected by the learned ratio), ``phase`` (``"warm-up"`` or ``"bound"``), ``n`` (trials observed to the
-    end), ``warmup``, ``miss_rate``, ``factor_ram`` (the conformal factor), ``raw`` (the footprint
-    function's own figures, corrected mode), and after the warm-up ``center`` (the fit, which ``pred_*`` then
-    holds) and ``bound`` (the upper bound the guard admitted, clamped or rejected on; the constraints use it).
+    corrected by the learned ratio), ``phase`` (``"warm-up"``, ``"bound"``, or ``"explore"``: run unchecked
+    below every observed trial), ``n`` (trials observed to the end), ``warmup``, ``miss_rate``,
+    ``factor_ram`` (the conformal factor), ``residual_ram`` (the conformal residual, when the bound is the
+    fit plus it), ``raw`` (the footprint function's own figures, corrected mode), and after the warm-up
+    ``center`` (the fit, which ``pred_*`` then holds) and ``bound`` (the upper bound the guard admitted,
+    clamped or rejected on; the constraints use it).
     A trial that ran out of memory has the peak of the resource that ran out raised to the least it needed
     (more than its budget, where it has one): its constraint is positive even when it shared its process.
     """

@@ -17,7 +17,13 @@ The bound is split-conformal in its jackknife form: each observation's score is 
 prediction of the model fitted without it; the bound is the prediction times the ``ceil((n+1)(1-miss))``-th
 smallest of the ``n`` scores, and at least ``MIN_FACTOR`` (1/0.95) for RAM and VRAM. That order statistic
 exists only once ``n >= (1-miss)/miss`` (9 at the default 10%): the warm-up is exactly the number of
-trials below which no bound at that miss rate exists.
+trials below which no bound at that miss rate exists. The same order statistic of the absolute scores
+(peak minus the leave-one-out fit) gives a second conformal bound, fit plus that residual, whose least
+is ``MIN_FACTOR`` on the part of the fit above its intercept (a constant baseline, such as TensorFlow's
+~800 MiB, is known well after a few trials; a factor on it would put a trial just above the baseline over
+a soft line it stays under). Each fit uses one of the two scores, the one whose bounds over its own
+trials are the tighter (a choice of score family, made like the choice of model; the miss rate is the
+chosen score's). A footprint function's correction keeps the ratio score.
 """
 
 from __future__ import annotations
@@ -131,6 +137,8 @@ class _Fit:
     weights: np.ndarray
     factor: float | None
     scores: list[float] = field(default_factory=list)
+    residual: float | None = None  # the conformal residual (bytes) when the absolute score is the tighter
+    base: float = 0.0  # the intercept the least factor leaves out, with the residual
 
 
 class Model:
@@ -178,13 +186,23 @@ class Model:
         for enc in encoders:
             x = enc.matrix(rows)
             weights = _fit_censored(x, y, censored)
-            scores = _loo_scores(x, y, censored) if len(rows) > 1 else []
+            scores, diffs = _loo_scores(x, y, censored) if len(rows) > 1 else ([], [])
             done = [s for s, c in zip(scores, censored[-len(scores):] if scores else []) if not c]
             err = _conformal(done, self.settings.miss_rate) or float(np.max(done)) if done else math.inf
             if best is None or err < best_err:
-                best, best_err = _Fit(enc, weights, None, scores), err
+                best, best_err, best_x, best_diffs = _Fit(enc, weights, None, scores), err, x, diffs
         assert best is not None
         best.factor = _conformal(best.scores, self.settings.miss_rate)
+        residual = _conformal(best_diffs, self.settings.miss_rate)
+        # learned mode only: a footprint function's correction keeps the least factor on the whole fit
+        if not self.corrected and best.factor is not None and residual is not None and (~censored).any():
+            fit, least = _predict(best_x, best.weights), 1.0 if resource == "threads" else MIN_FACTOR
+            base = min(float(best.weights[0]), float(fit.min()))  # the intercept, at most any fit
+            ratio = fit * max(best.factor, least)
+            absolute = np.maximum(fit + residual, base + (fit - base) * least)
+            done = ~censored  # the tighter family over the trials that ran to the end
+            if np.mean(absolute[done] / np.maximum(y[done], 1)) < np.mean(ratio[done] / np.maximum(y[done], 1)):
+                best.residual, best.base = residual, base
         return best
 
     def center(self, params: Mapping[str, Any], predicted: Mapping[str, float] | None = None) -> dict[str, int]:
@@ -220,6 +238,26 @@ class Model:
                 return o.number
         return None
 
+    def unseen(self, params: Mapping[str, Any]) -> list[str]:
+        """The numeric params of ``params`` beyond every observed trial's value in the direction that takes
+        less memory and that move RAM's fit by over 1% across the range seen: there the fit holds the low
+        end seen, the bound is no calibrated one."""
+        fit = self._fits.get("ram")
+        out = []
+        for name, (lo, hi, direction, _) in ({} if fit is None else fit.encoder.numeric).items():
+            value = params.get(name)
+            if _is_number(value) and (float(value) < lo if direction > 0 else float(value) > hi):
+                low, high = (self._value("ram", {**params, name: v}, None, upper=False) for v in (lo, hi))
+                if abs(high - low) > 0.01 * min(high, low):
+                    out.append(name)
+        return out
+
+    def residual(self, resource: str) -> float | None:
+        """The conformal residual of ``resource`` (bytes; bound = fit + residual) when that score is the one
+        used, else ``None`` (the bound is fit x :meth:`factor`)."""
+        fit = self._fits.get(resource)
+        return None if fit is None else fit.residual
+
     def factor(self, resource: str) -> float | None:
         """The conformal factor of ``resource``: bound = fit x factor (``None``: not ready or not fitted)."""
         fit = self._fits.get(resource)
@@ -234,7 +272,11 @@ class Model:
         if not upper:
             return int(round(value))
         if fit.factor is not None and self.ready:
-            value *= max(fit.factor, 1.0 if r == "threads" else MIN_FACTOR)
+            least = 1.0 if r == "threads" else MIN_FACTOR
+            if fit.residual is not None:  # fit + residual, at least MIN_FACTOR on the part above the intercept
+                value = max(value + fit.residual, fit.base + (value - fit.base) * least)
+            else:
+                value *= max(fit.factor, least)
         return int(math.ceil(round(value, 6)))  # 5.0000001 threads is 5
 
 
@@ -450,16 +492,18 @@ def _predict(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.maximum(x @ w, 0.0)
 
 
-def _loo_scores(x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> list[float]:
-    """Peak over the leave-one-out fit for the last ``SCORED`` observations (a censored trial's score is a
-    lower bound: the bound serves the decision "over the line or not", which its lower peak decides)."""
-    scores = []
+def _loo_scores(x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> tuple[list[float], list[float]]:
+    """Peak over, and peak minus, the leave-one-out fit for the last ``SCORED`` observations (a censored
+    trial's score is a lower bound: the bound serves the decision "over the line or not", which its lower
+    peak decides)."""
+    scores, diffs = [], []
     for i in range(max(0, len(y) - SCORED), len(y)):
         keep = np.arange(len(y)) != i
         w = _fit_censored(x[keep], y[keep], censored[keep])
         pred = float(_predict(x[i:i + 1], w)[0])
         scores.append(float(y[i]) / max(pred, 1e-9 * max(float(y.max()), 1.0)))
-    return scores
+        diffs.append(float(y[i]) - pred)
+    return scores, diffs
 
 
 def _conformal(scores: list[float], miss_rate: float) -> float | None:

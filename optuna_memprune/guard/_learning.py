@@ -3,8 +3,10 @@ from the study's trial records, and the footprint it gives before and after its 
 
 Owns turning records into observations (which trials count, which are censored), when to refit, and the
 footprint the guard uses: the learned upper bound (no footprint function), or the footprint function's
-figures corrected by the learned ratio. Knows nothing of the sampler's lookahead, monitors or processes;
-its state is the records, so a restarted study or another worker of the same storage rebuilds it.
+figures corrected by the learned ratio, and which trials after the warm-up still run unchecked to be
+observed (below every observed trial in a param that moves the fit, the fit under the soft line). Knows
+nothing of the sampler's lookahead, monitors or processes; its state is the records, so a restarted study
+or another worker of the same storage rebuilds it.
 """
 
 from __future__ import annotations
@@ -101,8 +103,13 @@ class Learning:
                     return _single(floor, f"at least trial #{number}'s peak (stopped there; these params are "
                                    "as large in every param that takes memory)")
                 raise NoFootprint(self.warmup_reason())
-            return _single(model.bound(params), f"learned upper bound ({model.n} trials, miss rate "
-                           f"{model.miss_rate:.0%})")
+            bound = model.bound(params)
+            unseen = self.explore(params, limits)
+            if unseen:
+                raise NoFootprint(f"learned footprint exploring: {', '.join(unseen)} below every observed trial's, "
+                                  "where the bound is the low end's and no calibrated one; the fit is under the "
+                                  "line: the trial runs unchecked under the monitor")
+            return _single(bound, f"learned upper bound ({model.n} trials, miss rate {model.miss_rate:.0%})")
         figures = {r: getattr(raw, r) for r in RESOURCES}
         if model.ready:
             bound = model.bound(params, figures)
@@ -113,6 +120,20 @@ class Learning:
             note = f"warm-up x{ratio:.3f} ({model.n} of {self.settings.warmup} trials observed)"
         return _corrected(raw, bound, note)
 
+    def explore(self, params: Mapping[str, Any], limits: Mapping[str, int]) -> list[str]:
+        """The params to explore (:meth:`Model.unseen`) when the learned bound of ``params`` is over
+        ``limits`` but the fit is under them and no stopped trial they dominate reached them: rejected, such
+        a trial would never be observed and the bound at the low end never corrected. Empty otherwise."""
+        model = self.model
+        if self.corrected or not model.ready:
+            return []
+        bound, center, floor = model.bound(params), model.center(params), model.floor(params)
+        if not any(bound.get(r, 0) > v for r, v in limits.items()):
+            return []
+        if any(max(center.get(r, 0), floor.get(r, 0)) > v for r, v in limits.items()):
+            return []
+        return model.unseen(params)
+
     def _ratios(self) -> list[float]:
         return [float(o.peaks["ram"]) / float(o.predicted["ram"]) for o in self.model.observations
                 if not o.censored and o.predicted and o.predicted.get("ram") and o.peaks.get("ram")]
@@ -121,16 +142,22 @@ class Learning:
         return (f"learned footprint warming up: {self.model.n} of {self.settings.warmup} trials observed to the "
                 "end; the trial runs unchecked under the monitor")
 
-    def info(self, params: Mapping[str, Any], raw: Footprint | None, warmup: bool) -> dict[str, Any]:
+    def info(self, params: Mapping[str, Any], raw: Footprint | None, warmup: bool,
+             limits: Mapping[str, int] | None = None) -> dict[str, Any]:
         """What the record says of the learned prediction: mode, phase, trials, miss rate, the fit's own
         figures (``center``: the bound without its conformal factor), the footprint function's (``raw``,
-        corrected mode; what the next fits learn from)."""
+        corrected mode; what the next fits learn from). Phase ``explore``: run unchecked by :meth:`explore`."""
         model = self.model
-        out: dict[str, Any] = {"mode": self.mode, "phase": "warm-up" if warmup or not model.ready else "bound",
+        out: dict[str, Any] = {"mode": self.mode, "phase": "warm-up" if not model.ready else
+                               "explore" if warmup and self.explore(params, limits or {}) else
+                               "warm-up" if warmup else "bound",
                                "n": model.n, "warmup": self.settings.warmup, "miss_rate": model.miss_rate}
         factor = model.factor("ram")
         if factor is not None and model.ready:
             out["factor_ram"] = round(factor, 4)
+        residual = model.residual("ram")
+        if residual is not None and model.ready:
+            out["residual_ram"] = int(residual)  # the bound is the fit plus this, not the fit x factor_ram
         if model.ready and not warmup:
             try:
                 figures = None if raw is None else {r: getattr(raw, r) for r in RESOURCES}

@@ -137,7 +137,7 @@ class Policy:
         if self._learning is None:
             return None
         raw = self._cached(params) if self._footprint is not None else None
-        return self._learning.info(params, raw, warmup)
+        return self._learning.info(params, raw, warmup, self.limits)
 
     @property
     def cached_footprints(self) -> int:

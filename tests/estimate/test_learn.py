@@ -126,3 +126,22 @@ def test_bad_settings_and_params_raise_naming_what_was_expected() -> None:
         model.bound({**p, "lr": -1})
     # a label no trial ran is priced as the costliest label seen
     assert model.bound({**p, "opt": "rmsprop"})["ram"] >= model.bound(p)["ram"]
+
+
+def test_a_large_constant_baseline_leaves_trials_just_above_it_under_a_soft_line_close_to_it() -> None:
+    # TensorFlow-like: ~800 MiB whatever the params, a small part that grows with them, a soft line just
+    # above the baseline. A factor on the whole fit (at least 1/0.95: 842 MiB at 800) would put every trial
+    # over the line and, rejected, none would be observed to correct it; the residual bound admits them.
+    rng = np.random.default_rng(0)
+    line = 850 * MiB
+
+    def peak(n: int) -> float:
+        return 800 * MiB + n * 2 * MiB + rng.uniform(-3, 3) * MiB
+
+    model = learned(miss_rate=0.2).fit([Observation({"n": n}, {"ram": peak(n)}) for n in (1, 3, 6, 10, 14)])
+    assert model.ready and model.residual("ram") is not None
+    under = [n for n in range(1, 15) if model.bound({"n": n})["ram"] <= line]
+    assert under and min(under) == 1 and max(under) >= 10  # trials whose peak is under the line are admitted
+    assert model.bound({"n": 40})["ram"] > line           # and one whose fit is over it is not
+    for n in range(1, 15):                                # the bound is still over the fit
+        assert model.bound({"n": n})["ram"] > model.center({"n": n})["ram"]

@@ -130,3 +130,24 @@ def test_optimize_workers_share_the_learned_model_through_the_storage(tmp_path) 
                  enforce="polling")
     last = omp.read_record(optuna.load_study(study_name="learned", storage=url).trials[-1].user_attrs)
     assert last.learned["phase"] == "bound" and last.learned["n"] >= 4 and last.pred_ram is not None
+
+
+def test_a_trial_below_every_observed_one_whose_fit_is_under_the_line_runs_unchecked_to_be_observed() -> None:
+    # the bound below the range seen is the low end's: over the line there, a smaller trial would be rejected
+    # forever (a rejected trial is never observed); its fit under the line lets it run under the monitor
+    from optuna_memprune.estimate.learn import Observation
+    from optuna_memprune.guard._call import NoFootprint
+    from optuna_memprune.guard._learning import Learning
+
+    learning = Learning(omp.estimate.learned(miss_rate=0.2), corrected=False)
+    peaks = {100: 700, 150: 760, 200: 690, 300: 820, 400: 900, 500: 1000}  # noisy: a wide conformal bound
+    learning.model = learning.settings.fit([Observation({"n": n}, {"ram": p * MiB}, number=i)
+                                            for i, (n, p) in enumerate(peaks.items())])
+    limits = {"ram": 740 * MiB}
+    assert learning.ready and learning.model.bound({"n": 50})["ram"] > limits["ram"]
+    assert learning.explore({"n": 50}, limits) == ["n"]
+    with pytest.raises(NoFootprint, match="exploring"):
+        learning.footprint({"n": 50}, None, limits)
+    assert learning.info({"n": 50}, None, True, limits)["phase"] == "explore"
+    assert learning.explore({"n": 150}, limits) == []       # inside the range seen: the bound decides
+    assert learning.explore({"n": 50}, {"ram": 600 * MiB}) == []  # the fit itself over the line: rejected
