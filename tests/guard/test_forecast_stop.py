@@ -6,10 +6,10 @@ Real numpy allocations against a budget set above this process's present RSS; a 
 
 from __future__ import annotations
 
+import mmap
 import re
 import time
 
-import numpy as np
 import optuna
 import psutil
 from optuna.distributions import CategoricalDistribution
@@ -23,6 +23,14 @@ STEPS = 300
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+def _block(size: int) -> mmap.mmap:
+    """``size`` bytes of fresh anonymous memory, every page written: the RSS grows by ``size`` whatever the
+    heap of this process (a long test run) holds free."""
+    block = mmap.mmap(-1, size)
+    block.write(b"\1" * size)
+    return block
+
+
 def _objective(trial: optuna.Trial) -> float:
     """``grow``: 1 MiB more every step (300 MiB at step 300); ``plateau``: 200 MiB in the first 15 steps (a
     ring buffer filling), then flat. Reports every step."""
@@ -30,7 +38,7 @@ def _objective(trial: optuna.Trial) -> float:
     held = []
     for step in range(STEPS):
         if kind == "grow" or step < 15:
-            held.append(np.ones(MiB if kind == "grow" else 200 * MiB // 15, dtype=np.uint8))
+            held.append(_block(MiB if kind == "grow" else 200 * MiB // 15))
         time.sleep(0.01)
         trial.report(float(len(held)), step)
     return float(len(held))

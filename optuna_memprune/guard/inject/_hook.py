@@ -283,8 +283,8 @@ class _Injected:
         line = f"{guarded} trials guarded in study {study.study_name!r} ({parts})"
         if len(numbers) != guarded:
             line += f"; {len(numbers) - guarded} of the {len(numbers)} trials run have no record"
-        if self.choice is not None and not self.choice.checked:
-            line += f"; footprint: {self.choice.label}"
+        if self.choice is not None and (not self.choice.checked or self.choice.footprint is None):
+            line += f"; footprint: {self.choice.label}"  # the monitor alone, or learned
         where = _location(study)
         if where is None:
             return line + "; the study was in memory, so the records ended with the program (give it a storage " \
