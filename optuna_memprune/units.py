@@ -12,7 +12,7 @@ import re
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5, "eib": 1024**6, "bytes": 1,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -24,8 +24,8 @@ def parse_bytes(value: int | float | str, *, name: str = "size") -> int:
     """Return ``value`` as a whole number of bytes.
 
     Accepts ints, integral floats (``1e9``) and strings such as ``"6GiB"``, ``"512MB"``, ``"1.5 GB"`` or
-    ``"1024"``. Decimal units (kB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB) powers
-    of 1024. Raises ``ValueError`` naming ``name`` and the text given when the value is not a size or is
+    ``"1024"``. Decimal units (kB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB, and
+    PiB, EiB as numpy and torch print them) powers of 1024. Raises ``ValueError`` naming ``name`` and the text given when the value is not a size or is
     negative.
     """
     if isinstance(value, bool):

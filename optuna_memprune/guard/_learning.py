@@ -192,8 +192,8 @@ def observation(number: int, state: Any, params: Mapping[str, Any], user_attrs: 
 
 
 def _single(figures: Mapping[str, int], name: str) -> Footprint:
-    return Footprint((Component(name, Kind.OTHER, ram=int(figures.get("ram", 0)), vram=int(figures.get("vram", 0)),
-                                threads=int(figures.get("threads", 0))),))
+    return Footprint.of(ram=int(figures.get("ram", 0)), vram=int(figures.get("vram", 0)),
+                        threads=int(figures.get("threads", 0)), name=name, kind=Kind.OTHER)
 
 
 def _corrected(raw: Footprint, bound: Mapping[str, int], note: str) -> Footprint:

@@ -18,9 +18,9 @@ from typing import Any
 
 from .. import procfs, records
 from ..budget import Budget
+from ..units import parse_bytes
 
 _LABELS = {"ram": "RAM", "vram": "VRAM"}
-_SCALE = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60}
 _SIZE = r"([0-9]+(?:\.[0-9]*)?)\s*(bytes|B|KiB|MiB|GiB|TiB|PiB|EiB)\b"
 # numpy's "Unable to allocate 3.00 GiB for an array ...", torch's CUDA "Tried to allocate 2.00 GiB" and its
 # CPU allocator's "you tried to allocate 1125899906842624 bytes"
@@ -150,7 +150,7 @@ def _size(pattern: re.Pattern[str], message: str) -> int | None:
     if match is None:
         return None
     number, unit = [g for g in match.groups() if g is not None][:2]
-    return int(float(number) * _SCALE[unit.lower()])
+    return int(float(number) * parse_bytes(f"1 {unit}"))  # the unit from units; the figure as printed, cut
 
 
 def _array_bytes(exc: MemoryError) -> int | None:
