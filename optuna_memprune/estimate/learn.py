@@ -218,13 +218,14 @@ class Model:
 
     def floor(self, params: Mapping[str, Any]) -> dict[str, int]:
         """What a censored trial whose params ``params`` dominate (each numeric param at least as large in
-        its memory direction, +1 until one is learned or declared; the same label for the rest) reached,
-        per resource: the least this assignment needs."""
+        its memory direction, +1 until one is learned or declared; the same label for the rest; a float
+        param not declared in ``monotone`` passed over: rates and coefficients are no sizes) reached, per
+        resource: the least this assignment needs."""
         out: dict[str, int] = {}
         if self.corrected:
             return out
         for o in self.observations:
-            if o.censored and _dominates(params, o.params, self.directions, self.settings.categorical):
+            if o.censored and _dominates(params, o.params, self.directions, self.settings):
                 for r in RESOURCES:
                     v = _number(o.peaks.get(r))
                     if v is not None:
@@ -234,7 +235,7 @@ class Model:
     def dominated_by(self, params: Mapping[str, Any]) -> int | None:
         """The number of a censored trial ``params`` dominate (see :meth:`floor`), if any."""
         for o in self.observations:
-            if o.censored and _dominates(params, o.params, self.directions, self.settings.categorical):
+            if o.censored and _dominates(params, o.params, self.directions, self.settings):
                 return o.number
         return None
 
@@ -516,12 +517,14 @@ def _conformal(scores: list[float], miss_rate: float) -> float | None:
 
 
 def _dominates(params: Mapping[str, Any], other: Mapping[str, Any], directions: Mapping[str, int],
-               categorical: frozenset[str]) -> bool:
+               settings: Learned) -> bool:
     if not other or set(other) - set(params):
         return False
     for name, value in other.items():
         mine = params[name]
-        if name not in categorical and _is_number(mine) and _is_number(value):
+        if name not in settings.monotone and isinstance(mine, float) and isinstance(value, float):
+            continue  # a float (a rate, a coefficient) is no size: memory is not taken to move with it
+        if name not in settings.categorical and _is_number(mine) and _is_number(value):
             # a direction not learned yet (one value seen) is memory's usual one: it grows with the param
             if directions.get(name, 1) * (float(mine) - float(value)) < 0:
                 return False

@@ -88,12 +88,14 @@ class Learning:
 
     # -- the footprint --------------------------------------------------------------------------------
 
-    def footprint(self, params: dict[str, Any], raw: Footprint | None, limits: Mapping[str, int]) -> Footprint:
+    def footprint(self, params: dict[str, Any], raw: Footprint | None, limits: Mapping[str, int], *,
+                  explore: bool = True) -> Footprint:
         """The footprint the guard uses for ``params``: the bound (``raw`` is ``None``) or ``raw`` corrected.
 
         Before the warm-up without a footprint function: :class:`NoFootprint` (the trial runs unchecked),
         unless the params dominate a censored trial whose peak is over ``limits`` (then that peak: memory is
-        monotone, so this one needs at least as much)."""
+        monotone, so this one needs at least as much). ``explore=False`` (a clamp search's candidates): the
+        bound even where :meth:`explore` would let the trial run unchecked."""
         model = self.model
         if raw is None:
             if not model.ready:
@@ -104,7 +106,7 @@ class Learning:
                                    "as large in every param that takes memory)")
                 raise NoFootprint(self.warmup_reason())
             bound = model.bound(params)
-            unseen = self.explore(params, limits)
+            unseen = self.explore(params, limits) if explore else []
             if unseen:
                 raise NoFootprint(f"learned footprint exploring: {', '.join(unseen)} below every observed trial's, "
                                   "where the bound is the low end's and no calibrated one; the fit is under the "

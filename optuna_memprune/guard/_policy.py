@@ -147,16 +147,18 @@ class Policy:
 
     # -- before launch --------------------------------------------------------------------------------
 
-    def predict(self, params: dict[str, Any]) -> Footprint:
+    def predict(self, params: dict[str, Any], *, explore: bool = True) -> Footprint:
         """The footprint of ``params`` (cached). Raises what the user's function raises, TypeError when it
         returns something else than a Footprint, or :class:`FootprintTimeout` over ``footprint_timeout``.
 
         How the limit applies (a worker thread, abandoned past it; a cold start; calibration not counted):
         :class:`~optuna_memprune.guard._call.LimitedCall`. A late answer still fills the cache.
+        ``explore=False``: a learned footprint's bound even where the trial would run unchecked to explore
+        (a clamp search's candidates).
         """
         if self._learning is not None:
             raw = None if self._footprint is None else self._raw(params)
-            return self._learning.footprint(params, raw, self.limits)
+            return self._learning.footprint(params, raw, self.limits, explore=explore)
         return self._raw(params)
 
     def _raw(self, params: dict[str, Any]) -> Footprint:

@@ -5,6 +5,7 @@ Forwards every hook of the base sampler; knows nothing of the monitor or the pru
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
@@ -365,5 +366,7 @@ def _single_value(dist: BaseDistribution) -> Any:
 
 
 def _search(policy: "Policy") -> ClampSearch:
-    """The clamp search under the policy's soft line."""
-    return ClampSearch(policy.predict, policy.excess, policy.limits)
+    """The clamp search under the policy's soft line. A learned footprint gives its bound for every
+    candidate, below the observed range too (where it holds the low end's): only a trial as sampled is
+    let run unchecked to explore there, a candidate of the search never."""
+    return ClampSearch(functools.partial(policy.predict, explore=False), policy.excess, policy.limits)

@@ -87,6 +87,10 @@ def test_a_censored_trial_raises_the_bound_of_every_assignment_that_dominates_it
     assert model.dominated_by({**p, "width": 600}) == 99
     assert model.dominated_by({**p, "maxlen": 50_000}) is None  # smaller in one param: not known
     assert model.floor({**p, "opt": "adam"}) == {}  # another label: not comparable
+    # a float (here the learning rate) is no size: a lower one still dominates, unless declared monotone
+    assert model.dominated_by({**p, "lr": 1e-4}) == 99
+    declared = learned(monotone={"lr": 1}).fit([*obs, stopped])
+    assert declared.dominated_by({**p, "lr": 1e-4}) is None and declared.dominated_by({**p, "lr": 1e-2}) == 99
     # a censored peak above the fit pulls the fit up (it needed at least that), one below it does not lower it
     low = Observation(p, {"ram": 10 * MiB}, censored=True, number=98)
     assert learned().fit([*obs, low]).center(p)["ram"] == pytest.approx(learned().fit(obs).center(p)["ram"], rel=0.02)

@@ -151,3 +151,38 @@ def test_a_trial_below_every_observed_one_whose_fit_is_under_the_line_runs_unche
     assert learning.info({"n": 50}, None, True, limits)["phase"] == "explore"
     assert learning.explore({"n": 150}, limits) == []       # inside the range seen: the bound decides
     assert learning.explore({"n": 50}, {"ram": 600 * MiB}) == []  # the fit itself over the line: rejected
+
+
+def test_a_clamp_search_that_passes_below_the_observed_range_still_clamps_or_rejects() -> None:
+    # the clamp search tries lower values of each param, below every observed trial's too; a candidate
+    # there once raised the "exploring" answer out of the search, and the trial ran unchecked as sampled
+    from optuna.samplers import BaseSampler
+
+    from optuna_memprune.estimate.learn import Observation
+
+    class Always300(BaseSampler):
+        def infer_relative_search_space(self, study, trial):
+            return {}
+
+        def sample_relative(self, study, trial, search_space):
+            return {}
+
+        def sample_independent(self, study, trial, param_name, param_distribution):
+            return 300
+
+    space = {"n": IntDistribution(10, 1000)}
+    guard = omp.MemoryGuard(None, omp.Budget(ram=int(740 * MiB / 0.9) + 1), search_space=space,
+                            learn=omp.estimate.learned(miss_rate=0.2))
+    learning = guard.policy.learning
+    peaks = {100: 700, 150: 760, 200: 690, 300: 820, 400: 900, 500: 1000}
+    learning.model = learning.settings.fit([Observation({"n": n}, {"ram": p * MiB}, number=i)
+                                            for i, (n, p) in enumerate(peaks.items())])
+    assert learning.model.bound({"n": 300})["ram"] > 740 * MiB and learning.explore({"n": 50}, guard.policy.limits)
+    study = optuna.create_study(sampler=guard.wrap_sampler(Always300()), pruner=guard.wrap_pruner(None))
+    trial = study.ask()
+    trial.suggest_int("n", 10, 1000)
+    state = guard.trials.get(trial._trial_id)
+    assert state.decision in (Decision.CLAMPED, Decision.REJECTED), (state.decision, state.reason)
+    assert "exploring" not in state.reason
+    if state.decision is Decision.CLAMPED:
+        assert trial.params["n"] < 300 and state.prediction.ram <= 740 * MiB
