@@ -140,3 +140,19 @@ def torch_mlp(trial: optuna.Trial) -> float:
 
 
 OBJECTIVES = {"keras_dqn": keras_dqn, "lightgbm": lightgbm, "torch_mlp": torch_mlp}
+
+
+def plain_trial(conn, name: str, params: dict, number: int, join) -> None:
+    """One trial of the plain (unguarded) study in its own process: join its cgroup (the hard limit), run
+    the objective on the params the parent sampled, send back ``("complete", value)`` or ``("fail", text)``
+    (``"oom"`` for a ``MemoryError``); killed by the kernel at the limit, it sends nothing."""
+    from optuna_memprune import cgroups
+
+    if join is not None:
+        cgroups.join(join)
+    try:
+        conn.send(("complete", OBJECTIVES[name](optuna.trial.FixedTrial(params, number))))
+    except MemoryError:
+        conn.send(("oom", "MemoryError"))
+    except Exception as exc:  # noqa: BLE001 - the plain study records it as a failed trial
+        conn.send(("fail", f"{type(exc).__name__}: {exc}"))
