@@ -50,6 +50,9 @@ _DECADE = 10.0         # a positive numeric param spanning this ratio also gets 
 #: crosses it only when its peak is at least 5% over the fit, (peak - fit) / peak >= 0.05. With a dozen
 #: trials the conformal factor is their largest leave-one-out ratio, which under-states the tail.
 MIN_FACTOR = 1 / 0.95
+#: The scaled residual's noise where the fit is at its base, as a share of the base: the run-to-run spread of
+#: a peak that does not grow (a process's RSS from import to import differs by 1-2% here)
+NOISE = 0.02
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,8 @@ class _Fit:
     scores: list[float] = field(default_factory=list)
     residual: float | None = None  # the conformal residual (bytes) when the absolute score is the tighter
     base: float = 0.0  # the intercept the least factor leaves out, with the residual
+    spread: float | None = None  # the conformal scaled residual when that score is the tighter (see _fit)
+    noise: float = 0.0  # with ``spread``: the residual's scale where the fit is at the base
 
 
 class Model:
@@ -198,11 +203,25 @@ class Model:
         if not self.corrected and best.factor is not None and residual is not None and (~censored).any():
             fit, least = _predict(best_x, best.weights), 1.0 if resource == "threads" else MIN_FACTOR
             base = min(float(best.weights[0]), float(fit.min()))  # the intercept, at most any fit
-            ratio = fit * max(best.factor, least)
-            absolute = np.maximum(fit + residual, base + (fit - base) * least)
+            families = {"ratio": fit * max(best.factor, least),
+                        "absolute": np.maximum(fit + residual, base + (fit - base) * least)}
+            # the residual scaled by what varies: noise at the base plus the fit above it, so that one
+            # large trial's miss does not widen the bound of a small one as much (a ratio multiplies a large
+            # constant baseline such as TensorFlow's, a plain difference adds a large trial's miss to all)
+            noise = NOISE * max(base, 0.0)
+            preds = y[len(y) - len(best_diffs):] - np.array(best_diffs)
+            scale = noise + np.maximum(preds - base, 0.0)
+            spread = (_conformal([d / s for d, s in zip(best_diffs, scale)], self.settings.miss_rate)
+                      if (scale > 0).all() else None)
+            if spread is not None:
+                families["scaled"] = np.maximum(fit + spread * (noise + np.maximum(fit - base, 0.0)),
+                                                base + (fit - base) * least)
             done = ~censored  # the tighter family over the trials that ran to the end
-            if np.mean(absolute[done] / np.maximum(y[done], 1)) < np.mean(ratio[done] / np.maximum(y[done], 1)):
+            tightest = min(families, key=lambda k: float(np.mean(families[k][done] / np.maximum(y[done], 1))))
+            if tightest == "absolute":
                 best.residual, best.base = residual, base
+            elif tightest == "scaled":
+                best.spread, best.noise, best.base = spread, noise, base
         return best
 
     def center(self, params: Mapping[str, Any], predicted: Mapping[str, float] | None = None) -> dict[str, int]:
@@ -259,6 +278,12 @@ class Model:
         fit = self._fits.get(resource)
         return None if fit is None else fit.residual
 
+    def spread(self, resource: str) -> tuple[float, float] | None:
+        """The conformal scaled residual of ``resource`` and its noise (bytes) when that score is the one
+        used (bound = fit + spread x (noise + the fit above its base)), else ``None``."""
+        fit = self._fits.get(resource)
+        return None if fit is None or fit.spread is None else (fit.spread, fit.noise)
+
     def factor(self, resource: str) -> float | None:
         """The conformal factor of ``resource``: bound = fit x factor (``None``: not ready or not fitted)."""
         fit = self._fits.get(resource)
@@ -276,6 +301,9 @@ class Model:
             least = 1.0 if r == "threads" else MIN_FACTOR
             if fit.residual is not None:  # fit + residual, at least MIN_FACTOR on the part above the intercept
                 value = max(value + fit.residual, fit.base + (value - fit.base) * least)
+            elif fit.spread is not None:  # fit + the scaled residual, the same least
+                value = max(value + fit.spread * (fit.noise + max(value - fit.base, 0.0)),
+                            fit.base + (value - fit.base) * least)
             else:
                 value *= max(fit.factor, least)
         return int(math.ceil(round(value, 6)))  # 5.0000001 threads is 5

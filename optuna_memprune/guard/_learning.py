@@ -160,6 +160,9 @@ class Learning:
         residual = model.residual("ram")
         if residual is not None and model.ready:
             out["residual_ram"] = int(residual)  # the bound is the fit plus this, not the fit x factor_ram
+        spread = model.spread("ram")
+        if spread is not None and model.ready:  # the bound is the fit plus spread x (noise + fit above base)
+            out["spread_ram"], out["noise_ram"] = round(spread[0], 4), int(spread[1])
         if model.ready and not warmup:
             try:
                 figures = None if raw is None else {r: getattr(raw, r) for r in RESOURCES}
