@@ -45,8 +45,9 @@ sees the project venv's packages (torch, optuna, gymnasium) through a ``.pth`` f
     $BENCH_VENV/bin/python scripts/bench_learned.py
 
 Run: ``python scripts/bench_learned.py [--smoke] [--trials N] [--studies a,b] [--seed S] [--miss-rate R]
-[--baseline plain|monitor]`` (``--smoke``: the torch study only, 8 trials). Needs a cgroup v1 or v2 memory controller this process may
-make groups in (root); without one it says so and runs with the watchdog's polling instead.
+[--baseline plain|monitor]`` (``--smoke``: the torch study only, 8 trials). Needs a cgroup v1 or v2 memory
+controller this process may make groups in (root); without one it says so and runs with the watchdog's
+polling instead (and the monitor baseline: the plain one needs the group).
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ _DECADE = 10.0         # a positive numeric param spanning this ratio also gets 
 #: crosses it only when its peak is at least 5% over the fit, (peak - fit) / peak >= 0.05. With a dozen
 #: trials the conformal factor is their largest leave-one-out ratio, which under-states the tail.
 MIN_FACTOR = 1 / 0.95
-#: The scaled residual's noise where the fit is at its base, as a share of the base: the run-to-run spread of
-#: a peak that does not grow (a process's RSS from import to import differs by 1-2% here)
+#: The scaled residual's noise where the fit is at its base, as a share of the base: the run-to-run spread
+#: allowed for a peak that does not grow with the params (a process's baseline, a library's import)
 NOISE = 0.02
 
 
