@@ -204,23 +204,20 @@ def main() -> None:
           f"{cal['seconds']:.1f} s; budget: a run's starting RSS + {room / MiB:.0f} MiB ({args.cross:.0%} of the "
           "growth)", flush=True)
 
-    breach, breach_steps = [], []
-    for i in range(args.breach_runs):
-        r = run("grow", args.steps, obs_bytes, room, False)
-        print(f"breach {i}: {r['decision']} at step {r['step']} after {r['seconds']:.2f} s", flush=True)
-        if r["decision"] == Decision.STOPPED.value:
-            breach.append(r["seconds"])
-            breach_steps.append(r["step"])
+    def grow(label: str, n: int, horizon: object, wanted: Decision) -> tuple[list[float], list[int], int]:
+        """``n`` growing runs: seconds and steps of those that ended ``wanted``, and how many did not."""
+        seconds, steps = [], []
+        for i in range(n):
+            r = run("grow", args.steps, obs_bytes, room, horizon)
+            print(f"{label} {i}: {r['decision']} at step {r['step']} after {r['seconds']:.2f} s"
+                  + (f": {r['reason']}" if horizon is None else ""), flush=True)
+            if r["decision"] == wanted.value:
+                seconds.append(r["seconds"])
+                steps.append(r["step"])
+        return seconds, steps, n - len(seconds)
 
-    stops, stop_steps, missed = [], [], 0
-    for i in range(args.runs):
-        r = run("grow", args.steps, obs_bytes, room, None)
-        print(f"grow {i}: {r['decision']} at step {r['step']} after {r['seconds']:.2f} s: {r['reason']}", flush=True)
-        if r["decision"] == Decision.FORECAST_STOPPED.value:
-            stops.append(r["seconds"])
-            stop_steps.append(r["step"])
-        else:
-            missed += 1
+    breach, breach_steps, _ = grow("breach", args.breach_runs, False, Decision.STOPPED)
+    stops, stop_steps, missed = grow("grow", args.runs, None, Decision.FORECAST_STOPPED)
 
     false_stops = 0
     for i in range(args.runs):
