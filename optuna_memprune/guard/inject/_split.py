@@ -163,6 +163,7 @@ class Gate:
         self._held = 0
 
     def __call__(self, trial: Any) -> Any:
+        trial.relative_params  # Optuna samples at the first suggest: the guarded sampler checks the trial here
         state = self._guard.trials.get(_internals.trial_id(trial))
         if state is not None and state.decision is Decision.REJECTED:
             return self._objective(trial)
