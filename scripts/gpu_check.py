@@ -1,0 +1,136 @@
+"""Every GPU claim of the project checked on a CUDA host, in one command: VRAM predictions against real
+training steps, cuDNN workspaces, the CUDA context, the caching allocator, and the guard on the GPU.
+
+Rows (one printed line each; the whole result as JSON, ``--out``, default ``$OUT/gpu_check.json`` where
+``OUT`` is set, else ``./gpu_check.json``):
+- ``vram``: ``torch_training(..., device="cuda")`` against 4 real steps of the same network (torchvision
+  ResNet101, VGG16, MobileNetV2, ConvNeXt-Tiny at 224x224; GPT-2 and OPT-125m from their configs, nothing
+  downloaded, 128 tokens; the DQN and PPO networks of the project's studies on stacked Atari frames) at 3
+  batch sizes, Adam and SGD, ``cudnn.benchmark`` off and on: ``max_memory_reserved`` (the headline error,
+  prediction without the CUDA context), ``max_memory_allocated`` and NVML's per-process figure.
+- ``cudnn``: the workspace per conv shape of the CNNs, benchmark off and on; ``context``: what lies
+  outside the caching allocator after each first op (lazy and eager module loading); ``allocator``: the
+  peak reserved across 4 steps.
+- ``guard``: a VRAM budget breached in process and in process-per-trial ends ``stopped``; a real CUDA OOM
+  ends PRUNED ``out_of_memory`` with a positive constraint and the next trial starts with the cache empty;
+  the monitor's NVML reading against torch's; learned VRAM after its warm-up; the small-card sweep (a
+  3.7 GiB budget, batch and env counts swept) with no trial over it.
+Last lines: ``GPU_VRAM rows=<n> median_err=<x>% under=<u> max_err=<x>%`` and ``GPU_GUARD checks=<n>
+passed=<p>``. Each check runs in its own process under a time limit: a failure is a row, never the end of
+the run. Without CUDA it prints one line and exits 0.
+
+Run on a GPU host: ``python scripts/gpu_check.py [--smoke] [--out PATH] [--budget-s 480]``
+(``scripts/gpu_wheels.sh`` brings what a bare host lacks and prints the whole command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _gpu import results, rows  # noqa: E402
+from _gpu.isolate import run_many  # noqa: E402
+
+# Time limits per check, seconds: a model's predictions (cold traces on the CPU) and its measured rows.
+VRAM_LIMIT_S, VRAM_SMOKE_LIMIT_S = 200, 120
+GUARD_LIMITS_S = {"breach_in_process": 60, "breach_per_process": 90, "cuda_oom": 60, "nvml_vs_torch": 45,
+                  "learned_vram": 90, "small_card": 150}
+CUDA_LIMITS_S = {"cudnn": 90, "context": 45, "allocator": 60}
+PARALLEL = 4     # model checks at a time: their CPU traces overlap, their GPU measurements take turns
+
+
+def cuda_status() -> tuple[bool, str]:
+    """(usable, one line saying what was found)."""
+    try:
+        import torch
+    except ImportError as e:
+        return False, f"GPU_CHECK no CUDA here: torch does not import ({e}); nothing measured"
+    if not torch.cuda.is_available():
+        return False, (f"GPU_CHECK no CUDA device here (torch {torch.__version__}, built for CUDA "
+                       f"{torch.version.cuda or 'none'}): nothing measured")
+    return True, ""
+
+
+def host_meta() -> dict:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": props.name, "gpu_memory": props.total_memory, "capability": f"{props.major}.{props.minor}",
+            "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "python": platform.python_version(), "host": platform.node(),
+            "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "")}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        meta["driver"] = pynvml.nvmlSystemGetDriverVersion()
+    except Exception as e:  # noqa: BLE001 - the meta only says so
+        meta["driver"] = f"unknown ({type(e).__name__})"
+    return meta
+
+
+def plan(smoke: bool) -> dict[str, list[tuple[str, dict, float, str]]]:
+    """The jobs ``(check, args, time limit, label)`` in their groups: VRAM models, CUDA internals, guard."""
+    limit = VRAM_SMOKE_LIMIT_S if smoke else VRAM_LIMIT_S
+    vram = [("vram", {"cases": [c.to_dict() for c in cs], "benchmark": [False, True], "label": f"vram {m}"},
+             limit, f"vram {m}") for m, cs in rows.by_model(rows.cases(smoke=smoke)).items()]
+    cnns = [m for m, (fam, _) in rows.MODELS.items() if fam == "CNN"]
+    cuda = [("cudnn", {"models": cnns[:2] if smoke else cnns, "batch": 32, "max_shapes": 12 if smoke else 40},
+             CUDA_LIMITS_S["cudnn"], "cudnn workspaces"),
+            ("context", {}, CUDA_LIMITS_S["context"], "context lazy"),
+            ("context", {"loading": "EAGER"}, CUDA_LIMITS_S["context"], "context eager")]
+    for case in (rows.VramCase("CNN", "ResNet101", 32, "Adam"),
+                 rows.VramCase("transformer", "openai-community/gpt2", 8, "Adam"))[: 1 if smoke else 2]:
+        cuda.append(("allocator", {"case": case.to_dict()}, CUDA_LIMITS_S["allocator"], f"allocator {case.key}"))
+    guard = [(name, {"trials": 6} if smoke and name == "small_card" else {}, lim, f"guard {name}")
+             for name, lim in GUARD_LIMITS_S.items()]
+    return {"vram": vram, "cuda": cuda, "guard": guard}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="JSON result path (default: $OUT/gpu_check.json)")
+    ap.add_argument("--smoke", action="store_true", help="one batch and one optimizer per model, fewer shapes")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="wall-clock seconds for the whole run")
+    args = ap.parse_args(argv)
+    if args.budget_s <= 0:
+        ap.error(f"--budget-s must be a positive number of seconds, but got {args.budget_s}")
+    usable, line = cuda_status()
+    if not usable:
+        print(line)
+        return 0
+    deadline = time.monotonic() + args.budget_s
+    meta = host_meta()
+    print(f"GPU {meta['gpu']} ({meta['gpu_memory'] / 2**30:.1f} GiB), driver {meta['driver']}, torch "
+          f"{meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, {meta['date']}", flush=True)
+    jobs = plan(args.smoke)
+    found: dict[str, list[dict]] = {"vram": [], "cuda": [], "guard": []}
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        lock = str(Path(tmp) / "gpu.lock")
+        for group in ("guard", "cuda", "vram"):       # the guard first: the fewest, and the most to lose
+            batches = run_many(jobs[group], parallel=PARALLEL if group == "vram" else 1, lock=lock,
+                               deadline=deadline)
+            for got in batches:
+                for row in got:
+                    row.setdefault("kind", group)
+                    found[group].append(row)
+                    print(results.format_row(row), flush=True)
+    result = results.build(meta, found["vram"], found["cuda"], found["guard"])
+    path = results.write_json(result, args.out or results.default_out())
+    print(f"result: {path}")
+    for summary_line in result["summary"]["lines"]:
+        print(summary_line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
