@@ -39,8 +39,8 @@ def run_check(check: str, args: dict[str, Any], *, timeout: float, lock: str | N
               label: str | None = None) -> list[dict[str, Any]]:
     """Run ``check`` of ``_gpu.worker`` with ``args`` in a new process group, killed after ``timeout`` s.
 
-    Returns the rows the check wrote, plus a failed row (named ``label`` or ``check``) when it raised,
-    exited non-zero or ran out of time.
+    Returns the rows the check wrote, plus a failed row (named ``label`` or ``check``) when it ran out of
+    time, or exited non-zero without writing one (a crash); the exit is noted on a failure row it wrote.
     """
     label = label or check
     if timeout <= 0:
@@ -48,7 +48,7 @@ def run_check(check: str, args: dict[str, Any], *, timeout: float, lock: str | N
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         out = Path(tmp) / "rows.jsonl"
         log = Path(tmp) / "log"
-        cmd = [sys.executable, "-m", "_gpu.worker", check, json.dumps(args), str(out)]
+        cmd = [sys.executable, "-m", "_gpu.worker", check, json.dumps({**args, "label": label}), str(out)]
         t0 = time.monotonic()
         with open(log, "wb") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=child_env(lock),
@@ -64,7 +64,11 @@ def run_check(check: str, args: dict[str, Any], *, timeout: float, lock: str | N
         if rc is None:
             rows.append(failed_row(label, f"timed out after {timeout:.0f} s; last output: {tail}"))
         elif rc != 0:
-            rows.append(failed_row(label, f"exit {rc} after {time.monotonic() - t0:.0f} s: {tail}"))
+            why = f"exit {rc} after {time.monotonic() - t0:.0f} s: {tail}"
+            if any(r.get("ok") is False for r in rows):     # the check's own failure row says it already
+                rows[-1]["exit"] = why
+            else:
+                rows.append(failed_row(label, why))
         return rows
 
 
