@@ -32,6 +32,7 @@ import platform
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,11 +41,12 @@ from _gpu import results, rows  # noqa: E402
 from _gpu.isolate import run_many  # noqa: E402
 
 # Time limits per check, seconds: a model's predictions (cold traces on the CPU) and its measured rows.
-VRAM_LIMIT_S, VRAM_SMOKE_LIMIT_S = 200, 120
+PREDICT_LIMIT_S = 240             # one model's cold traces (2 optimizers; batch-linear fits), on the CPU
+VRAM_LIMIT_S, VRAM_SMOKE_LIMIT_S = 90, 45   # one model's measured rows (6 cases x 2 settings x 4 steps)
 GUARD_LIMITS_S = {"breach_in_process": 60, "breach_per_process": 90, "cuda_oom": 60, "nvml_vs_torch": 45,
                   "learned_vram": 90, "small_card": 150}
 CUDA_LIMITS_S = {"cudnn": 90, "context": 45, "allocator": 60}
-PARALLEL = 4     # model checks at a time: their CPU traces overlap, their GPU measurements take turns
+PARALLEL = 4     # prediction jobs at a time (CPU only); everything that uses the GPU runs one at a time
 
 
 def cuda_status() -> tuple[bool, str]:
@@ -79,10 +81,14 @@ def host_meta() -> dict:
 
 
 def plan(smoke: bool) -> dict[str, list[tuple[str, dict, float, str]]]:
-    """The jobs ``(check, args, time limit, label)`` in their groups: VRAM models, CUDA internals, guard."""
+    """The jobs ``(check, args, time limit, label)`` in their groups: the VRAM predictions (CPU only), the
+    guard, the CUDA internals, the VRAM measurements (their predictions are added when known)."""
     limit = VRAM_SMOKE_LIMIT_S if smoke else VRAM_LIMIT_S
-    vram = [("vram", {"cases": [c.to_dict() for c in cs], "benchmark": [False, True], "label": f"vram {m}"},
-             limit, f"vram {m}") for m, cs in rows.by_model(rows.cases(smoke=smoke)).items()]
+    groups = rows.by_model(rows.cases(smoke=smoke))
+    predict = [("predict", {"cases": [c.to_dict() for c in cs]}, PREDICT_LIMIT_S, f"predict {m}")
+               for m, cs in groups.items()]
+    vram = [("vram", {"cases": [c.to_dict() for c in cs], "benchmark": [False, True]}, limit, f"vram {m}")
+            for m, cs in groups.items()]
     cnns = [m for m, (fam, _) in rows.MODELS.items() if fam == "CNN"]
     cuda = [("cudnn", {"models": cnns[:2] if smoke else cnns, "batch": 32, "max_shapes": 12 if smoke else 40},
              CUDA_LIMITS_S["cudnn"], "cudnn workspaces"),
@@ -93,7 +99,17 @@ def plan(smoke: bool) -> dict[str, list[tuple[str, dict, float, str]]]:
         cuda.append(("allocator", {"case": case.to_dict()}, CUDA_LIMITS_S["allocator"], f"allocator {case.key}"))
     guard = [(name, {"trials": 6} if smoke and name == "small_card" else {}, lim, f"guard {name}")
              for name, lim in GUARD_LIMITS_S.items()]
-    return {"vram": vram, "cuda": cuda, "guard": guard}
+    return {"predict": predict, "guard": guard, "cuda": cuda, "vram": vram}
+
+
+def with_predictions(vram_jobs: list[tuple[str, dict, float, str]], predicted: list[dict]) -> list[tuple]:
+    """The measurement jobs with each case's prediction (parts, or the reason there is none) in their args."""
+    known = {r["key"]: r.get("parts", r.get("error")) for r in predicted if r.get("kind") == "prediction"}
+    out = []
+    for check, args, limit, label in vram_jobs:
+        mine = {c_key: known[c_key] for c_key in (rows.VramCase(**c).key for c in args["cases"]) if c_key in known}
+        out.append((check, {**args, "predictions": mine}, limit, label))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,16 +130,24 @@ def main(argv: list[str] | None = None) -> int:
           f"{meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, {meta['date']}", flush=True)
     jobs = plan(args.smoke)
     found: dict[str, list[dict]] = {"vram": [], "cuda": [], "guard": []}
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+
+    def show(group: str, got: list[list[dict]]) -> None:
+        for batch in got:
+            for row in batch:
+                row.setdefault("kind", group)
+                found[group].append(row)
+                print(results.format_row(row), flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp, ThreadPoolExecutor(1) as background:
         lock = str(Path(tmp) / "gpu.lock")
-        for group in ("guard", "cuda", "vram"):       # the guard first: the fewest, and the most to lose
-            batches = run_many(jobs[group], parallel=PARALLEL if group == "vram" else 1, lock=lock,
-                               deadline=deadline)
-            for got in batches:
-                for row in got:
-                    row.setdefault("kind", group)
-                    found[group].append(row)
-                    print(results.format_row(row), flush=True)
+        # the predictions trace on the CPU while the guard and the CUDA checks have the GPU, one at a time
+        predicting = background.submit(run_many, jobs["predict"], parallel=PARALLEL, lock=lock, deadline=deadline)
+        show("guard", run_many(jobs["guard"], parallel=1, lock=lock, deadline=deadline))
+        show("cuda", run_many(jobs["cuda"], parallel=1, lock=lock, deadline=deadline))
+        predicted = [row for batch in predicting.result() for row in batch]
+        failed = [row for row in predicted if row.get("ok") is False]      # a prediction job's own failure
+        show("vram", [failed])
+        show("vram", run_many(with_predictions(jobs["vram"], predicted), parallel=1, lock=lock, deadline=deadline))
     result = results.build(meta, found["vram"], found["cuda"], found["guard"])
     path = results.write_json(result, args.out or results.default_out())
     print(f"result: {path}")

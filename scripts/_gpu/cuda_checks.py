@@ -53,13 +53,16 @@ def _batch(case: VramCase, torch: Any, dev: Any):
     return torch.randn((case.batch, *shape), device=dev)
 
 
-def train_steps(case: VramCase, steps: int = STEPS, on_step: Callable[[int], None] | None = None) -> None:
-    """The traced step for real on CUDA, ``steps`` times: frozen copies forward under ``no_grad`` on a batch
-    of their own, the batch, forward, the mean of the outputs as loss, ``zero_grad(set_to_none=True)``,
-    backward, the optimizer's step (torch's defaults: ``foreach`` on CUDA)."""
+def train_steps(case: VramCase, steps: int = STEPS, on_step: Callable[[int], None] | None = None, *,
+                device: str = "cuda") -> float:
+    """The traced step for real (on CUDA unless ``device`` says otherwise), ``steps`` times: frozen copies
+    forward under ``no_grad`` on a batch of their own, the batch, forward, the mean of the outputs as loss,
+    ``zero_grad(set_to_none=True)``, backward, the optimizer's step (torch's defaults: ``foreach`` on CUDA).
+    Returns the last loss."""
     import torch
 
-    dev = torch.device("cuda")
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
     make, frozen = factory(case)
     net = make().to(dev).train()
     targets = [make().to(dev).requires_grad_(False) for _ in range(frozen)]
@@ -73,11 +76,13 @@ def train_steps(case: VramCase, steps: int = STEPS, on_step: Callable[[int], Non
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        value = float(loss.detach())
         del loss
-        if on_step is not None:
+        if cuda:
             torch.cuda.synchronize()
+        if on_step is not None:
             on_step(step)
-    torch.cuda.synchronize()
+    return value
 
 
 def _release() -> None:
@@ -88,16 +93,28 @@ def _release() -> None:
     torch.cuda.empty_cache()
 
 
-def vram_model(args: dict, emit: Emit) -> None:
-    """Predict each case of one model (on meta, before CUDA starts), then measure each with
-    ``cudnn.benchmark`` off and on; one row per (case, setting)."""
-    cases = [VramCase(**c) for c in args["cases"]]
-    preds: dict[str, Any] = {}
-    for case in cases:
+def predictions(args: dict, emit: Emit) -> None:
+    """One row per case of ``args["cases"]`` with its prediction by component (``parts``) or why there is
+    none (``error``). Needs no GPU: it runs while the guard checks have the GPU."""
+    for c in args["cases"]:
+        case = VramCase(**c)
         try:
-            preds[case.key] = predict(case)
+            emit({"check": f"predict {case.key}", "kind": "prediction", "ok": None, "key": case.key,
+                  "parts": predict(case)})
         except Exception as e:  # noqa: BLE001 - a model the tracer cannot take is a row saying so
-            preds[case.key] = f"{type(e).__name__}: {e}"
+            emit({"check": f"predict {case.key}", "kind": "prediction", "ok": None, "key": case.key,
+                  "error": f"{type(e).__name__}: {e}"})
+
+
+def vram_model(args: dict, emit: Emit) -> None:
+    """Measure each case of one model with ``cudnn.benchmark`` off and on against its prediction
+    (``args["predictions"]``: key -> parts or the reason there is none; a case without one is predicted
+    here first, before CUDA starts); one row per (case, setting)."""
+    cases = [VramCase(**c) for c in args["cases"]]
+    preds: dict[str, Any] = dict(args.get("predictions") or {})
+    missing = [c.to_dict() for c in cases if c.key not in preds]
+    if missing:
+        predictions({"cases": missing}, lambda row: preds.__setitem__(row["key"], row.get("parts", row.get("error"))))
     import torch
 
     with gpu_lock():

@@ -144,6 +144,12 @@ def _breach_guard():
                            on_infeasible="reject", search_space={"chunk_mib": IntDistribution(mib, mib)})
 
 
+def _study(optuna, guard, **kwargs):
+    """A study whose sampler and pruner the guard wraps, as a user writes it (README, DESIGN)."""
+    return optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+                               pruner=guard.wrap_pruner(optuna.pruners.NopPruner()), **kwargs)
+
+
 def _breach_row(name: str, study) -> dict:
     optuna = _quiet_optuna()
     trials = study.get_trials(deepcopy=False)
@@ -158,7 +164,7 @@ def _breach_row(name: str, study) -> dict:
 def breach_in_process(args: dict, emit: Emit) -> None:
     optuna = _quiet_optuna()
     guard = _breach_guard()
-    study = optuna.create_study()
+    study = _study(optuna, guard)
     study.optimize(guard.wrap_objective(grow), n_trials=1)
     emit(_breach_row("VRAM budget breached in process (wrap_objective)", study))
 
@@ -169,9 +175,7 @@ def breach_per_process(args: dict, emit: Emit) -> None:
 
     guard = _breach_guard()
     with tempfile.TemporaryDirectory() as tmp:
-        study = optuna.create_study(storage=f"sqlite:///{tmp}/breach.db", study_name="breach",
-                                    sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
-                                    pruner=guard.wrap_pruner(optuna.pruners.NopPruner()))
+        study = _study(optuna, guard, storage=f"sqlite:///{tmp}/breach.db", study_name="breach")
         omp.optimize(study, grow, guard=guard, n_trials=1, progress=False)
         emit(_breach_row("VRAM budget breached in process-per-trial (omp.optimize)", study))
 
@@ -185,7 +189,7 @@ def cuda_oom(args: dict, emit: Emit) -> None:
     total = torch.cuda.get_device_properties(0).total_memory
     guard = omp.MemoryGuard(lambda p: omp.Footprint.of(vram="1536MiB"), omp.Budget(vram=int(total * 0.9)),
                             on_infeasible="reject", search_space={"big": CategoricalDistribution([True, False])})
-    study = optuna.create_study()
+    study = _study(optuna, guard)
     study.enqueue_trial({"big": True})
     study.enqueue_trial({"big": False})
     study.optimize(guard.wrap_objective(oom_or_not), n_trials=2)
@@ -239,7 +243,7 @@ def learned_vram(args: dict, emit: Emit) -> None:
     n = int(args.get("trials", 12))
     guard = omp.MemoryGuard(None, omp.Budget(vram="20GiB"), learn=omp.estimate.learned(miss_rate=0.2),
                             search_space={"gib": IntDistribution(1, 8)})
-    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study = _study(optuna, guard)
     study.optimize(guard.wrap_objective(hold_gib), n_trials=n)
     after = []
     for t in study.get_trials(deepcopy=False):
@@ -266,9 +270,7 @@ def small_card(args: dict, emit: Emit) -> None:
     guard = omp.MemoryGuard(small_card_footprint, budget, on_infeasible="reject", search_space=space)
     n = int(args.get("trials", 8))
     with tempfile.TemporaryDirectory() as tmp:
-        study = optuna.create_study(storage=f"sqlite:///{tmp}/small.db", study_name="small_card",
-                                    sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=1)),
-                                    pruner=guard.wrap_pruner(optuna.pruners.NopPruner()))
+        study = _study(optuna, guard, storage=f"sqlite:///{tmp}/small.db", study_name="small_card")
         omp.optimize(study, small_card_trial, guard=guard, n_trials=n, progress=False)
         trials = study.get_trials(deepcopy=False)
     limit = budget.vram

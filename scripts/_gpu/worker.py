@@ -14,6 +14,7 @@ from . import cuda_checks, guard_checks
 from .results import failed_row
 
 CHECKS: dict[str, Callable[[dict, Callable[[dict], None]], None]] = {
+    "predict": cuda_checks.predictions,
     "vram": cuda_checks.vram_model,
     "cudnn": cuda_checks.conv_workspaces,
     "context": cuda_checks.context,

@@ -50,9 +50,19 @@ def test_plan_runs_every_model_with_benchmark_off_and_on_and_every_guard_check()
     plan = gpu_check.plan(smoke=False)
     vram = plan["vram"]
     assert [lb for *_, lb in vram] == [f"vram {m}" for m in rows.MODELS]
+    assert [lb for *_, lb in plan["predict"]] == [f"predict {m}" for m in rows.MODELS]
     for check, args, limit, _ in vram:
         assert check == "vram" and args["benchmark"] == [False, True] and limit > 0
         assert [rows.VramCase(**c) for c in json.loads(json.dumps(args["cases"]))]  # crosses the process line
+    # each measurement job gets its own model's predictions, and only those
+    dqn = rows.cases(models=("dqn-nature",))
+    predicted = [{"kind": "prediction", "key": c.key, "parts": {"w": i}} for i, c in enumerate(dqn)]
+    predicted.append({"kind": "prediction", "key": "VGG16|b16|Adam", "error": "EstimateError: no"})
+    jobs = gpu_check.with_predictions(vram, predicted)
+    by_label = {lb: a["predictions"] for _, a, _, lb in jobs}
+    assert by_label["vram dqn-nature"] == {c.key: {"w": i} for i, c in enumerate(dqn)}
+    assert by_label["vram VGG16"] == {"VGG16|b16|Adam": "EstimateError: no"}
+    assert by_label["vram ResNet101"] == {}
     assert [c for c, *_ in plan["guard"]] == ["breach_in_process", "breach_per_process", "cuda_oom",
                                               "nvml_vs_torch", "learned_vram", "small_card"]
     assert {c for c, *_ in plan["cuda"]} == {"cudnn", "context", "allocator"}
@@ -67,6 +77,27 @@ def test_dqn_row_is_predicted_here_on_meta_with_the_context_apart():
     assert 0 < rows.without_context(small) < sum(small.values())
     assert rows.without_context(large) > rows.without_context(small)   # the batch's activations grow
     assert any(k.endswith("weights") for k in small) and any("frozen" in k for k in small)   # the target copy
+
+
+@pytest.mark.parametrize("case", [rows.VramCase("rl", "dqn-nature", 4, "Adam"), rows.VramCase("rl", "ppo-nature", 4, "Adam"),
+                                  rows.VramCase("CNN", "MobileNetV2", 2, "SGD")], ids=lambda c: c.key)
+def test_the_measured_step_runs_for_real_on_the_cpu(case):
+    from _gpu.cuda_checks import train_steps
+
+    seen = []
+    loss = train_steps(case, steps=2, on_step=seen.append, device="cpu")
+    assert seen == [0, 1] and math.isfinite(loss)
+
+
+def test_the_small_card_sweep_holds_trials_that_fit_and_trials_that_do_not():
+    from _gpu.guard_checks import small_card_footprint
+    from optuna_memprune import Budget
+
+    limit = Budget(vram=rows.SMALL_CARD_BUDGET).vram
+    smallest = small_card_footprint({"model": "nature", "batch_size": 32, "n_envs": 1})
+    largest = small_card_footprint({"model": "xlarge", "batch_size": 1024, "n_envs": 16})
+    assert smallest.vram < limit < largest.vram            # the guard has something to admit and to reject
+    assert any(c.name == "GPU replay buffer" and c.vram == rows.replay_bytes(16) for c in largest.components)
 
 
 def test_small_card_replay_is_what_the_trial_allocates():
@@ -143,6 +174,12 @@ def test_a_hanging_check_is_stopped_at_its_limit_and_kept_as_a_row():
                     timeout=1, label="vram ResNet101")
     assert got[-1]["ok"] is False and got[-1]["detail"].startswith("timed out after 1 s")
     assert run_check("vram", {}, timeout=0, label="late")[0]["detail"].startswith("not run")
+
+
+def test_predictions_run_in_their_own_process_without_a_gpu():
+    got = run_check("predict", {"cases": [c.to_dict() for c in rows.cases(models=("ppo-nature",), smoke=True)]},
+                    timeout=120, label="predict ppo-nature")
+    assert [r["key"] for r in got] == ["ppo-nature|b32|Adam"] and got[0]["parts"][rows.CONTEXT] > 0
 
 
 def test_the_worker_refuses_an_unknown_check():
