@@ -8,7 +8,7 @@ objectives are module-level functions so that ``omp.optimize``'s trial processes
 
 from __future__ import annotations
 
-import os
+import math
 import tempfile
 import time
 from typing import Any, Callable
@@ -21,6 +21,7 @@ Emit = Callable[[dict], None]
 GIB = 1 << 30
 GROW_STEP, GROW_STEPS, GROW_PAUSE_S = 256 * MIB, 48, 0.1    # up to 12 GiB, 2.5 GiB a second
 BREACH_BUDGET = "2GiB"
+LEARNED_MISS_RATE = 0.2    # a warm-up of 4 trials (README: max(4, ceil((1 - rate) / rate))), 8 trials after it
 
 
 def _quiet_optuna():
@@ -241,7 +242,7 @@ def learned_vram(args: dict, emit: Emit) -> None:
     from optuna.distributions import IntDistribution
 
     n = int(args.get("trials", 12))
-    guard = omp.MemoryGuard(None, omp.Budget(vram="20GiB"), learn=omp.estimate.learned(miss_rate=0.2),
+    guard = omp.MemoryGuard(None, omp.Budget(vram="20GiB"), learn=omp.estimate.learned(miss_rate=LEARNED_MISS_RATE),
                             search_space={"gib": IntDistribution(1, 8)})
     study = _study(optuna, guard)
     study.optimize(guard.wrap_objective(hold_gib), n_trials=n)
@@ -252,7 +253,7 @@ def learned_vram(args: dict, emit: Emit) -> None:
             bound = (rec.learned.get("bound") or {}).get("vram") or rec.pred_vram
             after.append((t.params["gib"], rec.pred_vram, bound, rec.peak_vram))
     misses = sum(peak > bound for _, _, bound, peak in after)
-    ok = bool(after) and misses <= max(1, round(0.2 * len(after)) + 1)
+    ok = bool(after) and misses <= math.ceil(LEARNED_MISS_RATE * len(after))   # the bound's own promise
     emit(_row("learned VRAM after its warm-up", ok,
               f"{len(after)} of {n} trials predicted from the bound, {misses} peaked above it; "
               + ", ".join(f"{g} GiB: fit {p / GIB:.2f} bound {b / GIB:.2f} peak {k / GIB:.2f}"
