@@ -19,7 +19,8 @@ Last lines: ``GPU_VRAM rows=<n> median_err=<x>% under=<u> max_err=<x>%`` and ``G
 passed=<p>``. Each check runs in its own process under a time limit: a failure is a row, never the end of
 the run. Without CUDA it prints one line and exits 0.
 
-Run on a GPU host: ``python scripts/gpu_check.py [--smoke] [--out PATH] [--budget-s 480]``
+Run on a GPU host: ``python scripts/gpu_check.py [--smoke] [--only guard|cuda|vram ...] [--out PATH]
+[--budget-s 480]`` (``--only``: some groups, to split the run over two calls)
 (``scripts/gpu_wheels.sh`` brings what a bare host lacks and prints the whole command).
 """
 
@@ -46,6 +47,7 @@ VRAM_LIMIT_S, VRAM_SMOKE_LIMIT_S = 90, 45   # one model's measured rows (6 cases
 GUARD_LIMITS_S = {"breach_in_process": 60, "breach_per_process": 90, "cuda_oom": 60, "nvml_vs_torch": 45,
                   "learned_vram": 90, "small_card": 150}
 CUDA_LIMITS_S = {"cudnn": 90, "context": 45, "allocator": 60}
+GROUPS = ("guard", "cuda", "vram")
 PARALLEL = 4     # prediction jobs at a time (CPU only); everything that uses the GPU runs one at a time
 
 
@@ -117,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="JSON result path (default: $OUT/gpu_check.json)")
     ap.add_argument("--smoke", action="store_true", help="one batch and one optimizer per model, fewer shapes")
     ap.add_argument("--budget-s", type=float, default=480.0, help="wall-clock seconds for the whole run")
+    ap.add_argument("--only", choices=GROUPS, action="append", default=None,
+                    help="run only this group (repeatable): to split the run over two calls")
     args = ap.parse_args(argv)
+    only = tuple(args.only or GROUPS)
     if args.budget_s <= 0:
         ap.error(f"--budget-s must be a positive number of seconds, but got {args.budget_s}")
     usable, line = cuda_status()
@@ -141,13 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp, ThreadPoolExecutor(1) as background:
         lock = str(Path(tmp) / "gpu.lock")
         # the predictions trace on the CPU while the guard and the CUDA checks have the GPU, one at a time
-        predicting = background.submit(run_many, jobs["predict"], parallel=PARALLEL, lock=lock, deadline=deadline)
-        show("guard", run_many(jobs["guard"], parallel=1, lock=lock, deadline=deadline))
-        show("cuda", run_many(jobs["cuda"], parallel=1, lock=lock, deadline=deadline))
+        predicting = background.submit(run_many, jobs["predict"] if "vram" in only else [], parallel=PARALLEL,
+                                       lock=lock, deadline=deadline)
+        for group in ("guard", "cuda"):
+            if group in only:
+                show(group, run_many(jobs[group], parallel=1, lock=lock, deadline=deadline))
         predicted = [row for batch in predicting.result() for row in batch]
-        failed = [row for row in predicted if row.get("ok") is False]      # a prediction job's own failure
-        show("vram", [failed])
-        show("vram", run_many(with_predictions(jobs["vram"], predicted), parallel=1, lock=lock, deadline=deadline))
+        if "vram" in only:
+            show("vram", [[row for row in predicted if row.get("ok") is False]])   # a prediction job's failure
+            show("vram", run_many(with_predictions(jobs["vram"], predicted), parallel=1, lock=lock,
+                                  deadline=deadline))
+    for name, part in results.breakdown(found["vram"]).items():
+        print(f"vram {name:<18} {results.vram_line(part).removeprefix('GPU_VRAM ')} failed={part['failed']}")
     result = results.build(meta, found["vram"], found["cuda"], found["guard"])
     path = results.write_json(result, args.out or results.default_out())
     print(f"result: {path}")

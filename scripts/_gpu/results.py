@@ -101,7 +101,19 @@ def build(meta: Mapping[str, Any], vram_rows: list[dict], other_rows: list[dict]
     """The whole result: the host, every row, both summaries and their printed lines."""
     vs, gs = vram_summary(vram_rows), guard_summary(guard_rows)
     return {"meta": dict(meta), "vram": vram_rows, "cuda": other_rows, "guard": guard_rows,
-            "summary": {"vram": vs, "guard": gs, "lines": [vram_line(vs), guard_line(gs)]}}
+            "summary": {"vram": vs, "vram_by": breakdown(vram_rows), "guard": gs,
+                        "lines": [vram_line(vs), guard_line(gs)]}}
+
+
+def breakdown(vram_rows: list[dict]) -> dict[str, dict[str, Any]]:
+    """``vram_summary`` per family (CNN, transformer, rl) and per ``cudnn.benchmark`` setting."""
+    groups: dict[str, list[dict]] = {}
+    for row in vram_rows:
+        if row.get("family"):
+            groups.setdefault(f"family={row['family']}", []).append(row)
+        if row.get("benchmark") is not None:
+            groups.setdefault(f"benchmark={int(row['benchmark'])}", []).append(row)
+    return {name: vram_summary(rs) for name, rs in sorted(groups.items())}
 
 
 def write_json(result: Mapping[str, Any], path: Path | str) -> Path:

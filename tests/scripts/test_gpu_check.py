@@ -126,6 +126,19 @@ def test_errors_summary_and_last_lines():
         results.signed_error(-1, 10)
 
 
+def test_breakdown_per_family_and_benchmark_setting():
+    made = [results.score_vram({"family": fam, "benchmark": bench, "pred_reserved": p, "max_reserved": 100})
+            for fam, bench, p in (("CNN", False, 90), ("CNN", True, 120), ("rl", True, 100))]
+    made.append(results.failed_row("vram gpt2", "timed out", family="transformer", benchmark=False))
+    by = results.breakdown(made)
+    assert set(by) == {"family=CNN", "family=rl", "family=transformer", "benchmark=0", "benchmark=1"}
+    assert by["family=CNN"]["rows"] == 2 and by["family=CNN"]["under"] == 1
+    assert math.isclose(by["family=CNN"]["max_err"], 0.2)
+    assert by["family=transformer"] == {"rows": 0, "failed": 1}
+    assert by["benchmark=1"]["rows"] == 2 and by["benchmark=0"]["failed"] == 1
+    assert results.build({}, made, [], [])["summary"]["vram_by"] == by
+
+
 def test_rows_print_one_line_each():
     row = results.score_vram({"kind": "vram", "ok": None, "model": "ResNet101", "batch": 32, "optimizer": "Adam",
                               "benchmark": True, "pred_reserved": 3000 * MiB, "max_reserved": 3200 * MiB,
