@@ -277,12 +277,15 @@ def small_card(args: dict, emit: Emit) -> None:
     limit = budget.vram
     ran = [(t, _record(t)) for t in trials if _decision(t) not in ("rejected", "no record")]
     over = [(t, r) for t, r in ran if r is not None and r.peak_vram is not None and r.peak_vram > limit]
-    ok = len(trials) == n and not over and any(t.state.name == "COMPLETE" for t, _ in ran)
+    unread = [t for t, r in ran if r is None or r.peak_vram is None]       # no NVML figure: nothing was checked
+    ok = len(trials) == n and not over and not unread and any(t.state.name == "COMPLETE" for t, _ in ran)
     rows = [{"params": t.params, "state": t.state.name, "decision": _decision(t),
-             "pred_vram": r and r.pred_vram, "peak_vram": r and r.peak_vram,
+             "pred_vram": r and r.pred_vram, "peak_vram": r and r.peak_vram, "gpu": r and r.gpu,
              "torch_max_reserved": t.user_attrs.get("torch_max_memory_reserved")} for t, r in
             [(t, _record(t)) for t in trials]]
     emit(_row(f"small card ({SMALL_CARD_BUDGET} VRAM budget, batch and env count swept)", ok,
               f"{len(trials)} trials, {len(ran)} ran, {len(trials) - len(ran)} rejected, {len(over)} peaked over "
-              f"the budget; highest peak {_gib(max((r.peak_vram or 0 for _, r in ran if r), default=None))}",
+              f"the budget, {len(unread)} without a VRAM reading; highest peak "
+              f"{_gib(max((r.peak_vram or 0 for _, r in ran if r), default=None))}; "
+              f"ledger placed them on GPU {sorted({str(r.gpu) for _, r in ran if r})}",
               trials=rows))
