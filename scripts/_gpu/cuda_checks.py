@@ -109,7 +109,9 @@ def predictions(args: dict, emit: Emit) -> None:
 def vram_model(args: dict, emit: Emit) -> None:
     """Measure each case of one model with ``cudnn.benchmark`` off and on against its prediction
     (``args["predictions"]``: key -> parts or the reason there is none; a case without one is predicted
-    here first, before CUDA starts); one row per (case, setting)."""
+    here first, before CUDA starts); one row per (case, setting). NVML's figure is read after the 4 steps:
+    the allocator gives nothing back between them, so it is the context plus the peak reserved (and
+    whatever earlier rows of this process loaded outside the allocator)."""
     cases = [VramCase(**c) for c in args["cases"]]
     preds: dict[str, Any] = dict(args.get("predictions") or {})
     missing = [c.to_dict() for c in cases if c.key not in preds]
