@@ -173,6 +173,15 @@ def test_without_cuda_the_script_prints_one_line_and_exits_0(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_bad_arguments_are_refused_before_anything_runs(capsys):
+    for argv in (["--budget-s", "0"], ["--only", "everything"]):
+        with pytest.raises(SystemExit) as stop:
+            gpu_check.main(argv)
+        assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--budget-s must be a positive number of seconds, but got 0.0" in err and "--only" in err
+
+
 @pytest.mark.skipif("_cuda()", reason="CUDA is here: the check would pass")
 def test_a_failing_check_is_a_row_not_a_crash():
     got = run_check("context", {}, timeout=120, label="context lazy")
