@@ -2,7 +2,8 @@
 summary line at exit.
 
 Owns what happens in the program's process: ``optuna.create_study`` / ``optuna.load_study`` give every study
-a guarded sampler and pruner (the program's own, or Optuna's defaults), ``Study.optimize`` a guarded
+a guarded sampler and pruner (the program's own, or Optuna's defaults; a study made in memory goes on
+``--storage`` where one is given), ``Study.optimize`` a guarded
 objective (with ``n_jobs`` above 1 or ``--workers N``, handed to ``_split``: one process per trial, or threads
 under whole-process admission), ``--clamp-fixed``'s values set in rl-zoo3's manager; one line per study on
 stderr when it is first guarded, one saying how parallel jobs run, and one per study at exit. Every patched
