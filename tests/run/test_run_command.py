@@ -111,16 +111,21 @@ def test_a_script_without_a_main_guard_runs_once_with_one_process_per_trial(scri
     assert lines[-1].startswith("memprune: 6 trials guarded in study"), lines
 
 
-def test_an_objective_that_cannot_cross_keeps_its_threads_under_whole_process_admission(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode, words", [
+    ("lock", "the objective cannot be sent to another process: TypeError: cannot pickle '_thread.lock'"),
+    ("sampler", "the study's sampler cannot be sent to another process: UnpicklingError: ScriptSampler is named in "
+                "the program's main module"),
+])
+def test_what_cannot_cross_keeps_its_threads_under_whole_process_admission(mode, words, tmp_path) -> None:
     marks = tmp_path / "marks"
-    proc = run("--ram", "2GiB", "--", sys.executable, "unguarded_jobs.py", str(marks), "7", "lock",
+    proc = run("--ram", "2GiB", "--", sys.executable, "unguarded_jobs.py", str(marks), "7", mode,
                env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")})
     lines = _ran_once(proc, marks, 7)
     assert len({line.split()[-1] for line in marks.read_text().splitlines()}) == 1  # one process: threads
-    words = "2 jobs run as threads of this process (the objective cannot be sent to another process: TypeError"
-    assert sum(words in line and "with whole-process admission" in line for line in lines) == 1, lines
-    assert lines[-1].startswith("memprune: 6 trials guarded in study") and "n_jobs=2 ran as threads" in lines[-1], \
-        lines
+    said = [line for line in lines if f"2 jobs run as threads of this process ({words}" in line]
+    assert len(said) == 1 and "with whole-process admission" in said[0], lines
+    assert lines[-1].startswith("memprune: 6 trials guarded in study") and \
+        f"; n_jobs=2 ran as threads ({words}" in lines[-1], lines
 
 
 @pytest.mark.parametrize("script, given", [("unguarded_helper.py", "option"), ("unguarded_jobs.py", "environment")])

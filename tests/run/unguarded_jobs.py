@@ -1,7 +1,8 @@
 """A script with no ``if __name__ == "__main__":`` that makes its study and runs it with n_jobs=2 at its top
-level: ``python unguarded_jobs.py MARKS STATUS [lock]``. Its top level and each call of its objective append a
-line to MARKS; it prints its trials and exits with STATUS. With ``lock`` the objective holds a lock of the
-script's, which no pickler can send to another process."""
+level: ``python unguarded_jobs.py MARKS STATUS [lock|sampler]``. Its top level and each call of its objective
+append a line to MARKS; it prints its trials and exits with STATUS. With ``lock`` the objective holds a lock of
+the script's, which no pickler can send to another process; with ``sampler`` the study's sampler is a class of
+the script, which plain pickle sends by name."""
 
 import sys
 import threading
@@ -13,6 +14,12 @@ import search_helper
 
 MARKS = sys.argv[1]
 LOCK = threading.Lock() if sys.argv[3:] == ["lock"] else None
+
+
+class ScriptSampler(optuna.samplers.RandomSampler):
+    """A sampler of the script's own."""
+
+
 search_helper.mark(MARKS, "top level")
 
 
@@ -27,7 +34,8 @@ def objective(trial: optuna.Trial) -> float:
 
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+sampler = (ScriptSampler if sys.argv[3:] == ["sampler"] else optuna.samplers.RandomSampler)(seed=0)
+study = optuna.create_study(sampler=sampler)
 study.optimize(objective, n_trials=6, n_jobs=2)
 search_helper.report(study)
 sys.exit(int(sys.argv[2]))

@@ -120,7 +120,10 @@ class _Injected:
         study of that name already there, which the program does not ask to load, gets the time appended, as
         the program expects a new study); in memory, as asked, when the storage cannot be opened."""
         url = self.options.storage
-        call = inspect.signature(create).bind(*args, **kwargs)
+        try:
+            call = inspect.signature(create).bind(*args, **kwargs)
+        except TypeError:  # the program's own mistake: Optuna's own error says it
+            return create(*args, **kwargs)
         if url is None or call.arguments.get("storage") is not None:
             return create(*args, **kwargs)
         try:
