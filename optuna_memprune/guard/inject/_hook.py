@@ -3,13 +3,12 @@ summary line at exit.
 
 Owns what happens in the program's process: ``optuna.create_study`` / ``optuna.load_study`` give every study
 a guarded sampler and pruner (the program's own, or Optuna's defaults; a study made in memory goes on
-``--storage`` where one is given), ``Study.optimize`` a guarded
-objective (with ``n_jobs`` above 1 or ``--workers N``, handed to ``_split``: one process per trial, or threads
-under whole-process admission), ``--clamp-fixed``'s values set in rl-zoo3's manager; one line per study on
-stderr when it is first guarded, one saying how parallel jobs run, and one per study at exit. Every patched
-function gives Optuna's original behaviour in any other process (a forked child inherits the patches). The
-only printing outside the CLI: the program's process has no CLI to print for it. Knows nothing of the
-command line.
+``--storage`` where one is given), ``Study.optimize`` a guarded objective (with ``n_jobs`` above 1 or
+``--workers N``, handed to ``_split``: one process per trial, or threads under whole-process admission),
+``--clamp-fixed``'s values set in rl-zoo3's manager; one line per study on stderr when it is first guarded,
+one saying how parallel jobs run, and one per study at exit. Every patched function gives Optuna's original
+behaviour in any other process (a forked child inherits the patches). The only printing outside the CLI:
+the program's process has no CLI to print for it. Knows nothing of the command line.
 """
 
 from __future__ import annotations
@@ -127,10 +126,11 @@ class _Injected:
         if url is None or call.arguments.get("storage") is not None:
             return create(*args, **kwargs)
         try:
-            if self.storage is None:
-                from ...storages import open_storage
+            with self.lock:
+                if self.storage is None:
+                    from ...storages import open_storage
 
-                self.storage = open_storage(url)
+                    self.storage = open_storage(url)
         except Exception as exc:  # noqa: BLE001 - the program runs on, with its study in memory
             print(f"memprune: --storage {shown(url)} cannot be opened ({type(exc).__name__}: {exc}); the study "
                   "stays in memory", file=sys.stderr)
@@ -232,13 +232,12 @@ class _Injected:
         why, objective = None, None
         try:
             objective = _split.transport(func)
-            _split.check_sendable(getattr(study.sampler, "base_sampler", study.sampler), "sampler")
-            _split.check_sendable(getattr(study.pruner, "wrapped_pruner", study.pruner), "pruner")
-        except ValueError as exc:
-            why, objective = str(exc), None
         except Exception as exc:  # noqa: BLE001 - any failure to pickle means the threads' way
-            why, objective = (f"the objective cannot be sent to another process: {type(exc).__name__}: "
-                              f"{str(exc)[:200]}"), None
+            why = f"the objective cannot be sent to another process: {type(exc).__name__}: {str(exc)[:200]}"
+        else:
+            why = _split.unsendable(getattr(study.sampler, "base_sampler", study.sampler), "sampler") or \
+                _split.unsendable(getattr(study.pruner, "wrapped_pruner", study.pruner), "pruner")
+            objective = None if why else objective
         if objective is None:
             self.threads_why[id(study)] = f"n_jobs={k} ran as threads ({why})"
             return self._threads(entry, func, k, call, why or "")

@@ -97,14 +97,14 @@ def transport(objective: Callable) -> Transported:
     return moved
 
 
-def check_sendable(obj: Any, what: str) -> None:
-    """ValueError saying why ``obj`` (the program's sampler or pruner) cannot be sent to a trial's process as
-    it is (plain pickle, as the runner sends it): it does not pickle, or it names the program's main module."""
+def unsendable(obj: Any, what: str) -> str | None:
+    """Why ``obj`` (the program's sampler or pruner) cannot be sent to a trial's process as it is (plain
+    pickle, as the runner sends it): it does not pickle, or it names the program's main module; else None."""
     try:
         _NoMain(io.BytesIO(pickle.dumps(obj))).load()
     except Exception as exc:  # noqa: BLE001 - any failure means it cannot be sent
-        raise ValueError(f"the study's {what} cannot be sent to another process: {type(exc).__name__}: "
-                         f"{str(exc)[:200]}") from None
+        return f"the study's {what} cannot be sent to another process: {type(exc).__name__}: {str(exc)[:200]}"
+    return None
 
 
 class _NoMain(pickle.Unpickler):
