@@ -6,8 +6,10 @@ nothing of footprints, budgets or records. tests/test_layers.py allows private n
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     import optuna
@@ -124,3 +126,47 @@ def forget_inherited_fork_server() -> None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
         server._forkserver_address = None
+
+
+# -- processes started without the parent's main module ----------------------------------------------------
+
+#: The keys of multiprocessing's preparation data that make a spawn or forkserver child import the parent's
+#: main module (``multiprocessing/spawn.py``: ``get_preparation_data``, ``prepare``).
+_MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
+_LEFT_OUT = threading.local()
+_INSTALL = threading.Lock()
+
+
+@contextlib.contextmanager
+def main_module_left_out() -> Iterator[None]:
+    """While this context is open, a process this thread starts by spawn or forkserver does not import the
+    parent's main module.
+
+    multiprocessing hands every such child the main module's path or name (``spawn.get_preparation_data``)
+    and the child imports it (as ``__mp_main__``) before it reads its target, so that functions of the main
+    module can be found by name; a script without ``if __name__ == "__main__":`` then runs its whole top level
+    again in the child, study included. There is no public switch: the preparation data are wrapped, once, to
+    drop those two keys in the threads that opened this context (every other thread of the program keeps
+    Python's behaviour). What the child runs must then not refer to ``__main__`` by name (cloudpickle sends
+    the main module's functions and classes by value).
+    """
+    from multiprocessing import spawn
+
+    with _INSTALL:
+        original = spawn.get_preparation_data
+        if not getattr(original, "memprune_wrapped", False):
+            def get_preparation_data(name: str) -> dict:
+                data = original(name)
+                if getattr(_LEFT_OUT, "active", False):
+                    for key in _MAIN_KEYS:
+                        data.pop(key, None)
+                return data
+
+            get_preparation_data.memprune_wrapped = True  # type: ignore[attr-defined]
+            spawn.get_preparation_data = get_preparation_data
+    was = getattr(_LEFT_OUT, "active", False)
+    _LEFT_OUT.active = True
+    try:
+        yield
+    finally:
+        _LEFT_OUT.active = was

@@ -46,3 +46,20 @@ def test_the_optimize_loop_flags_are_the_ones_study_stop_uses() -> None:
     assert not _internals.stop_requested(study)
     _internals.set_in_optimize_loop(study, False)
     assert not _internals.in_optimize_loop(study)
+
+
+def test_main_module_left_out_drops_the_main_module_in_this_thread_only() -> None:
+    import threading
+    from multiprocessing import spawn
+
+    keys = ("init_main_from_path", "init_main_from_name")
+    assert any(k in spawn.get_preparation_data("x") for k in keys)  # pytest's own main module, by name
+    seen = {}
+    with _internals.main_module_left_out():
+        inside = spawn.get_preparation_data("x")
+        other = threading.Thread(target=lambda: seen.update(spawn.get_preparation_data("x")))
+        other.start()
+        other.join()
+    assert not any(k in inside for k in keys) and inside["sys_path"]  # the rest of the preparation stays
+    assert any(k in seen for k in keys)  # another thread of the program keeps Python's behaviour
+    assert any(k in spawn.get_preparation_data("x") for k in keys)  # and so does this one afterwards

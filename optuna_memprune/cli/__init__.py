@@ -102,11 +102,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     only for ``--dry-run``. How the injection works: ``optuna_memprune.guard.inject``."""
     from ..guard import inject
 
+    url = args.storage or os.environ.get(ENV_VAR) or None
     try:
         options, label = inject.prepare(args.command[1:] if args.command[:1] == ["--"] else args.command,
                                         ram=args.ram, vram=args.vram, threads=args.threads, workers=args.workers,
                                         on_infeasible=args.on_infeasible, footprint=args.footprint,
-                                        clamp_fixed=args.clamp_fixed)
+                                        clamp_fixed=args.clamp_fixed, storage=url)
         default = inject.default_params(options) if args.dry_run else None
         fixed = inject.fixed_message(options) if args.dry_run and not args.clamp_fixed else None
         if args.dry_run and args.clamp_fixed:
@@ -115,6 +116,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 or "--clamp-fixed: every named fixed hyperparameter fits as it is; nothing lowered"
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if url is not None and not args.dry_run:
+        _open_run_storage(url, "--storage" if args.storage else f"${ENV_VAR} (the default of --storage)")
     argv = list(options.program.argv)
     replayed = inject.replayed(options)
     if replayed is not None:  # a trial that ran with --clamp-fixed's values is replayed with them
@@ -131,6 +134,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             _print_footprint(default[1])
         if fixed:
             print(fixed)
+        if url is not None:
+            print(f"storage: {shown(url)}, for a study the program makes in memory (not opened: --dry-run)")
     if args.dry_run:
         return 0
     sys.stdout.flush()
@@ -139,6 +144,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         os.execvpe(argv[0], argv, options.environment(dict(os.environ), os.getpid()))
     except OSError as exc:
         raise UsageError(f"cannot run {argv[0]!r}: {exc.strerror or exc}: nothing was run") from None
+
+
+def _open_run_storage(url: str, named: str) -> None:
+    """``memprune run``'s storage opened once before the program starts (tables made where it is new), so a
+    bad one is a usage error naming ``named`` and nothing runs."""
+    from ..storages import open_storage
+
+    try:
+        open_storage(url)
+    except Exception as exc:  # noqa: BLE001 - a URL that is none, a driver missing, a server gone
+        raise UsageError(f"{named} {shown(url)!r} cannot be opened: {first_line(exc)}: nothing was run") from None
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -286,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--clamp-fixed", action="append", default=[], metavar="NAME",
                      help="lower this fixed hyperparameter of an rl-zoo3 search to the largest value that fits "
                      "when no trial fits with it (repeatable); recorded on every trial")
+    run.add_argument("--storage", default=None, help="put a study the program makes in memory (as Hugging Face's "
+                     "hyperparameter_search does) on this storage, so its records outlive the program; a study the "
+                     f"program gives a storage keeps its own. Written as {storage_help[storage_help.index('a URL'):]}")
     run.add_argument("--dry-run", action="store_true", help="print what would be guarded; run nothing")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: python ..., a .py file")
     run.set_defaults(func=_cmd_run)

@@ -86,14 +86,82 @@ def test_parallel_jobs_run_one_process_per_trial_on_a_shared_storage_and_say_so(
         lines[-1].endswith(f"memprune report {url} --study-name example"), lines
 
 
-def test_jobs_of_a_script_that_runs_its_study_at_import_stay_threads_with_whole_process_admission() -> None:
-    proc = run("--ram", "2GiB", "--footprint", "footprints:fits", "--", sys.executable, "unguarded_jobs.py")
-    assert proc.returncode == 0 and proc.stdout == "trials 4\n", proc.stderr
-    lines = memprune_lines(proc.stderr)
-    words = "2 jobs run as threads of this process (its script calls create_study() outside if __name__"
-    said = [line for line in lines if words in line]
+def _ran_once(proc: subprocess.CompletedProcess, marks: Path, status: int) -> list[str]:
+    """The checks every run of a script without a main guard passes: the program's exit status, its top level run
+    once, each of its 6 trials run once and recorded; returns memprune's lines."""
+    assert proc.returncode == status, (proc.returncode, proc.stderr[-3000:])
+    lines = marks.read_text().splitlines()
+    assert [line.split()[0] for line in lines].count("top") == 1, lines  # the program ran once, not once per trial
+    trials = sorted(line.rsplit(" ", 1)[0] for line in lines if line.startswith("trial "))
+    assert trials == [f"trial {n}" for n in range(6)], lines  # each trial's objective ran exactly once
+    shown = json.loads(proc.stdout.splitlines()[-1])
+    assert [(t["number"], t["state"], t["record"]) for t in shown] == [(n, "COMPLETE", True) for n in range(6)], shown
+    return memprune_lines(proc.stderr)
+
+
+@pytest.mark.parametrize("script, status", [("unguarded_helper.py", 0), ("unguarded_helper.py", 3),
+                                            ("unguarded_jobs.py", 5)])
+def test_a_script_without_a_main_guard_runs_once_with_one_process_per_trial(script, status, tmp_path) -> None:
+    marks = tmp_path / "marks"
+    proc = run("--ram", "2GiB", "--", sys.executable, script, str(marks), str(status),
+               env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")})
+    lines = _ran_once(proc, marks, status)
+    assert sum("2 jobs run as one process per trial" in line for line in lines) == 1, lines
+    assert len({line.split()[-1] for line in marks.read_text().splitlines()}) > 2  # trials ran in their own processes
+    assert lines[-1].startswith("memprune: 6 trials guarded in study"), lines
+
+
+@pytest.mark.parametrize("mode, words", [
+    ("lock", "the objective cannot be sent to another process: TypeError: cannot pickle '_thread.lock'"),
+    ("sampler", "the study's sampler cannot be sent to another process: UnpicklingError: ScriptSampler is named in "
+                "the program's main module"),
+])
+def test_what_cannot_cross_keeps_its_threads_under_whole_process_admission(mode, words, tmp_path) -> None:
+    marks = tmp_path / "marks"
+    proc = run("--ram", "2GiB", "--", sys.executable, "unguarded_jobs.py", str(marks), "7", mode,
+               env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")})
+    lines = _ran_once(proc, marks, 7)
+    assert len({line.split()[-1] for line in marks.read_text().splitlines()}) == 1  # one process: threads
+    said = [line for line in lines if f"2 jobs run as threads of this process ({words}" in line]
     assert len(said) == 1 and "with whole-process admission" in said[0], lines
-    assert lines[-1].startswith("memprune: 4 trials guarded in study"), lines
+    assert lines[-1].startswith("memprune: 6 trials guarded in study") and \
+        f"; n_jobs=2 ran as threads ({words}" in lines[-1], lines
+
+
+@pytest.mark.parametrize("script, given", [("unguarded_helper.py", "option"), ("unguarded_jobs.py", "environment")])
+def test_storage_keeps_the_records_of_a_study_the_program_makes_in_memory(script, given, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'kept.db'}"
+    options, env = (["--storage", url], {}) if given == "option" else ([], {storages.ENV_VAR: url})
+    marks = tmp_path / "marks"
+    proc = run("--ram", "2GiB", *options, "--", sys.executable, script, str(marks), "0",
+               env={**env, "MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")})
+    lines = _ran_once(proc, marks, 0)
+    assert not (tmp_path / "cache" / "runs").exists() or not any((tmp_path / "cache" / "runs").iterdir()), lines
+    (name,) = optuna.get_all_study_names(url)  # the program's study, after the program ended
+    trials = optuna.load_study(study_name=name, storage=url).trials
+    recs = [records.read(t.user_attrs) for t in trials]
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6 and all(r is not None and r.peak_ram for r in recs)
+    assert lines[-1].endswith(f"the program made it in memory: its records are on --storage {url}; "
+                              f"memprune report {url} --study-name {name}"), lines
+
+
+def test_a_study_the_program_gives_a_storage_keeps_it(tmp_path: Path) -> None:
+    own, other = f"sqlite:///{tmp_path / 'own.db'}", f"sqlite:///{tmp_path / 'other.db'}"
+    proc = run("--ram", "2GiB", "--storage", other, "--", sys.executable, "example_study.py", own)
+    assert proc.returncode == 0, proc.stderr
+    assert len(guarded_trials(own)) == 4 and optuna.get_all_study_names(other) == []
+    assert memprune_lines(proc.stderr)[-1].endswith(f"memprune report {own} --study-name example"), proc.stderr
+
+
+def test_a_named_study_already_on_the_storage_is_a_new_one_with_the_time_appended(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'named.db'}"
+    for _ in range(2):
+        proc = run("--ram", "2GiB", "--storage", url, "--", sys.executable, "example_study.py", "-")
+        assert proc.returncode == 0 and proc.stdout.startswith("best "), proc.stderr
+    names = optuna.get_all_study_names(url)
+    assert len(names) == 2 and names[0] == "example" and names[1].startswith("example-"), names
+    assert f"has a study 'example' already: this run's is {names[1]!r}" in proc.stderr, proc.stderr
+    assert all(len(optuna.load_study(study_name=n, storage=url).trials) == 4 for n in names)
 
 
 def test_auto_takes_the_footprint_the_program_declares() -> None:
@@ -191,12 +259,20 @@ def test_a_command_that_is_not_a_python_program_is_one_line_and_nothing_runs(com
     (["--ram", "lots"], "ram"),
     (["--workers", "0"], "--workers"),
     (["--clamp-fixed", "buffer_size"], "--clamp-fixed lowers the fixed hyperparameters of an rl-zoo3 search"),
+    (["--storage", "nope://x"], "--storage 'nope://x' cannot be opened: NoSuchModuleError"),
+    (["--storage", "sqlite:////no/such/dir/x.db"], "--storage 'sqlite:////no/such/dir/x.db' cannot be opened: "
+                                                  "StorageError: cannot create the SQLite file"),
 ])
 def test_bad_options_are_one_line_before_anything_runs(options: list[str], words: str, tmp_path: Path) -> None:
     budget = [] if any(o in options for o in ("--ram", "--threads")) or options == [] else ["--ram", "2GiB"]
     _one_line(run(*budget, *options, "--", sys.executable, "example_study.py", f"sqlite:///{tmp_path / 'x.db'}"),
               words)
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_bad_optuna_storage_variable_is_named_as_the_default_of_storage() -> None:
+    _one_line(run("--ram", "2GiB", "--", sys.executable, "no_study.py", env={storages.ENV_VAR: "nope://x"}),
+              f"${storages.ENV_VAR} (the default of --storage) 'nope://x' cannot be opened")
 
 
 def test_learned_runs_its_warm_up_under_the_monitor_and_the_records_say_so(tmp_path: Path) -> None:

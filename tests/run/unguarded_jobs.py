@@ -1,16 +1,41 @@
-"""A study whose script calls optimize at import (no ``if __name__ == "__main__":``) with n_jobs=2: a trial's
-process importing it would run the study again, so memprune run keeps its trials as threads of its process."""
+"""A script with no ``if __name__ == "__main__":`` that makes its study and runs it with n_jobs=2 at its top
+level: ``python unguarded_jobs.py MARKS STATUS [lock|sampler]``. Its top level and each call of its objective
+append a line to MARKS; it prints its trials and exits with STATUS. With ``lock`` the objective holds a lock of
+the script's, which no pickler can send to another process; with ``sampler`` the study's sampler is a class of
+the script, which plain pickle sends by name."""
+
+import sys
+import threading
 
 import numpy as np
 import optuna
 
+import search_helper
+
+MARKS = sys.argv[1]
+LOCK = threading.Lock() if sys.argv[3:] == ["lock"] else None
+
+
+class ScriptSampler(optuna.samplers.RandomSampler):
+    """A sampler of the script's own."""
+
+
+search_helper.mark(MARKS, "top level")
+
 
 def objective(trial: optuna.Trial) -> float:
-    buffer_size = trial.suggest_int("buffer_size", 10_000, 1_000_000, log=True)
-    return float(np.ones((buffer_size, 8), dtype=np.float32).sum())
+    rows = trial.suggest_int("rows", 10_000, 200_000, log=True)
+    if LOCK is not None:
+        with LOCK:
+            search_helper.mark(MARKS, f"trial {trial.number}")
+    else:
+        search_helper.mark(MARKS, f"trial {trial.number}")
+    return float(np.ones((rows, 8), dtype=np.float32).sum())
 
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-study.optimize(objective, n_trials=4, n_jobs=2)
-print(f"trials {len(study.trials)}")
+sampler = (ScriptSampler if sys.argv[3:] == ["sampler"] else optuna.samplers.RandomSampler)(seed=0)
+study = optuna.create_study(sampler=sampler)
+study.optimize(objective, n_trials=6, n_jobs=2)
+search_helper.report(study)
+sys.exit(int(sys.argv[2]))

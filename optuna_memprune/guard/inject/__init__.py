@@ -158,6 +158,7 @@ class Options:
     program: Program
     workers: int = 1
     clamp_fixed: tuple[str, ...] = ()
+    storage: str | None = None   # --storage: where a study the program makes in memory goes
 
     @property
     def budget(self) -> Budget:
@@ -171,7 +172,7 @@ class Options:
         payload = {"pid": pid, "ram": self.ram, "vram": self.vram, "threads": self.threads,
                    "on_infeasible": self.on_infeasible, "footprint": self.footprint,
                    "program": [self.program.kind, self.program.target, list(self.program.args)],
-                   "workers": self.workers, "clamp_fixed": list(self.clamp_fixed),
+                   "workers": self.workers, "clamp_fixed": list(self.clamp_fixed), "storage": self.storage,
                    "pythonpath": old, "package": str(Path(__file__).resolve().parents[3])}
         env["PYTHONPATH"] = SITE_DIR + (os.pathsep + old if old else "")
         env[ENV_VAR] = json.dumps(payload)
@@ -182,12 +183,12 @@ class Options:
         kind, target, args = payload["program"]
         return cls(payload["ram"], payload["vram"], payload["threads"], payload["on_infeasible"],
                    payload["footprint"], Program((), kind, target, tuple(args)), int(payload.get("workers", 1)),
-                   tuple(payload.get("clamp_fixed", ())))
+                   tuple(payload.get("clamp_fixed", ())), payload.get("storage"))
 
 
 def prepare(command: Sequence[str], *, ram: Any = None, vram: Any = None, threads: Any = None,
             on_infeasible: str = "clamp", footprint: str = "auto", workers: int = 1,
-            clamp_fixed: Sequence[str] = ()) -> tuple[Options, str]:
+            clamp_fixed: Sequence[str] = (), storage: str | None = None) -> tuple[Options, str]:
     """``memprune run``'s options checked before anything runs, and the footprint choice in words; ValueError
     (or TypeError) naming the bad one: a command that is not Python, no budget or one no guarded process
     fits in, ``workers`` below 1, a footprint that cannot be imported, ``clamp_fixed`` for a program that
@@ -210,7 +211,7 @@ def prepare(command: Sequence[str], *, ram: Any = None, vram: Any = None, thread
     footprint = RLZOO3 if footprint == "rl-zoo3" else footprint  # the project's name, and the registry's
     label = check_choice(footprint, program)
     options = Options(budget.ram, budget.vram, budget.threads, on_infeasible, footprint, program, workers,
-                      tuple(clamp_fixed))
+                      tuple(clamp_fixed), storage)
     if clamp_fixed:
         overrides(options)  # checked now: a name the recipe cannot lower is one line before anything runs
     return options, label

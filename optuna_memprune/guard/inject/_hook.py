@@ -2,13 +2,13 @@
 summary line at exit.
 
 Owns what happens in the program's process: ``optuna.create_study`` / ``optuna.load_study`` give every study
-a guarded sampler and pruner (the program's own, or Optuna's defaults), ``Study.optimize`` a guarded
-objective (with ``n_jobs`` above 1 or ``--workers N``, handed to ``_split``: one process per trial, or threads
-under whole-process admission), ``--clamp-fixed``'s values set in rl-zoo3's manager; one line per study on
-stderr when it is first guarded, one saying how parallel jobs run, and one per study at exit. Every patched
-function gives Optuna's original behaviour in any other process (a forked child inherits the patches). The
-only printing outside the CLI: the program's process has no CLI to print for it. Knows nothing of the
-command line.
+a guarded sampler and pruner (the program's own, or Optuna's defaults; a study made in memory goes on
+``--storage`` where one is given), ``Study.optimize`` a guarded objective (with ``n_jobs`` above 1 or
+``--workers N``, handed to ``_split``: one process per trial, or threads under whole-process admission),
+``--clamp-fixed``'s values set in rl-zoo3's manager; one line per study on stderr when it is first guarded,
+one saying how parallel jobs run, and one per study at exit. Every patched function gives Optuna's original
+behaviour in any other process (a forked child inherits the patches). The only printing outside the CLI:
+the program's process has no CLI to print for it. Knows nothing of the command line.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 from ... import records
@@ -71,6 +72,9 @@ class _Injected:
         self.fixed: dict[str, tuple[Any, int]] = {}   # --clamp-fixed: {name: (was, lowered to)}
         self.applied: set[int] = set()                # id() of the rl-zoo3 managers the overrides were set on
         self.shadows: dict[int, Any] = {}             # id(in-memory study) -> its copy on a journal file
+        self.threads_why: dict[int, str] = {}         # id(study) -> why its parallel jobs stayed threads
+        self.storage: Any = None                      # --storage, opened at the first study it takes
+        self.put_on_storage: set[int] = set()         # id() of the studies made in memory, put on --storage
         self.optuna = optuna
         self.originals = (optuna.create_study, optuna.load_study, optuna.Study.optimize)
 
@@ -80,8 +84,9 @@ class _Injected:
         state = self
 
         def create_study(*args: Any, **kwargs: Any) -> Any:
-            study = create(*args, **kwargs)
-            return state.guard_study(study) if os.getpid() == state.pid else study
+            if os.getpid() != state.pid:
+                return create(*args, **kwargs)
+            return state.guard_study(state.create(create, args, kwargs))
 
         def load_study(*args: Any, **kwargs: Any) -> Any:
             study = load(*args, **kwargs)
@@ -108,6 +113,39 @@ class _Injected:
         guarded_optimize.__doc__ = optimize.__doc__
         optuna.Study.optimize = guarded_optimize
         atexit.register(self.summary)
+
+    def create(self, create: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """``create_study(*args, **kwargs)``, on ``--storage`` where the program gives the study no storage (a
+        study of that name already there, which the program does not ask to load, gets the time appended, as
+        the program expects a new study); in memory, as asked, when the storage cannot be opened."""
+        url = self.options.storage
+        try:
+            call = inspect.signature(create).bind(*args, **kwargs)
+        except TypeError:  # the program's own mistake: Optuna's own error says it
+            return create(*args, **kwargs)
+        if url is None or call.arguments.get("storage") is not None:
+            return create(*args, **kwargs)
+        try:
+            with self.lock:
+                if self.storage is None:
+                    from ...storages import open_storage
+
+                    self.storage = open_storage(url)
+        except Exception as exc:  # noqa: BLE001 - the program runs on, with its study in memory
+            print(f"memprune: --storage {shown(url)} cannot be opened ({type(exc).__name__}: {exc}); the study "
+                  "stays in memory", file=sys.stderr)
+            return create(*args, **kwargs)
+        call.arguments["storage"] = self.storage
+        try:
+            study = create(*call.args, **call.kwargs)
+        except self.optuna.exceptions.DuplicatedStudyError:
+            name = call.arguments["study_name"]
+            call.arguments["study_name"] = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            study = create(*call.args, **call.kwargs)
+            print(f"memprune: --storage {shown(url)} has a study {name!r} already: this run's is "
+                  f"{study.study_name!r}", file=sys.stderr)
+        self.put_on_storage.add(id(study))
+        return study
 
     def guard_study(self, study: Any) -> Any:
         """The study with a guarded sampler and pruner (once; a program's own guard is left alone)."""
@@ -191,14 +229,17 @@ class _Injected:
         """``optimize`` with ``k`` jobs: one process per trial through the runner where the objective and
         the program allow it, else threads of this process with whole-process admission; one line says which."""
         study, guard, numbers = entry
-        why = _split.script_reason(self.options.program.kind, self.options.program.target)
-        objective = None
-        if why is None:
-            try:
-                objective = _split.transport(func)
-            except Exception as exc:  # noqa: BLE001 - any failure to pickle means the threads' way
-                why = f"the objective cannot be sent to another process: {type(exc).__name__}: {str(exc)[:200]}"
+        why, objective = None, None
+        try:
+            objective = _split.transport(func)
+        except Exception as exc:  # noqa: BLE001 - any failure to pickle means the threads' way
+            why = f"the objective cannot be sent to another process: {type(exc).__name__}: {str(exc)[:200]}"
+        else:
+            why = _split.unsendable(getattr(study.sampler, "base_sampler", study.sampler), "sampler") or \
+                _split.unsendable(getattr(study.pruner, "wrapped_pruner", study.pruner), "pruner")
+            objective = None if why else objective
         if objective is None:
+            self.threads_why[id(study)] = f"n_jobs={k} ran as threads ({why})"
             return self._threads(entry, func, k, call, why or "")
         from ...paths import cache_dir, writable_dir
         from ..runner import optimize as run_trials
@@ -255,8 +296,8 @@ class _Injected:
             print("memprune: the program created no Optuna study; nothing was guarded", file=sys.stderr)
             return
         seen = set()
-        for study, _, numbers in self.studies:
-            study = self.shadows.get(id(study), study)
+        for program_study, _, numbers in self.studies:
+            study = self.shadows.get(id(program_study), program_study)
             key = (study.study_name, _location(study))
             if key in seen:
                 continue
@@ -265,6 +306,8 @@ class _Injected:
                 line = self._study_line(study, numbers)
             except Exception as exc:  # noqa: BLE001 - the storage may be gone at exit
                 line = f"study {study.study_name!r}: its trials cannot be read back ({type(exc).__name__}: {exc})"
+            if id(program_study) in self.threads_why:
+                line += f"; {self.threads_why[id(program_study)]}"
             print(f"memprune: {line}", file=sys.stderr)
 
     def _study_line(self, study: Any, numbers: set[int]) -> str:
@@ -287,8 +330,10 @@ class _Injected:
             line += f"; footprint: {self.choice.label}"  # the monitor alone, or learned
         where = _location(study)
         if where is None:
-            return line + "; the study was in memory, so the records ended with the program (give it a storage " \
-                          "to keep them for memprune report)"
+            return line + "; the study was in memory, so the records ended with the program (memprune run " \
+                          "--storage URL keeps them for memprune report)"
+        if id(study) in self.put_on_storage:
+            line += f"; the program made it in memory: its records are on --storage {shown(where)}"
         return line + f"; memprune report {shown(where)} --study-name {study.study_name}"
 
 

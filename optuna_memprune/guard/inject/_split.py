@@ -7,10 +7,15 @@ storage other processes can open (the study's own; for an in-memory study a jour
 trials are copied back into the program's study when the call returns, so that what the program does next
 with its study, rl-zoo3's report and pickle, sees them). The objective crosses into the trial's process by
 cloudpickle (a bound method such as rl-zoo3's ``ExperimentManager.objective`` with its local env wrappers,
-a function of the program's ``__main__``), checked by a round trip before the first trial. Where that cannot
-be done (the objective does not pickle, a script that would run its study again when a trial's process
-imports it) the trials run as the program asked, threads of its process, with whole-process admission: a
-trial starts only when its prediction and those of the running trials fit under the soft line together.
+a function of the program's ``__main__``, a library's local function such as Hugging Face's), checked by a
+round trip before the first trial. A trial's process never imports the program's main module (the runner's
+fork server leaves it out for an objective that says ``needs_main_module = False``): a script without
+``if __name__ == "__main__":``, whose study a library may create where no reading of its text could see it,
+is run once. So nothing sent to the trial may name ``__main__`` (plain pickle's way with a main function,
+a sampler or pruner class of the script): the round trip refuses such a name. Where the objective, the
+sampler or the pruner cannot be sent, the trials run as the program asked, threads of its process, with
+whole-process admission: a trial starts only when its prediction and those of the running trials fit under
+the soft line together.
 
 Owns the choice between the two, the objective's transport, the journal file and the admission gate;
 knows nothing of the command line and never prints (the hook says what was done, in the words returned).
@@ -18,7 +23,7 @@ knows nothing of the command line and never prints (the hook says what was done,
 
 from __future__ import annotations
 
-import ast
+import io
 import os
 import pickle
 import re
@@ -50,7 +55,10 @@ def jobs(n_jobs: Any, workers: int) -> int:
 
 class Transported:
     """The objective as it crosses into a trial's process: cloudpickle's bytes, and the torch thread count
-    the program set (a trial's process starts from a fresh interpreter, whose default is the CPU count)."""
+    the program set (a trial's process starts from a fresh interpreter, whose default is the CPU count).
+    It names nothing of ``__main__``, so the trial's process need not import the program's main module."""
+
+    needs_main_module = False
 
     def __init__(self, data: bytes, torch_threads: int | None, by: str = "cloudpickle") -> None:
         self.data, self.torch_threads, self.by = data, torch_threads, by
@@ -79,7 +87,7 @@ def transport(objective: Callable) -> Transported:
     except ImportError:  # pickle alone: a module-level function or a picklable callable object
         cloudpickle = None
     data = (cloudpickle or pickle).dumps(objective)
-    pickle.loads(data)
+    _NoMain(io.BytesIO(data)).load()
     torch = sys.modules.get("torch")
     moved = Transported(data, torch.get_num_threads() if torch is not None else None,
                         "pickle" if cloudpickle is None else "cloudpickle")
@@ -89,28 +97,24 @@ def transport(objective: Callable) -> Transported:
     return moved
 
 
-def script_reason(kind: str, target: str) -> str | None:
-    """Why a script's trials cannot run in processes of their own, or None: a trial's process imports the
-    program's main script (as ``__mp_main__``), which must then not run its study again: every call of
-    ``optimize``, ``create_study`` or ``load_study`` must be under ``if __name__ == "__main__":``."""
-    if kind != "script":
-        return None
+def unsendable(obj: Any, what: str) -> str | None:
+    """Why ``obj`` (the program's sampler or pruner) cannot be sent to a trial's process as it is (plain
+    pickle, as the runner sends it): it does not pickle, or it names the program's main module; else None."""
     try:
-        tree = ast.parse(Path(target).read_text())
-    except (OSError, SyntaxError, ValueError) as exc:
-        return f"its script could not be read to check it ({type(exc).__name__})"
-    for node in tree.body:
-        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test):
-            continue
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        for call in ast.walk(node):
-            if isinstance(call, ast.Call):
-                name = ast.unparse(call.func).rsplit(".", 1)[-1]
-                if name in ("optimize", "create_study", "load_study"):
-                    return (f"its script calls {name}() outside if __name__ == \"__main__\": (line {call.lineno}), "
-                            "so a trial's process importing it would run the study again")
+        _NoMain(io.BytesIO(pickle.dumps(obj))).load()
+    except Exception as exc:  # noqa: BLE001 - any failure means it cannot be sent
+        return f"the study's {what} cannot be sent to another process: {type(exc).__name__}: {str(exc)[:200]}"
     return None
+
+
+class _NoMain(pickle.Unpickler):
+    """An unpickler that refuses the main module's names: a trial's process does not import ``__main__``."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in ("__main__", "__mp_main__"):
+            raise pickle.UnpicklingError(f"{name} is named in the program's main module, which a trial's process "
+                                         "does not import")
+        return super().find_class(module, name)
 
 
 @dataclass

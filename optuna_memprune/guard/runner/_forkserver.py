@@ -1,7 +1,13 @@
 """The runner's fork server: one per process, started with the objective's module and heavy libraries
 imported, so that each trial's process starts fast; stopped when ``optimize`` returns.
 
-Owns what the server preloads; knows nothing of trials, guards or the ledger.
+An objective that says it needs no main module (``needs_main_module = False``: ``memprune run`` sends the
+program's objective by cloudpickle, by value) gets trial processes that never import the program's
+``__main__``: neither the server nor the trial runs the program's top level again (a script without
+``if __name__ == "__main__":`` would start its whole search again in every trial's process).
+
+Owns what the server preloads and whether its processes import the main module; knows nothing of trials,
+guards or the ledger.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import importlib.util
 import logging
 import multiprocessing
 import sys
+from multiprocessing.context import ForkServerContext, ForkServerProcess
 from typing import Any, Callable
 
 from ... import _internals
@@ -24,17 +31,33 @@ _PRELOAD_IF_LOADED = ("numpy", "torch", "gymnasium", "stable_baselines3")
 _SERVERS: dict[str, Any] = {}
 
 
+class MainFreeProcess(ForkServerProcess):
+    """A fork server's process that does not import the parent's main module (``_internals``)."""
+
+    def start(self) -> None:
+        with _internals.main_module_left_out():
+            super().start()
+
+
+class MainFreeContext(ForkServerContext):
+    """The forkserver context whose processes are ``MainFreeProcess``."""
+
+    Process = MainFreeProcess
+
+
 def fork_server(objective: Callable) -> Any:
-    """The forkserver context of this process (one server, started on first use with the preloads)."""
-    ctx = multiprocessing.get_context("forkserver")
+    """The forkserver context of this process (one server, started on first use with the preloads); its
+    processes leave the main module out where the objective's ``needs_main_module`` is False."""
     if not _SERVERS:
+        main_free = getattr(objective, "needs_main_module", True) is False
+        ctx = MainFreeContext() if main_free else multiprocessing.get_context("forkserver")
         main = sys.modules.get("__main__")
         preload = [m for m in _PRELOAD if importlib.util.find_spec(m.split(".")[0]) is not None]
         preload += [m for m in _PRELOAD_IF_LOADED if m in sys.modules]
         module = getattr(objective, "__module__", None) or getattr(getattr(objective, "func", None), "__module__", None)
         if module and module != "__main__":
             preload.append(module)
-        elif getattr(main, "__file__", None):
+        elif getattr(main, "__file__", None) and not main_free:
             preload.append("__main__")  # a script's objective: imported once by the server, not per trial
         ctx.set_forkserver_preload(preload)
         _SERVERS["ctx"] = ctx

@@ -1,0 +1,44 @@
+"""What ``memprune run`` sends to a trial's process, which never imports the program's main module: the
+objective by cloudpickle (by value, main-module functions included), and nothing that names ``__main__``."""
+
+from __future__ import annotations
+
+import sys
+
+import optuna
+import pytest
+
+from optuna_memprune.guard.inject import _split
+
+
+def _square(trial: optuna.Trial) -> float:
+    return trial.suggest_float("x", 0, 1) ** 2
+
+
+@pytest.fixture
+def in_main(monkeypatch):
+    """``_square`` and a sampler class made into names of ``__main__``, as a script's would be."""
+    main = sys.modules["__main__"]
+
+    sampler = type("MainSampler", (optuna.samplers.RandomSampler,), {"__module__": "__main__"})
+    monkeypatch.setattr(_square, "__module__", "__main__")
+    for obj in (_square, sampler):
+        monkeypatch.setattr(main, obj.__name__, obj, raising=False)
+    return sampler
+
+
+def test_a_main_function_goes_by_value_with_cloudpickle_and_is_refused_by_plain_pickle(in_main, monkeypatch):
+    moved = _split.transport(_square)
+    assert moved.by == "cloudpickle" and moved.needs_main_module is False and b"__main__" in moved.data
+    trial = optuna.create_study().ask()
+    assert 0 <= moved(trial) <= 1
+    monkeypatch.setitem(sys.modules, "cloudpickle", None)  # as where cloudpickle is not installed
+    with pytest.raises(Exception, match="_square is named in the program's main module"):
+        _split.transport(_square)
+
+
+def test_a_sampler_class_of_the_main_module_cannot_be_sent(in_main):
+    assert _split.unsendable(optuna.samplers.TPESampler(seed=0), "sampler") is None
+    assert _split.unsendable(in_main(seed=0), "sampler") == (
+        "the study's sampler cannot be sent to another process: UnpicklingError: MainSampler is named in the "
+        "program's main module, which a trial's process does not import")
