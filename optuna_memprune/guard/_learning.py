@@ -136,7 +136,7 @@ class Learning:
     def info(self, params: Mapping[str, Any], raw: Footprint | None, warmup: bool,
              limits: Mapping[str, int] | None = None) -> dict[str, Any]:
         """What the record says of the learned prediction: mode, phase, trials, miss rate, the fit's own
-        figures (``center``: the bound without its conformal factor), the footprint function's (``raw``,
+        figures (``center``: the bound without its error term), the footprint function's (``raw``,
         corrected mode; what the next fits learn from). Phase ``explore``: run unchecked by :meth:`explore`."""
         model = self.model
         out: dict[str, Any] = {"mode": self.mode, "phase": "warm-up" if not model.ready else
