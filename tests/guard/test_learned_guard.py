@@ -249,3 +249,15 @@ def test_the_runner_reserves_a_learned_bound_as_it_is(tmp_path) -> None:
     assert margins == {"ram": 1.0, "vram": 1.0, "threads": 1.0}
     fp = omp.Footprint.of(ram=300 * MiB)
     assert Reservations(study, guard.policy.budget, ledger).request(fp, margins).ram == 300 * MiB
+
+
+def test_a_timeline_that_settled_early_is_a_plateau_and_a_growing_one_is_not() -> None:
+    from optuna_memprune.guard._learning import plateaued
+
+    settled = [(0.1 * i, (300 + min(i, 2) * 100) * MiB, 4, None) for i in range(10)]
+    growing = [(0.1 * i, (300 + i * 50) * MiB, 4, None) for i in range(10)]
+    assert plateaued(settled) and not plateaued(growing)
+    assert not plateaued(settled[:2]) and not plateaued([])  # too few readings to say
+    # measured over the trial's start in a shared process: 2% of the increment, not of the process
+    late = [(0.1 * i, 1000 * MiB + (50 if i < 6 else 60) * MiB, 4, None) for i in range(10)]
+    assert plateaued(late) and not plateaued(late, start=1000 * MiB)
