@@ -203,7 +203,10 @@ class Model:
     def _errors(self, resource: str, fit: _Fit, x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> _Fit:
         """The fit's base and the bound's quantile from its leave-one-out residuals (see the module)."""
         fit.base = max(min(float(fit.weights[0]), float(_predict(x, fit.weights).min())), 0.0)
-        preds = _loo(x, y, censored) if len(y) > 1 else np.full(len(y), np.nan)
+        if self.corrected and not self.ready:  # the function's own figures: each residual is out of sample
+            preds = _predict(x, fit.weights)[-SCORED:]
+        else:
+            preds = _loo(x, y, censored) if len(y) > 1 else np.full(len(y), np.nan)
         z = [(yy - p) / max(_scale(resource, p, fit.base), 1.0)  # at least a byte, a thread
              for yy, p, c in zip(y[-len(preds):], preds, censored[-len(preds):]) if math.isfinite(p) and (not c or yy > p)]
         fit.m = len(z)
