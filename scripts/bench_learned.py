@@ -7,8 +7,9 @@ per-trial RAM budget (about a third of its space exceeds it), with the same TPE 
 trial runner (``omp.optimize``) with the budget held by a cgroup v1 hard limit (``enforce="cgroup"``):
 
 - guarded: ``MemoryGuard(None, budget, learn=learned(miss_rate=...))``: trials run unchecked through the
-  warm-up, then are admitted, clamped or rejected by the learned upper bound (or run unchecked to explore
-  below every observed trial, where the fit is under the line; these count as launches after the warm-up);
+  warm-up (4 trials observed), then are admitted, clamped or rejected by the learned upper bound (or run
+  unchecked to explore below every observed trial, where the fit is under the line; these count as
+  launches after the warm-up);
 - unguarded (``--baseline plain``, the default): the study as plain Optuna runs it, the same TPE sampler
   unwrapped, each trial in a process of the same fork server held to the budget by the same cgroup hard
   limit and the runner's rule (killed once its tree's RSS crosses the budget); a trial killed is told
@@ -22,11 +23,12 @@ trial runner (``omp.optimize``) with the budget held by a cgroup v1 hard limit (
 
 Measured per study: launches after the warm-up that ended over the budget (stopped, out of memory), trials
 lost (left RUNNING, or a study that raised), wasted compute (seconds of trials that ended over the budget),
-and the learned prediction's median error ``(peak - pred) / peak`` over the guarded trials that ran to the
-end after the warm-up. Last line::
+the learned prediction's median error ``(peak - pred) / peak`` over the guarded trials that ran to the
+end after the warm-up, and clamps that moved a param named as a rate, a coefficient or a seed (which takes
+no memory: ``estimate.learn.role``). Last line::
 
     LEARNED studies=<k> over_budget_launches_after_warmup=<x>% lost=<n> wasted_compute_guarded=<s>
-    wasted_compute_unguarded=<s> learned_median_err=<x>%
+    wasted_compute_unguarded=<s> learned_median_err=<x>% memoryless_clamps=<n>
 
 Targets: over-budget launches after warm-up <= 5%, nothing lost, guarded wasted compute <= a quarter of
 unguarded. 60 trials per study by default: the warm-up's breaches are a fixed cost of the guarded study
@@ -74,6 +76,7 @@ from optuna_memprune.guard._oom import out_of_memory  # noqa: E402
 from optuna_memprune.guard.runner._forkserver import fork_server, stop_fork_server  # noqa: E402
 from optuna_memprune.monitor import Monitor  # noqa: E402
 from optuna_memprune.ledger import HostBudget, Ledger  # noqa: E402
+from optuna_memprune.estimate.learn import Role, role  # noqa: E402
 from optuna_memprune.records import Decision  # noqa: E402
 
 MiB = 2**20
@@ -180,10 +183,12 @@ def summarize(study: optuna.Study, budget: omp.Budget, guarded: bool, error: str
     trials = study.trials
     lost = sum(not t.state.is_finished() for t in trials) + (error is not None)
     wasted, wasted_warm, launched_after, over_after, errors, stopped = 0.0, 0.0, 0, 0, [], 0
+    memoryless = 0
     for t in trials:
         record = omp.read_record(t.user_attrs)
         if record is None:
             continue
+        memoryless += any(role(n) is Role.NONE for n in record.clamped_from or {})
         over = record.decision in OVER
         stopped += over
         if over and t.datetime_start and t.datetime_complete:
@@ -204,7 +209,7 @@ def summarize(study: optuna.Study, budget: omp.Budget, guarded: bool, error: str
     return {"trials": len(trials), "lost": lost, "error": error, "wasted": wasted, "wasted_warm": wasted_warm,
             "stopped": stopped,
             "launched_after": launched_after, "over_after": over_after, "errors": errors, "wall": wall,
-            "decisions": decisions}
+            "decisions": decisions, "memoryless": memoryless}
 
 
 def main() -> None:
@@ -235,7 +240,8 @@ def main() -> None:
     print(f"hard limit: {'cgroup v%d memory group per trial' % place.version if enforce == 'cgroup' else why}; "
           f"{args.trials} trials per study, seed {args.seed}, miss rate {args.miss_rate:g} "
           f"(warm-up {omp.estimate.learned(miss_rate=args.miss_rate).warmup}), {args.baseline} baseline")
-    totals = {"studies": 0, "lost": 0, "wasted_g": 0.0, "wasted_u": 0.0, "launched": 0, "over": 0, "errors": []}
+    totals = {"studies": 0, "lost": 0, "wasted_g": 0.0, "wasted_u": 0.0, "launched": 0, "over": 0, "errors": [],
+              "memoryless": 0}
     with tempfile.TemporaryDirectory(prefix="bench-learned-") as tmp:
         for name in names:
             missing = [m for m in NEEDS[name] if importlib.util.find_spec(m) is None]
@@ -252,6 +258,7 @@ def main() -> None:
             totals["launched"] += g["launched_after"]
             totals["over"] += g["over_after"]
             totals["errors"] += g["errors"]
+            totals["memoryless"] += g["memoryless"]
             med = f"{100 * statistics.median(g['errors']):+.1f}%" if g["errors"] else "-"
             print(f"{name} (budget {BUDGETS[name]}): unguarded {u['stopped']}/{u['trials']} over budget, "
                   f"wasted {u['wasted']:.1f} s, {u['wall']:.0f} s; guarded {g['decisions']}, over budget after "
@@ -263,7 +270,7 @@ def main() -> None:
     err = 100 * statistics.median(totals["errors"]) if totals["errors"] else float("nan")
     print(f"LEARNED studies={totals['studies']} over_budget_launches_after_warmup={rate:.1f}% lost={totals['lost']} "
           f"wasted_compute_guarded={totals['wasted_g']:.1f} wasted_compute_unguarded={totals['wasted_u']:.1f} "
-          f"learned_median_err={err:+.1f}%")
+          f"learned_median_err={err:+.1f}% memoryless_clamps={totals['memoryless']}")
 
 
 if __name__ == "__main__":

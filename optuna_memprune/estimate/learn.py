@@ -2,64 +2,72 @@
 an upper bound at a stated miss rate.
 
 Owns the model (a non-negative least-squares fit over features that grow with each param, so the fit is
-monotone in every param), the direction of each param (declared, or read from the data), censored
-observations ("at least this much"), and the conformal upper bound. Knows nothing of Optuna, storages or
-records: it is given plain observations.
+monotone in every param), which params enter it (the evidence rule below), censored observations ("at
+least this much") and the one error model. Knows nothing of Optuna, storages or records: it is given
+plain observations. The features and the names that say which params take memory: ``_features.py``.
 
-The model, per resource: ``peak ~ w0 + sum_j w_j * u_j(x) + sum_{j<=k} w_jk * u_j * u_k`` with every
+The model, per resource: ``peak ~ w0 + sum_j w_j * u_j(x) [+ sum_{j<=k} w_jk * u_j * u_k]`` with every
 ``w >= 0`` and every ``u_j`` growing in the direction that takes memory (``x`` scaled to its observed range;
-a log feature too where the param spans a decade or is declared log; one indicator per categorical
-choice). The fit weighs each trial by ``1/peak`` (relative error). The additive and the product model are
-both fitted; the one with the smaller leave-one-out error is used. With a footprint function the only
-feature is that function's own figure: ``peak ~ a + b * predicted`` (the correction of a recipe).
+a log feature too where the param spans a decade or is declared log; one indicator per label). The fit
+weighs each trial by ``1/peak`` (relative error); the additive and the product model are both fitted, the
+one with the smaller leave-one-out error is used. With a footprint function the feature is that function's
+own figure: ``peak ~ a + b * predicted`` (the correction of a recipe).
 
-The bound is split-conformal in its jackknife form: each observation's score is its peak over the
-prediction of the model fitted without it; the bound is the prediction times the ``ceil((n+1)(1-miss))``-th
-smallest of the ``n`` scores, and at least ``MIN_FACTOR`` (1/0.95) for RAM and VRAM. That order statistic
-exists only once ``n >= (1-miss)/miss`` (9 at the default 10%): the warm-up is exactly the number of
-trials below which no bound at that miss rate exists. The same order statistic of the absolute scores
-(peak minus the leave-one-out fit) gives a second conformal bound, fit plus that residual, whose least
-is ``MIN_FACTOR`` on the part of the fit above its intercept (a constant baseline, such as TensorFlow's
-~800 MiB, is known well after a few trials; a factor on it would put a trial just above the baseline over
-a soft line it stays under). Each fit uses one of the two scores, the one whose bounds over its own
-trials are the tighter (a choice of score family, made like the choice of model; the miss rate is the
-chosen score's). A footprint function's correction keeps the ratio score.
+Evidence: a param enters the fit from the first trials when its name or type says it takes memory (a size
+word, an int, a label), and leaves it when its effect across the trials seen is within the fit's noise
+(the root mean square of the leave-one-out residuals); any other param (a rate, a coefficient, a seed, a
+float of no known name) enters only where it lowers the leave-one-out error and its effect is beyond that
+noise. A param the fit does not hold moves no prediction, so no clamp ever moves it.
+
+One error model: each trial's leave-one-out residual, scaled by what varies, ``z = (peak - fit) / s`` with
+``s = (fit - base) + NOISE * base`` (``base``: the fit's intercept, a process's constant baseline such as
+TensorFlow's ~650 MiB, known well after a few trials); the bound is ``fit + q * s`` with ``q`` Student's t
+quantile at ``1 - miss_rate`` of the scaled residuals' root mean square, pooled with ``PRIOR_TRIALS``
+trials of the prior ``PRIOR_Z``: wide while few trials are known, tighter with each. A censored trial
+whose peak is over its leave-one-out fit counts with that residual (it missed at least by it).
+
+The solver is a numpy active-set NNLS (Lawson and Hanson): scipy's ``nnls`` gives the same answer, but
+the core install is Optuna, psutil and numpy only.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ._features import Encoder, Role, is_number, number, role
 from .checks import EstimateError
 
+__all__ = ["Learned", "Model", "Observation", "Role", "learned", "nnls", "role"]
 RESOURCES = ("ram", "vram", "threads")
 MISS_RATE = 0.1        # the default share of trials whose peak may exceed the bound
-MIN_WARMUP = 4         # never fewer observed trials than this, whatever the miss rate
-SCORED = 60            # the most recent observations scored by leave-one-out (older ones are fitted only)
+#: Trials observed to the end before the bound is used (the least a user may ask: 2, one residual each way)
+WARMUP = 4
+SCORED = 40            # the most recent observations scored by leave-one-out (older ones are fitted only)
 _IMPUTE_ROUNDS = 3     # censored targets raised to the fit this many times
+_CENSORED_WEIGHT = 10.0  # the weight of a censored trial the fit puts below what it reached
 #: Trials observed before a param's direction may be turned to "memory falls as it grows": with fewer, a
 #: param that merely varies alongside one that takes memory (confounded) looks like it.
 MIN_TURN = 20
-_CENSORED_WEIGHT = 10.0  # the weight of a censored trial the fit puts below what it reached
-_DECADE = 10.0         # a positive numeric param spanning this ratio also gets a log feature
-#: The least the bound puts on the fit (RAM, VRAM): a trial clamped or admitted right under the soft line
-#: crosses it only when its peak is at least 5% over the fit, (peak - fit) / peak >= 0.05. With a dozen
-#: trials the conformal factor is their largest leave-one-out ratio, which under-states the tail.
-MIN_FACTOR = 1 / 0.95
-#: The scaled residual's noise where the fit is at its base, as a share of the base: the run-to-run spread
-#: allowed for a peak that does not grow with the params (a process's baseline, a library's import)
+#: The scale of a residual where the fit is at its base, as a share of the base: the run-to-run spread of a
+#: peak that does not grow with the params, twice the larger seen in the recorded trials
+#: (tests/estimate/_recorded.py): Keras trials at width 64-65 spread 0.1%, torch MLPs of width 80-126 and
+#: batch 512 or less 0.9% (309.9-312.8 MiB).
 NOISE = 0.02
+#: The prior of the scaled residuals' root mean square and its weight in trials: over all 39 recorded torch
+#: trials it is 0.23 (from 4 trials, in five orders, it ranged 0.23 to 16): one trial's worth of 0.2.
+PRIOR_Z, PRIOR_TRIALS = 0.2, 1
 
 
 @dataclass(frozen=True)
 class Observation:
     """One trial that ran: its params, its observed peaks (bytes; threads a count; ``None``: not read),
-    whether the peaks are only lower bounds (``censored``: it was stopped, soft-pruned, killed or ran out
-    of memory), and, to correct a footprint function, that function's figures for the same params."""
+    whether the peaks are only lower bounds (``censored``: it was stopped, killed, ran out of memory, or was
+    pruned before its peak settled), and, to correct a footprint function, that function's figures."""
 
     params: Mapping[str, Any]
     peaks: Mapping[str, float | None]
@@ -80,16 +88,15 @@ def learned(
 
     Args:
         miss_rate: the share of trials whose peak may exceed the upper bound, in (0, 0.5].
-        warmup: trials observed to the end before the bound is used; default and minimum
-            ``max(4, ceil((1 - miss_rate) / miss_rate))`` (9 at 10%), the fewest that give a finite bound.
-        monotone: ``{param: +1 or -1}``: memory grows with the param (+1) or shrinks (-1); other params'
-            directions are read from the data (the sign of their rank correlation with the peak).
+        warmup: trials observed to the end before the bound is used; default 4, at least 2.
+        monotone: ``{param: +1 or -1}``: memory grows with the param (+1) or shrinks (-1); a param declared
+            here is in the fit from the first trials whatever its name.
         categorical: params whose values are labels even when they are numbers (one indicator each).
         log: params that also get a log-scale feature (a positive param spanning a decade gets one anyway).
 
     Example:
         >>> model = learned(miss_rate=0.2).fit([
-        ...     Observation({"n": n}, {"ram": 100 + 10 * n}) for n in range(1, 11)])
+        ...     Observation({"n": n}, {"ram": 100 + 10 * n}) for n in (1, 4, 7, 10)])
         >>> model.ready, model.bound({"n": 20})["ram"] >= 300, model.directions["n"]
         (True, True, 1)
     """
@@ -104,10 +111,9 @@ class Learned:
                  log: Iterable[str] = ()) -> None:
         if isinstance(miss_rate, bool) or not isinstance(miss_rate, (int, float)) or not 0 < miss_rate <= 0.5:
             raise EstimateError(f"miss_rate must be a share in (0, 0.5], but got {miss_rate!r}.")
-        least = max(MIN_WARMUP, math.ceil((1 - miss_rate) / miss_rate - 1e-9))
-        if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < least):
-            raise EstimateError(f"warmup must be an int >= {least} (the fewest trials that give a bound at "
-                                f"miss_rate={miss_rate:g}), but got {warmup!r}.")
+        if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 2):
+            raise EstimateError(f"warmup must be an int >= 2 (trials observed before the bound is used), but "
+                                f"got {warmup!r}.")
         monotone = dict(monotone or {})
         for name, sign in monotone.items():
             if not isinstance(name, str) or sign not in (1, -1) or isinstance(sign, bool):
@@ -117,7 +123,7 @@ class Learned:
             if isinstance(names, str) or not all(isinstance(n, str) for n in names):
                 raise EstimateError(f"{what} must be a list of param names, but got {names!r}.")
         self.miss_rate = float(miss_rate)
-        self.warmup = least if warmup is None else warmup
+        self.warmup = WARMUP if warmup is None else warmup
         self.monotone = monotone
         self.categorical = frozenset(categorical)
         self.log = frozenset(log)
@@ -128,22 +134,19 @@ class Learned:
     def fit(self, observations: Iterable[Observation], *, corrected: bool = False) -> "Model":
         """The model of these observations. ``corrected``: learn ``peak ~ a + b * predicted`` from each
         observation's ``predicted`` figures (a footprint function's correction) instead of the params."""
-        obs = [o for o in observations if isinstance(o, Observation)]
-        return Model(self, obs, corrected)
+        return Model(self, [o for o in observations if isinstance(o, Observation)], corrected)
 
 
 @dataclass
 class _Fit:
-    """One resource's fitted model: the encoder, the weights and the conformal factor (``None``: none)."""
+    """One resource's model: the encoder, the weights, the base and the bound's quantile ``q`` (bound =
+    fit + q x (fit above base + NOISE x base)), over ``m`` scaled residuals."""
 
-    encoder: "_Encoder"
+    encoder: Encoder
     weights: np.ndarray
-    factor: float | None
-    scores: list[float] = field(default_factory=list)
-    residual: float | None = None  # the conformal residual (bytes) when the absolute score is the tighter
-    base: float = 0.0  # the intercept the least factor leaves out, with the residual
-    spread: float | None = None  # the conformal scaled residual when that score is the tighter (see _fit)
-    noise: float = 0.0  # with ``spread``: the residual's scale where the fit is at the base
+    base: float = 0.0
+    q: float = 0.0
+    m: int = 0
 
 
 class Model:
@@ -157,21 +160,16 @@ class Model:
         self.observations = observations
         self.n = sum(not o.censored for o in observations)
         self.ready = self.n >= settings.warmup
-        self.directions: dict[str, int] = {}
         self._fits: dict[str, _Fit] = {}
-        if corrected:
-            observations = [o for o in observations if o.predicted is not None]
+        rows_all = [o for o in observations if o.predicted is not None] if corrected else observations
         for r in RESOURCES:
-            rows = [o for o in observations if _number(o.peaks.get(r)) is not None]
-            if corrected:
-                rows = [o for o in rows if _number((o.predicted or {}).get(r)) is not None]
-            if not rows or max(float(o.peaks[r]) for o in rows) <= 0:  # type: ignore[arg-type]
-                continue
-            self._fits[r] = self._fit(r, rows)
+            rows = [o for o in rows_all if number(o.peaks.get(r)) is not None
+                    and (not corrected or number((o.predicted or {}).get(r)) is not None)]
+            if rows and max(float(o.peaks[r]) for o in rows) > 0:  # type: ignore[arg-type]
+                self._fits[r] = self._fit(r, rows)
         ram = self._fits.get("ram")
-        self.directions = dict(settings.monotone)
-        if ram is not None and not corrected:
-            self.directions.update(ram.encoder.directions)
+        self.directions = {**({} if ram is None or corrected else ram.encoder.directions), **settings.monotone}
+        self.roles = {} if ram is None else dict(ram.encoder.roles)
 
     @property
     def miss_rate(self) -> float:
@@ -180,283 +178,194 @@ class Model:
     def _fit(self, resource: str, rows: list[Observation]) -> _Fit:
         y = np.array([float(o.peaks[resource]) for o in rows])  # type: ignore[arg-type]
         censored = np.array([o.censored for o in rows])
-        if self.corrected:  # the footprint's figure alone, or with the params' own features beside it
-            params = _Encoder.of(self.settings, resource, rows, y)
-            encoders = [_Encoder.corrected(resource, rows), _Encoder.corrected(resource, rows, params)]
-        else:
-            base = _directed(_Encoder.of(self.settings, resource, rows, y), self.settings, rows, y, censored)
-            encoders = [base, base.with_products()] if base.products_possible else [base]
-        best: _Fit | None = None
-        best_err = math.inf
-        for enc in encoders:
+        if self.corrected:
+            enc = Encoder.corrected(resource, rows)
             x = enc.matrix(rows)
-            weights = _fit_censored(x, y, censored)
-            scores, diffs = _loo_scores(x, y, censored) if len(rows) > 1 else ([], [])
-            done = [s for s, c in zip(scores, censored[-len(scores):] if scores else []) if not c]
-            err = _conformal(done, self.settings.miss_rate) or float(np.max(done)) if done else math.inf
-            if best is None or err < best_err:
-                best, best_err, best_x, best_diffs = _Fit(enc, weights, None, scores), err, x, diffs
+            # before the warm-up: the function's figures as they are (their residuals price the bound)
+            w = _fit_censored(x, y, censored) if self.ready else np.array([0.0, enc.scale])
+            return self._errors(resource, _Fit(enc, w), x, y, censored)
+        full = Encoder.of(self.settings, rows, y)
+        prior = [n for n in full.params if full.roles[n] is not Role.NONE and (
+            n in full.labels or full.roles[n] is Role.SIZE) or n in self.settings.monotone]
+        best: tuple[float, Encoder, np.ndarray] | None = None
+        for products in (False, True) if full.numeric else (False,):
+            enc = _directed(full.only(prior, products), self.settings, rows, y, censored)
+            # any other param only from MIN_TURN trials on: with fewer, one that varies alongside a size by chance
+            # (a learning rate drawn high where the width was) lowers the error as well as the size does
+            late = [n for n in full.params if n not in prior] if len(rows) >= MIN_TURN else []
+            enc, err, x = _evidence(enc, full, late, rows, y, censored)
+            if best is None or err < best[0]:
+                best = (err, enc, x)
         assert best is not None
-        best.factor = _conformal(best.scores, self.settings.miss_rate)
-        residual = _conformal(best_diffs, self.settings.miss_rate)
-        # learned mode only: a footprint function's correction keeps the least factor on the whole fit
-        if not self.corrected and best.factor is not None and residual is not None and (~censored).any():
-            fit, least = _predict(best_x, best.weights), 1.0 if resource == "threads" else MIN_FACTOR
-            base = min(float(best.weights[0]), float(fit.min()))  # the intercept, at most any fit
-            families = {"ratio": fit * max(best.factor, least),
-                        "absolute": np.maximum(fit + residual, base + (fit - base) * least)}
-            # the residual scaled by what varies: noise at the base plus the fit above it, so that one
-            # large trial's miss does not widen the bound of a small one as much (a ratio multiplies a large
-            # constant baseline such as TensorFlow's, a plain difference adds a large trial's miss to all)
-            noise = NOISE * max(base, 0.0)
-            preds = y[len(y) - len(best_diffs):] - np.array(best_diffs)
-            scale = noise + np.maximum(preds - base, 0.0)
-            spread = (_conformal([d / s for d, s in zip(best_diffs, scale)], self.settings.miss_rate)
-                      if (scale > 0).all() else None)
-            if spread is not None:
-                families["scaled"] = np.maximum(fit + spread * (noise + np.maximum(fit - base, 0.0)),
-                                                base + (fit - base) * least)
-            done = ~censored  # the tighter family over the trials that ran to the end
-            tightest = min(families, key=lambda k: float(np.mean(families[k][done] / np.maximum(y[done], 1))))
-            if tightest == "absolute":
-                best.residual, best.base = residual, base
-            elif tightest == "scaled":
-                best.spread, best.noise, best.base = spread, noise, base
-        return best
+        _, enc, x = best
+        return self._errors(resource, _Fit(enc, _fit_censored(x, y, censored)), x, y, censored)
+
+    def _errors(self, resource: str, fit: _Fit, x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> _Fit:
+        """The fit's base and the bound's quantile from its leave-one-out residuals (see the module)."""
+        fit.base = max(min(float(fit.weights[0]), float(_predict(x, fit.weights).min())), 0.0)
+        if self.corrected and not self.ready:  # the function's own figures: each residual is out of sample
+            preds = _predict(x, fit.weights)[-SCORED:]
+        else:
+            preds = _loo(x, y, censored) if len(y) > 1 else np.full(len(y), np.nan)
+        z = [(yy - p) / max(_scale(resource, p, fit.base), 1.0)  # at least a byte, a thread
+             for yy, p, c in zip(y[-len(preds):], preds, censored[-len(preds):]) if math.isfinite(p) and (not c or yy > p)]
+        fit.m = len(z)
+        rms = math.sqrt((PRIOR_TRIALS * PRIOR_Z ** 2 + sum(v * v for v in z)) / (PRIOR_TRIALS + fit.m))
+        fit.q = _t_quantile(1 - self.settings.miss_rate, PRIOR_TRIALS + fit.m) * rms
+        return fit
 
     def center(self, params: Mapping[str, Any], predicted: Mapping[str, float] | None = None) -> dict[str, int]:
         """The fitted peak of ``params`` per resource (0 for a resource never observed)."""
         return {r: self._value(r, params, predicted, upper=False) for r in RESOURCES}
 
     def bound(self, params: Mapping[str, Any], predicted: Mapping[str, float] | None = None) -> dict[str, int]:
-        """The upper bound of ``params``'s peak per resource: missed by about ``miss_rate`` of trials (0 for
-        a resource never observed; the fit alone while not ``ready``). Never below what a censored trial
-        whose params this assignment dominates reached (memory is monotone in each param)."""
+        """The upper bound of ``params``'s peak per resource, missed by about ``miss_rate`` of trials (0 for
+        a resource never observed). Never below what a censored trial whose params this assignment
+        dominates reached (memory is monotone in each param)."""
         floor = self.floor(params)
         return {r: max(self._value(r, params, predicted, upper=True), floor.get(r, 0)) for r in RESOURCES}
 
     def floor(self, params: Mapping[str, Any]) -> dict[str, int]:
-        """What a censored trial whose params ``params`` dominate (each numeric param at least as large in
-        its memory direction, +1 until one is learned or declared; the same label for the rest; a float
-        param not declared in ``monotone`` passed over: rates and coefficients are no sizes) reached, per
+        """What a censored trial whose params ``params`` dominate (each param that takes memory at least as
+        large in its memory direction, +1 until one is learned or declared; the same label for the rest; a
+        param of role ``none`` or ``other`` passed over unless declared in ``monotone``) reached, per
         resource: the least this assignment needs."""
         out: dict[str, int] = {}
-        if self.corrected:
-            return out
         for o in self.observations:
-            if o.censored and _dominates(params, o.params, self.directions, self.settings):
-                for r in RESOURCES:
-                    v = _number(o.peaks.get(r))
+            if o.censored and self._dominates(params, o.params):
+                for r, v in o.peaks.items():
                     if v is not None:
                         out[r] = max(out.get(r, 0), int(v))
         return out
 
     def dominated_by(self, params: Mapping[str, Any]) -> int | None:
         """The number of a censored trial ``params`` dominate (see :meth:`floor`), if any."""
-        for o in self.observations:
-            if o.censored and _dominates(params, o.params, self.directions, self.settings):
-                return o.number
-        return None
+        return next((o.number for o in self.observations if o.censored and self._dominates(params, o.params)),
+                    None)
 
     def unseen(self, params: Mapping[str, Any]) -> list[str]:
-        """The numeric params of ``params`` beyond every observed trial's value in the direction that takes
-        less memory and that move RAM's fit by over 1% across the range seen: there the fit holds the low
-        end seen, the bound is no calibrated one."""
+        """The params of RAM's fit for which ``params`` is beyond every observed trial's value in the
+        direction that takes less memory: there the fit holds the low end seen, the bound is no calibrated
+        one (every param of the fit moves it beyond its noise)."""
         fit = self._fits.get("ram")
         out = []
         for name, (lo, hi, direction, _) in ({} if fit is None else fit.encoder.numeric).items():
             value = params.get(name)
-            if _is_number(value) and (float(value) < lo if direction > 0 else float(value) > hi):
-                low, high = (self._value("ram", {**params, name: v}, None, upper=False) for v in (lo, hi))
-                if abs(high - low) > 0.01 * min(high, low):
-                    out.append(name)
+            if is_number(value) and (float(value) < lo if direction > 0 else float(value) > hi):
+                out.append(name)
         return out
 
-    def residual(self, resource: str) -> float | None:
-        """The conformal residual of ``resource`` (bytes; bound = fit + residual) when that score is the one
-        used, else ``None`` (the bound is fit x :meth:`factor`)."""
+    def params(self, resource: str = "ram") -> list[str]:
+        """The params the fit of ``resource`` holds: the only ones that move its prediction."""
         fit = self._fits.get(resource)
-        return None if fit is None else fit.residual
+        return [] if fit is None else fit.encoder.params
 
-    def spread(self, resource: str) -> tuple[float, float] | None:
-        """The conformal scaled residual of ``resource`` and its noise (bytes) when that score is the one
-        used (bound = fit + spread x (noise + the fit above its base)), else ``None``."""
+    def quantile(self, resource: str) -> tuple[float, int, float] | None:
+        """The bound's quantile ``q``, the scaled residuals it pools and the base (bytes): bound = fit +
+        q x (fit above base + NOISE x base). ``None``: the resource was never observed."""
         fit = self._fits.get(resource)
-        return None if fit is None or fit.spread is None else (fit.spread, fit.noise)
-
-    def factor(self, resource: str) -> float | None:
-        """The conformal factor of ``resource``: bound = fit x factor (``None``: not ready or not fitted)."""
-        fit = self._fits.get(resource)
-        return None if fit is None else fit.factor
+        return None if fit is None else (fit.q, fit.m, fit.base)
 
     def _value(self, r: str, params: Mapping[str, Any], predicted: Mapping[str, float] | None, upper: bool) -> int:
         fit = self._fits.get(r)
-        if fit is None:
-            return int((predicted or {}).get(r) or 0) if self.corrected else 0
-        row = fit.encoder.row(params, predicted, fit.weights)
-        value = max(float(row @ fit.weights), 0.0)
-        if not upper:
-            return int(round(value))
-        if fit.factor is not None and self.ready:
-            least = 1.0 if r == "threads" else MIN_FACTOR
-            if fit.residual is not None:  # fit + residual, at least MIN_FACTOR on the part above the intercept
-                value = max(value + fit.residual, fit.base + (value - fit.base) * least)
-            elif fit.spread is not None:  # fit + the scaled residual, the same least
-                value = max(value + fit.spread * (fit.noise + max(value - fit.base, 0.0)),
-                            fit.base + (value - fit.base) * least)
-            else:
-                value *= max(fit.factor, least)
-        return int(math.ceil(round(value, 6)))  # 5.0000001 threads is 5
+        if fit is None:  # a footprint function's figure before any trial: the prior's quantile on it
+            value = float((predicted or {}).get(r) or 0) if self.corrected else 0.0
+            return int(math.ceil(value * (1 + _prior_q(self.miss_rate)) if upper else value))
+        value = max(float(fit.encoder.row(params, predicted, fit.weights) @ fit.weights), 0.0)
+        if upper:
+            value += fit.q * _scale(r, value, fit.base)
+        return int(math.ceil(round(value, 6))) if upper else int(round(value))  # 5.0000001 threads is 5
+
+    def _dominates(self, params: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+        if not other or set(other) - set(params):
+            return False
+        for name, value in other.items():
+            mine = params[name]
+            if name not in self.settings.monotone and self.roles.get(name, Role.SIZE) is not Role.SIZE \
+                    and is_number(mine) and is_number(value):
+                continue  # a rate, a coefficient, a float of no known name: no size
+            if name not in self.settings.categorical and is_number(mine) and is_number(value):
+                if self.directions.get(name, 1) * (float(mine) - float(value)) < 0:
+                    return False
+            elif mine != value:
+                return False
+        return True
 
 
-# -- encoding params as monotone features ------------------------------------------------------------
-
-class _Encoder:
-    """Params -> feature rows, each feature non-negative and growing in the direction that takes memory."""
-
-    def __init__(self) -> None:
-        self.numeric: dict[str, tuple[float, float, int, bool]] = {}  # name -> (lo, hi, direction, log)
-        self.labels: dict[str, list[Any]] = {}
-        self.products = False
-        self.resource = ""
-        self.scale = 1.0  # corrected mode: the predicted figure's scale
-        self.params: _Encoder | None = None  # corrected mode: the params' features beside the figure
-
-    @property
-    def directions(self) -> dict[str, int]:
-        return {n: d for n, (_, _, d, _) in self.numeric.items()}
-
-    @property
-    def products_possible(self) -> bool:
-        return len(self.numeric) >= 1
-
-    @classmethod
-    def corrected(cls, resource: str, rows: list[Observation], params: "_Encoder | None" = None) -> "_Encoder":
-        enc = cls()
-        enc.resource, enc.params = resource, params
-        enc.scale = max(max(float((o.predicted or {})[resource] or 0) for o in rows), 1.0)
-        return enc
-
-    @classmethod
-    def of(cls, settings: Learned, resource: str, rows: list[Observation], y: np.ndarray) -> "_Encoder":
-        enc = cls()
-        names = sorted({n for o in rows for n in o.params})
-        for name in names:
-            values = [o.params.get(name) for o in rows]
-            if name in settings.categorical or not all(_is_number(v) for v in values if v is not None):
-                labels = []
-                for v in values:
-                    if v not in labels:
-                        labels.append(v)
-                enc.labels[name] = labels
-                continue
-            known = [(float(v), yy) for v, yy in zip(values, y) if v is not None]
-            lo, hi = min(v for v, _ in known), max(v for v, _ in known)
-            if hi <= lo:
-                continue  # one value seen: nothing to learn from it
-            direction = settings.monotone.get(name) or _direction(known)
-            use_log = name in settings.log or (lo > 0 and hi / lo >= _DECADE)
-            if use_log and lo <= 0:
-                raise EstimateError(f"log param {name!r} must be positive, but the trials hold {lo!r}.")
-            enc.numeric[name] = (lo, hi, direction, use_log)
-        return enc
-
-    def copy(self) -> "_Encoder":
-        other = _Encoder()
-        other.numeric, other.labels, other.products = dict(self.numeric), self.labels, self.products
-        return other
-
-    def with_products(self) -> "_Encoder":
-        other = _Encoder()
-        other.numeric, other.labels, other.products = self.numeric, self.labels, True
-        return other
-
-    def row(self, params: Mapping[str, Any], predicted: Mapping[str, float] | None = None,
-            weights: np.ndarray | None = None) -> np.ndarray:
-        """The feature row of ``params``; a label no trial ran counts as the costliest seen (by ``weights``)."""
-        if self.resource:  # corrected mode
-            value = _number((predicted or {}).get(self.resource))
-            if value is None:
-                raise EstimateError(f"the footprint's {self.resource} figure must be a number, but got "
-                                    f"{(predicted or {}).get(self.resource)!r}.")
-            extra = self.params.row(params, None, None if weights is None else np.concatenate(
-                [[0.0], weights[2:]]))[1:] if self.params is not None else []
-            return np.array([1.0, value / self.scale, *extra])
-        linear, logs = [], []
-        for name, (lo, hi, direction, use_log) in self.numeric.items():
-            raw = params.get(name)
-            if raw is None:
-                x = lo if direction > 0 else hi  # absent (another branch): the least memory this param takes
-            elif not _is_number(raw):
-                raise EstimateError(f"param {name!r} must be a number (the trials gave numbers), but got {raw!r}.")
-            else:
-                x = float(raw)
-            u = (x - lo) / (hi - lo) if direction > 0 else (hi - x) / (hi - lo)
-            linear.append(max(u, 0.0))  # below the range seen: as at its low end (a bound errs high there)
-            if use_log:
-                if x <= 0:
-                    raise EstimateError(f"param {name!r} must be positive (it is on a log scale), but got {raw!r}.")
-                v = math.log(x / lo) / math.log(hi / lo)
-                logs.append(max(v if direction > 0 else 1.0 - v, 0.0))
-        feats = [1.0, *linear, *logs]
-        if self.products:
-            feats += [a * b for i, a in enumerate(linear) for b in linear[i:]]
-        for name, labels in self.labels.items():
-            value = params.get(name)
-            if value not in labels and weights is not None:  # a label no trial ran: the costliest seen
-                block = weights[len(feats):len(feats) + len(labels)]
-                value = labels[int(np.argmax(block))]
-            feats += [1.0 if value == lab else 0.0 for lab in labels]
-        return np.array(feats)
-
-    def matrix(self, rows: list[Observation]) -> np.ndarray:
-        return np.array([self.row(o.params, o.predicted) for o in rows])
+def _scale(resource: str, fit: float, base: float) -> float:
+    """What a residual is measured in: the fit above its base plus NOISE x the base (a thread count has no
+    run-to-run noise: the fit above its base alone)."""
+    return max(fit - base, 0.0) + (0.0 if resource == "threads" else NOISE * base)
 
 
-def _directed(enc: "_Encoder", settings: Learned, rows: list[Observation], y: np.ndarray,
-              censored: np.ndarray) -> "_Encoder":
-    """``enc`` with each undeclared param's direction flipped where that fits the trials better (a marginal
-    rank correlation is confounded by the other params: a param that lowers memory can look neutral)."""
-    def error(e: _Encoder) -> float:
+def _prior_q(miss_rate: float) -> float:
+    return _t_quantile(1 - miss_rate, PRIOR_TRIALS) * PRIOR_Z
+
+
+def _t_quantile(p: float, df: float) -> float:
+    """Student's t quantile (Cornish-Fisher series, Abramowitz and Stegun 26.7.5: within 2% of the exact
+    value from 2 degrees of freedom on, 3.012 for 3.078 at 1 and p = 0.9)."""
+    z = NormalDist().inv_cdf(p)
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3)
+            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / (92160 * df ** 4))
+
+
+# -- choosing the params ------------------------------------------------------------------------------
+
+def _evidence(enc: Encoder, full: Encoder, candidates: list[str], rows: list[Observation], y: np.ndarray,
+              censored: np.ndarray) -> tuple[Encoder, float, np.ndarray]:
+    """``enc`` with each candidate added where it lowers the leave-one-out error and moves the fit beyond
+    its noise, then each param whose effect is within the noise removed, weakest first. Returns the
+    encoder, its leave-one-out error (mean relative) and its matrix."""
+    def score(e: Encoder) -> tuple[float, float, np.ndarray, dict[str, float]]:
         x = e.matrix(rows)
-        fit = _predict(x, _fit_censored(x, y, censored))
+        preds = _loo(x, y, censored)
+        done = ~censored[-len(preds):] & np.isfinite(preds)
+        yd = y[-len(preds):][done]
+        resid = yd - preds[done]
+        noise = float(np.sqrt(np.mean(resid ** 2))) if len(resid) else 0.0
+        err = float(np.mean(np.abs(resid) / yd)) if len(resid) else math.inf
+        return err, noise, x, e.effects(x, _fit_censored(x, y, censored))
+
+    err, noise, x, effects = score(enc)
+    for name in candidates:
+        other = enc.plus(full, name)
+        e2, n2, x2, eff2 = score(other)
+        if e2 < err and eff2.get(name, 0.0) > n2:
+            enc, err, noise, x, effects = other, e2, n2, x2, eff2
+    while effects:
+        weakest = min(effects, key=effects.__getitem__)
+        if effects[weakest] > noise:
+            break
+        other = enc.only([n for n in enc.params if n != weakest])
+        e2, n2, x2, eff2 = score(other)
+        if e2 > err and effects[weakest] > 0:  # within the noise, but the trials are predicted better with it
+            break
+        enc, err, noise, x, effects = other, e2, n2, x2, eff2
+    return enc, err, x
+
+
+def _directed(enc: Encoder, settings: Learned, rows: list[Observation], y: np.ndarray,
+              censored: np.ndarray) -> Encoder:
+    """``enc`` with each undeclared param's direction flipped where that fits the trials clearly better
+    (a marginal rank correlation is confounded by the other params: a param that lowers memory can look
+    neutral); only from ``MIN_TURN`` trials on."""
+    if len(rows) < MIN_TURN:
+        return enc
+
+    def error(e: Encoder) -> float:
+        x = e.matrix(rows)
         done = ~censored
-        return float(np.mean(np.abs(fit[done] - y[done]) / y[done])) if done.any() else 0.0
+        return float(np.mean(np.abs(_predict(x, _fit_censored(x, y, censored))[done] - y[done]) / y[done]))
 
     best = error(enc)
-    if len(rows) < MIN_TURN:  # too few trials to tell a direction from noise: memory's usual one
-        return enc
     for name in [n for n in enc.numeric if n not in settings.monotone]:
-        lo, hi, direction, use_log = enc.numeric[name]
-        other = enc.copy()
-        other.numeric[name] = (lo, hi, -direction, use_log)
+        other = enc.flipped(name)
         err = error(other)
         if err < 0.8 * best:  # a clear improvement only: one noisy peak must not turn a param around
             enc, best = other, err
     return enc
-
-
-def _direction(known: list[tuple[float, float]]) -> int:
-    """+1 unless the peak clearly falls as the param grows (Spearman's rank correlation below -0.5 over at
-    least ``MIN_TURN`` trials): memory's usual direction stands until the data say otherwise."""
-    xs = np.array([v for v, _ in known])
-    ys = np.array([y for _, y in known])
-    if len(xs) < MIN_TURN:
-        return 1
-    rx, ry = _ranks(xs), _ranks(ys)
-    if rx.std() == 0 or ry.std() == 0:
-        return 1
-    rho = float(np.corrcoef(rx, ry)[0, 1])
-    return -1 if rho < -0.5 else 1
-
-
-def _ranks(a: np.ndarray) -> np.ndarray:
-    order = a.argsort(kind="mergesort")
-    ranks = np.empty(len(a))
-    ranks[order] = np.arange(len(a))
-    for v in np.unique(a):  # ties share their mean rank
-        ranks[a == v] = ranks[a == v].mean()
-    return ranks
 
 
 # -- fitting ------------------------------------------------------------------------------------------
@@ -468,29 +377,24 @@ def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
         >>> nnls(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([2.0, -1.0])).tolist()
         [2.0, 0.0]
     """
-    m, n = a.shape
-    w = np.zeros(n)
-    passive = np.zeros(n, dtype=bool)
-    grad = a.T @ (b - a @ w)
+    w = np.zeros(a.shape[1])
+    passive = np.zeros(a.shape[1], dtype=bool)
     for _ in range(iterations):
-        if passive.all() or (grad[~passive] <= 1e-12 * max(1.0, np.abs(grad).max())).all():
+        grad = a.T @ (b - a @ w)
+        free = ~passive & (grad > 1e-12 * max(1.0, float(np.abs(grad).max())))
+        if not free.any():
             break
-        j = int(np.argmax(np.where(passive, -np.inf, grad)))
-        passive[j] = True
-        while True:
-            s = np.zeros(n)
+        passive[int(np.argmax(np.where(free, grad, -np.inf)))] = True
+        while passive.any():
+            s = np.zeros_like(w)
             s[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
             if (s[passive] > 0).all():
                 w = s
                 break
             neg = passive & (s <= 0)
-            alpha = np.min(w[neg] / np.maximum(w[neg] - s[neg], 1e-300))
-            w = w + alpha * (s - w)
+            w = w + np.min(w[neg] / np.maximum(w[neg] - s[neg], 1e-300)) * (s - w)
             passive &= w > 1e-12
             w[~passive] = 0.0
-            if not passive.any():
-                break
-        grad = a.T @ (b - a @ w)
     return w
 
 
@@ -504,11 +408,10 @@ def _solve(x: np.ndarray, y: np.ndarray, boost: np.ndarray | None = None) -> np.
 
 def _fit_censored(x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> np.ndarray:
     """The fit, a censored trial's target raised to the fit where the fit says it needed more."""
-    target = y.copy()
     done = ~censored
     # first the trials that ran to the end (a censored peak far below the fit must not bend it), then each
     # censored target raised to the fit wherever the fit says it needed more than it reached
-    w = _solve(x[done], y[done]) if done.sum() >= 2 else _solve(x, target)
+    w = _solve(x[done], y[done]) if done.sum() >= 2 else _solve(x, y)
     for _ in range(_IMPUTE_ROUNDS if censored.any() else 0):
         fit = _predict(x, w)
         target = np.where(censored, np.maximum(y, fit), y)
@@ -521,49 +424,12 @@ def _predict(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.maximum(x @ w, 0.0)
 
 
-def _loo_scores(x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> tuple[list[float], list[float]]:
-    """Peak over, and peak minus, the leave-one-out fit for the last ``SCORED`` observations (a censored
-    trial's score is a lower bound: the bound serves the decision "over the line or not", which its lower
-    peak decides)."""
-    scores, diffs = [], []
+def _loo(x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> np.ndarray:
+    """The leave-one-out fit of the last ``SCORED`` observations (NaN where the rest hold no trial that ran
+    to the end)."""
+    out = []
     for i in range(max(0, len(y) - SCORED), len(y)):
         keep = np.arange(len(y)) != i
-        w = _fit_censored(x[keep], y[keep], censored[keep])
-        pred = float(_predict(x[i:i + 1], w)[0])
-        scores.append(float(y[i]) / max(pred, 1e-9 * max(float(y.max()), 1.0)))
-        diffs.append(float(y[i]) - pred)
-    return scores, diffs
-
-
-def _conformal(scores: list[float], miss_rate: float) -> float | None:
-    """The ``ceil((n+1)(1-miss))``-th smallest score; ``None`` while that exceeds ``n`` (no bound yet)."""
-    n = len(scores)
-    k = math.ceil((n + 1) * (1 - miss_rate) - 1e-9)
-    if n == 0 or k > n:
-        return None
-    return float(sorted(scores)[k - 1])
-
-
-def _dominates(params: Mapping[str, Any], other: Mapping[str, Any], directions: Mapping[str, int],
-               settings: Learned) -> bool:
-    if not other or set(other) - set(params):
-        return False
-    for name, value in other.items():
-        mine = params[name]
-        if name not in settings.monotone and isinstance(mine, float) and isinstance(value, float):
-            continue  # a float (a rate, a coefficient) is no size: memory is not taken to move with it
-        if name not in settings.categorical and _is_number(mine) and _is_number(value):
-            # a direction not learned yet (one value seen) is memory's usual one: it grows with the param
-            if directions.get(name, 1) * (float(mine) - float(value)) < 0:
-                return False
-        elif mine != value:
-            return False
-    return True
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and math.isfinite(float(v))
-
-
-def _number(v: Any) -> float | None:
-    return float(v) if _is_number(v) else None
+        ok = (~censored[keep]).any()
+        out.append(float(_predict(x[i:i + 1], _fit_censored(x[keep], y[keep], censored[keep]))[0]) if ok else np.nan)
+    return np.array(out)

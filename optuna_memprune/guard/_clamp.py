@@ -1,7 +1,10 @@
 """The clamp search: the nearest assignment that fits, found by lowering params one at a time.
 
-Owns the search over Optuna distributions (grids, log scales, categorical choices); knows nothing of
-budgets, trials or records: it is given the footprint function, the excess over the line and the line.
+Owns the search over Optuna distributions (grids, log scales, categorical choices) and which params it
+never moves (a learning rate, a coefficient, a seed: ``estimate.learn.role`` says so by the name); knows
+nothing of budgets, trials or records: it is given the footprint function, the excess over the line and
+the line. A learned footprint moves only with the params its fit holds (those whose effect is beyond the
+fit's noise), so a param without that evidence removes no excess and is never ranked.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from optuna.distributions import (
     FloatDistribution,
     IntDistribution,
 )
+
+from ..estimate.learn import Role, role
 
 if TYPE_CHECKING:
     from ..estimate.footprint import Footprint
@@ -58,11 +63,15 @@ class ClampSearch:
         """The nearest assignment that fits, lowering ``names`` only; ``None`` when none fits.
 
         Params are lowered one at a time, the one whose lowering removes the most excess per unit of its
-        (log-)range first; each goes to the highest value that fits, or to its lowest when none does.
+        (log-)range first; each goes to the highest value that fits, or to its lowest when none does. A param
+        whose name says it takes no memory (``learning_rate``, ``gamma``, ``dropout``, ``seed``...) is never
+        lowered, even where the footprint moves with it.
         """
         base_excess = self._excess_score(footprint)
         ranked = []
         for name in names:
+            if role(name) is Role.NONE:
+                continue
             lowest = self._lowest(assignment, name, space[name])
             if lowest is None:
                 continue

@@ -1,12 +1,12 @@
 """The guard's learned footprint: the model of the study's own trials (``estimate/learn.py``), refreshed
 from the study's trial records, and the footprint it gives before and after its warm-up.
 
-Owns turning records into observations (which trials count, which are censored), when to refit, and the
-footprint the guard uses: the learned upper bound (no footprint function), or the footprint function's
-figures corrected by the learned ratio, and which trials after the warm-up still run unchecked to be
-observed (below every observed trial in a param that moves the fit, the fit under the soft line). Knows
-nothing of the sampler's lookahead, monitors or processes; its state is the records, so a restarted study
-or another worker of the same storage rebuilds it.
+Owns turning records into observations (which trials count, which are censored, a trial's own increment
+over its process's usage at its start), when to refit, and the footprint the guard uses: the learned upper
+bound (no footprint function), or the footprint function's figures corrected, and which trials after the
+warm-up still run unchecked to be observed (below every observed trial in a param the fit holds, the fit
+under the soft line). Knows nothing of the sampler's lookahead, monitors or processes; its state is the
+records, so a restarted study or another worker of the same storage rebuilds it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .. import _internals, records
 from ..estimate.footprint import Component, Footprint, Kind
-from ..estimate.learn import RESOURCES, Learned, Model, Observation
+from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation
 from ..records import Decision
 from ..units import format_bytes
 from ._call import NoFootprint
@@ -26,11 +26,8 @@ if TYPE_CHECKING:
     import optuna
 
 _logger = logging.getLogger("optuna_memprune.guard")
-#: Before a footprint function's correction is learned, its figures are multiplied by the larger of this
-#: and the largest observed/predicted ratio seen: a clamped trial then has a tenth of room under the line.
-WARMUP_RATIO = 1.10
 #: A trial that ended this way reached at least its peaks: its peaks are lower bounds (censored).
-_CENSORED = (Decision.STOPPED, Decision.OUT_OF_MEMORY, Decision.SOFT_PRUNED)
+_CENSORED = (Decision.STOPPED, Decision.OUT_OF_MEMORY, Decision.SOFT_PRUNED, Decision.FORECAST_STOPPED)
 
 
 class Learning:
@@ -113,13 +110,9 @@ class Learning:
                                   "line: the trial runs unchecked under the monitor")
             return _single(bound, f"learned upper bound ({model.n} trials, miss rate {model.miss_rate:.0%})")
         figures = {r: getattr(raw, r) for r in RESOURCES}
-        if model.ready:
-            bound = model.bound(params, figures)
-            note = f"learned from {model.n} trials (miss rate {model.miss_rate:.0%})"
-        else:
-            ratio = max([WARMUP_RATIO, *self._ratios()])
-            bound = {r: int(figures[r] * ratio) if r != "threads" else figures[r] for r in RESOURCES}
-            note = f"warm-up x{ratio:.3f} ({model.n} of {self.settings.warmup} trials observed)"
+        bound = model.bound(params, figures)  # before the warm-up: the function's figures, the prior's quantile
+        note = (f"learned from {model.n} trials (miss rate {model.miss_rate:.0%})" if model.ready else
+                f"warm-up ({model.n} of {self.settings.warmup} trials observed; miss rate {model.miss_rate:.0%})")
         return _corrected(raw, bound, note)
 
     def explore(self, params: Mapping[str, Any], limits: Mapping[str, int]) -> list[str]:
@@ -136,10 +129,6 @@ class Learning:
             return []
         return model.unseen(params)
 
-    def _ratios(self) -> list[float]:
-        return [float(o.peaks["ram"]) / float(o.predicted["ram"]) for o in self.model.observations
-                if not o.censored and o.predicted and o.predicted.get("ram") and o.peaks.get("ram")]
-
     def warmup_reason(self) -> str:
         return (f"learned footprint warming up: {self.model.n} of {self.settings.warmup} trials observed to the "
                 "end; the trial runs unchecked under the monitor")
@@ -147,22 +136,17 @@ class Learning:
     def info(self, params: Mapping[str, Any], raw: Footprint | None, warmup: bool,
              limits: Mapping[str, int] | None = None) -> dict[str, Any]:
         """What the record says of the learned prediction: mode, phase, trials, miss rate, the fit's own
-        figures (``center``: the bound without its conformal factor), the footprint function's (``raw``,
+        figures (``center``: the bound without its error term), the footprint function's (``raw``,
         corrected mode; what the next fits learn from). Phase ``explore``: run unchecked by :meth:`explore`."""
         model = self.model
         out: dict[str, Any] = {"mode": self.mode, "phase": "warm-up" if not model.ready else
                                "explore" if warmup and self.explore(params, limits or {}) else
                                "warm-up" if warmup else "bound",
                                "n": model.n, "warmup": self.settings.warmup, "miss_rate": model.miss_rate}
-        factor = model.factor("ram")
-        if factor is not None and model.ready:
-            out["factor_ram"] = round(factor, 4)
-        residual = model.residual("ram")
-        if residual is not None and model.ready:
-            out["residual_ram"] = int(residual)  # the bound is the fit plus this, not the fit x factor_ram
-        spread = model.spread("ram")
-        if spread is not None and model.ready:  # the bound is the fit plus spread x (noise + fit above base)
-            out["spread_ram"], out["noise_ram"] = round(spread[0], 4), int(spread[1])
+        quantile = model.quantile("ram")
+        if quantile is not None and (model.ready or self.corrected):
+            # the bound is the fit + quantile_ram x (the fit above base_ram + NOISE x base_ram)
+            out["quantile_ram"], out["base_ram"] = round(quantile[0], 4), int(quantile[2])
         if model.ready and not warmup:
             try:
                 figures = None if raw is None else {r: getattr(raw, r) for r in RESOURCES}
@@ -176,15 +160,24 @@ class Learning:
 
 def observation(number: int, state: Any, params: Mapping[str, Any], user_attrs: Mapping[str, Any], *,
                 corrected: bool) -> Observation | None:
-    """A finished trial as an observation: ``None`` without a record, a peak, alone in its process (peaks of
-    trials that shared it are the process's), or, when ``corrected``, the footprint function's figures.
-    A trial stopped, soft-pruned, out of memory, pruned or failed reached at least its peaks (censored)."""
+    """A finished trial as an observation: ``None`` without a record, a peak, or, when ``corrected``, the
+    footprint function's figures, and ``None`` for a trial that shared its process with others unless the
+    record holds its usage at its start. Where the record holds that start (``start_ram``, ...: a trial in
+    a shared process), the trial's own figure is its peak minus its start. A trial stopped, soft-pruned, out
+    of memory or failed reached at least its peaks (censored); so did one pruned by the study's pruner,
+    unless its RSS had settled (:func:`plateaued`): then its peak is what it takes."""
     from optuna.trial import TrialState
 
     record = records.read(user_attrs)
-    if record is None or record.concurrent or record.decision is Decision.REJECTED:
+    if record is None or record.decision is Decision.REJECTED:
         return None
-    peaks = {r: getattr(record, f"peak_{r}") for r in RESOURCES}
+    starts = {r: getattr(record, f"start_{r}", None) for r in RESOURCES}
+    if record.concurrent and starts["ram"] is None:
+        return None  # the process's peaks, shared with other trials: no figure of this trial's own
+    peaks = {}
+    for r in RESOURCES:
+        peak, start = getattr(record, f"peak_{r}"), starts[r]
+        peaks[r] = None if peak is None else max(peak - start, 0) if start is not None else peak
     if peaks["ram"] is None and peaks["threads"] is None:
         return None
     predicted = None
@@ -193,7 +186,24 @@ def observation(number: int, state: Any, params: Mapping[str, Any], user_attrs: 
         if not predicted:
             return None
     censored = record.decision in _CENSORED or state != TrialState.COMPLETE
+    if censored and state == TrialState.PRUNED and record.decision not in _CENSORED:
+        censored = not plateaued(record.timeline, starts["ram"] or 0)  # pruned by the study's own pruner
     return Observation(dict(params), peaks, censored, predicted, number)
+
+
+def plateaued(timeline: Any, start: int = 0) -> bool:
+    """Whether a trial's RSS had settled: its readings (``(t_s, rss, ...)``) first came within ``NOISE``
+    of their highest in the first half of the time they span, and no later reading went beyond. A training
+    trial's peak is typically reached by its first optimizer step; one still growing at its end has not."""
+    try:
+        points = [(float(p[0]), float(p[1]) - start) for p in timeline or () if p[1] is not None]
+    except (TypeError, ValueError, IndexError):
+        return False
+    if len(points) < 3 or points[-1][0] <= points[0][0]:
+        return False
+    top = max(v for _, v in points)
+    reached = next(t for t, v in points if v >= (1 - NOISE) * top)
+    return top > 0 and reached - points[0][0] <= 0.5 * (points[-1][0] - points[0][0])
 
 
 def _single(figures: Mapping[str, int], name: str) -> Footprint:

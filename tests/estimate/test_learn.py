@@ -1,5 +1,6 @@
-"""The learned footprint's model (estimate/learn.py) on synthetic observations: directions, monotone
-bounds, censored trials, the conformal bound's coverage, corrected mode and bad input."""
+"""The learned footprint's model (estimate/learn.py) on synthetic observations and real recorded trials:
+directions, monotone bounds, censored trials, which params take memory, the bound's coverage at its stated
+miss rate and its width as trials are added, corrected mode and bad input."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 
 from optuna_memprune.estimate import learned
 from optuna_memprune.estimate.checks import EstimateError
-from optuna_memprune.estimate.learn import Observation
+from optuna_memprune.estimate.learn import Observation, Role, role
+
+from _recorded import KERAS_TRIALS, TORCH_MLP_TRIALS
 
 MiB = 2**20
 
@@ -53,28 +56,31 @@ def test_the_bound_is_monotone_in_each_param_in_its_direction() -> None:
     assert model.bound(p)["threads"] == 5
 
 
-def test_conformal_bound_covers_about_its_stated_share_on_new_trials() -> None:
-    rng = np.random.default_rng(2)
-    model = learned(miss_rate=0.1).fit(_observe(rng, 30))
-    assert model.ready and model.n == 30
-    new = _observe(rng, 400)
-    misses = sum(o.peaks["ram"] > model.bound(o.params)["ram"] for o in new)
-    errors = [abs(model.center(o.params)["ram"] - o.peaks["ram"]) / o.peaks["ram"] for o in new]
-    assert misses / len(new) <= 0.1
+def test_the_bound_covers_about_its_stated_share_on_new_trials() -> None:
+    misses, over, errors = [], [], []
+    for seed in range(4):  # the miss rate is a share over studies: one fit may miss more, another less
+        rng = np.random.default_rng(seed)
+        model = learned(miss_rate=0.1).fit(_observe(rng, 30))
+        assert model.ready and model.n == 30
+        new = _observe(rng, 150)
+        misses += [o.peaks["ram"] > model.bound(o.params)["ram"] for o in new]
+        over += [model.bound(o.params)["ram"] / o.peaks["ram"] for o in new]
+        errors += [abs(model.center(o.params)["ram"] - o.peaks["ram"]) / o.peaks["ram"] for o in new]
+    assert np.mean(misses) <= 0.1
     assert float(np.median(errors)) < 0.05
-    # the bound is tight: on average within a fifth of the peak
-    assert np.mean([model.bound(o.params)["ram"] / o.peaks["ram"] for o in new]) < 1.2
+    assert float(np.median(over)) < 1.2  # the bound is tight: its median within a fifth of the peak
 
 
-def test_warmup_is_the_fewest_trials_that_give_a_bound_and_censored_trials_do_not_count() -> None:
-    assert learned().warmup == 9 and learned(miss_rate=0.2).warmup == 4 and learned(miss_rate=0.05).warmup == 19
+def test_the_model_is_ready_from_the_fourth_trial_and_censored_trials_do_not_count() -> None:
+    assert learned().warmup == 4 and learned(miss_rate=0.05).warmup == 4 and learned(warmup=2).warmup == 2
     rng = np.random.default_rng(3)
-    obs = _observe(rng, 8)
+    obs = _observe(rng, 3)
     assert not learned().fit(obs).ready
     stopped = [Observation(o.params, o.peaks, censored=True, number=o.number) for o in _observe(rng, 5)]
     model = learned().fit(obs + stopped)
-    assert model.n == 8 and not model.ready
-    assert learned().fit(obs + _observe(rng, 1)).ready
+    assert model.n == 3 and not model.ready
+    model = learned().fit(obs + _observe(rng, 1))
+    assert model.ready and "width" in model.params() and "lr" not in model.params()
 
 
 def test_a_censored_trial_raises_the_bound_of_every_assignment_that_dominates_it() -> None:
@@ -109,15 +115,14 @@ def test_corrected_mode_learns_the_ratio_to_a_footprint_functions_figures() -> N
     figures = {"ram": 500 * MiB, "vram": 0, "threads": 5}
     center, bound = model.center({"x": 0}, figures), model.bound({"x": 0}, figures)
     assert 535 * MiB <= center["ram"] <= 545 * MiB and center["threads"] == bound["threads"] == 5
-    # the bound is at least the fit / 0.95: a trial under the line crosses it only 5% over the fit
-    assert center["ram"] / 0.95 <= bound["ram"] <= 600 * MiB
+    assert center["ram"] < bound["ram"] <= 600 * MiB
 
 
 def test_bad_settings_and_params_raise_naming_what_was_expected() -> None:
     with pytest.raises(EstimateError, match=r"miss_rate must be a share in \(0, 0.5\], but got 0.9"):
         learned(miss_rate=0.9)
-    with pytest.raises(EstimateError, match=r"warmup must be an int >= 9 .* but got 3"):
-        learned(warmup=3)
+    with pytest.raises(EstimateError, match=r"warmup must be an int >= 2 .* but got 1"):
+        learned(warmup=1)
     with pytest.raises(EstimateError, match=r"monotone\['width'\] must be \+1 .* but got 2"):
         learned(monotone={"width": 2})
     with pytest.raises(EstimateError, match="categorical must be a list of param names"):
@@ -126,8 +131,9 @@ def test_bad_settings_and_params_raise_naming_what_was_expected() -> None:
     p = {"maxlen": 1000, "width": 64, "batch": 32, "lr": 1e-3, "opt": "sgd", "chunks": 1}
     with pytest.raises(EstimateError, match=r"param 'width' must be a number .* but got 'wide'"):
         model.bound({**p, "width": "wide"})
-    with pytest.raises(EstimateError, match=r"param 'lr' must be positive .* but got -1"):
-        model.bound({**p, "lr": -1})
+    spans = learned().fit([Observation({"n": n}, {"ram": 100 * MiB + n * MiB}) for n in (1, 10, 40, 100)])
+    with pytest.raises(EstimateError, match=r"param 'n' must be positive .* but got -1"):
+        spans.bound({"n": -1})
     # a label no trial ran is priced as the costliest label seen
     assert model.bound({**p, "opt": "rmsprop"})["ram"] >= model.bound(p)["ram"]
 
@@ -143,24 +149,12 @@ def test_a_large_constant_baseline_leaves_trials_just_above_it_under_a_soft_line
         return 800 * MiB + n * 2 * MiB + rng.uniform(-3, 3) * MiB
 
     model = learned(miss_rate=0.2).fit([Observation({"n": n}, {"ram": peak(n)}) for n in (1, 3, 6, 10, 14)])
-    assert model.ready and model.residual("ram") is not None
+    assert model.ready and model.quantile("ram")[2] > 790 * MiB  # the base: the constant baseline
     under = [n for n in range(1, 15) if model.bound({"n": n})["ram"] <= line]
     assert under and min(under) == 1 and max(under) >= 10  # trials whose peak is under the line are admitted
     assert model.bound({"n": 40})["ram"] > line           # and one whose fit is over it is not
     for n in range(1, 15):                                # the bound is still over the fit
         assert model.bound({"n": n})["ram"] > model.center({"n": n})["ram"]
-
-
-# A Keras DQN's first 12 trials (bench_learned, 820 MiB budget): (maxlen, width, batch, lr, peak MiB, censored).
-# TensorFlow's ~650 MiB stays whatever the params; the trial at width 2014 was stopped 118 MiB over its fit.
-KERAS_TRIALS = [
-    (8557, 3370, 256, 0.0061, 820.0, True), (43374, 534, 256, 0.00015, 658.1, False),
-    (1082, 6468, 128, 0.0036, 850.8, True), (1588, 2218, 64, 0.0035, 829.3, True),
-    (5955, 1492, 512, 0.0023, 767.8, False), (4080, 719, 32, 0.00018, 686.4, False),
-    (3434, 479, 128, 0.00021, 677.5, False), (12869, 259, 512, 0.00019, 676.8, False),
-    (1179, 65, 512, 0.00076, 668.8, False), (1000, 2014, 512, 0.00023, 833.5, True),
-    (1558, 64, 256, 0.0001, 668.0, False), (1301, 64, 256, 0.00047, 668.1, False),
-]
 
 
 def test_one_large_trials_miss_does_not_price_every_small_trial_over_a_large_baseline() -> None:
@@ -170,10 +164,76 @@ def test_one_large_trials_miss_does_not_price_every_small_trial_over_a_large_bas
     obs = [Observation({"maxlen": m, "width": w, "batch_size": b, "lr": lr}, {"ram": peak * MiB}, censored=c,
                        number=i) for i, (m, w, b, lr, peak, c) in enumerate(KERAS_TRIALS)]
     model = learned(miss_rate=0.2).fit(obs)
-    assert model.ready and model.spread("ram") is not None
+    assert model.ready and model.quantile("ram")[2] > 600 * MiB
     line = 738 * MiB
     small = {"maxlen": 46270, "width": 76, "batch_size": 512, "lr": 5e-4}
     assert model.bound(small)["ram"] < line
     assert model.bound(small)["ram"] >= model.center(small)["ram"]
     for width in (1072, 2014):  # as wide as trials that reached 768 MiB and more: still over the line
         assert model.bound({**small, "width": width, "maxlen": 3421})["ram"] > line
+
+
+def _torch(rows=TORCH_MLP_TRIALS) -> list[Observation]:
+    return [Observation({"width": w, "depth": d, "batch_size": b, "lr": lr}, {"ram": peak * MiB}, number=i)
+            for i, (w, d, b, lr, peak) in enumerate(rows)]
+
+
+def _held_out(obs: list[Observation], miss_rate: float) -> list[tuple[bool, float]]:
+    """Each trial from the fifth on predicted by the model of the trials before it: (missed, bound / peak)."""
+    out = []
+    for k in range(4, len(obs)):
+        model = learned(miss_rate=miss_rate).fit(obs[:k])
+        assert model.ready
+        bound, peak = model.bound(obs[k].params)["ram"], obs[k].peaks["ram"]
+        out.append((peak > bound, bound / peak))
+    return out
+
+
+@pytest.mark.parametrize("miss_rate", [0.2, 0.1])
+def test_the_bound_meets_its_stated_miss_rate_on_real_trials_held_out(miss_rate: float) -> None:
+    # real peaks (torch MLPs in fresh processes): each trial predicted before it ran, by the model of the
+    # trials before it, from the fifth on, in two orders; the old stack had no bound before the tenth
+    # trial at 10% and, with its least factor of 1/0.95, a median bound 6-7% over the peak
+    rng = np.random.default_rng(0)
+    obs = _torch()
+    results = []
+    for _ in range(2):
+        results += _held_out([obs[i] for i in rng.permutation(len(obs))], miss_rate)
+    misses = np.mean([m for m, _ in results])
+    # binomial spread of ~70 held-out trials: two standard deviations over the stated rate at most
+    assert misses <= miss_rate + 2 * np.sqrt(miss_rate * (1 - miss_rate) / len(results)), misses
+    assert float(np.median([r for _, r in results])) < 1.06  # and tight: its median within 6% of the peak
+
+
+def test_the_bound_tightens_as_trials_are_added() -> None:
+    # the bound's width over the fit, on the same held-out trials, as the model learns from 4, 8, then 32
+    # trials, averaged over six orders of the real trials
+    obs, rng = _torch(), np.random.default_rng(0)
+    widths: dict[int, list[float]] = {4: [], 8: [], 32: []}
+    for _ in range(6):
+        order = [obs[i] for i in rng.permutation(len(obs))]
+        for n, out in widths.items():
+            model = learned(miss_rate=0.1).fit(order[:n])
+            out.append(np.mean([(model.bound(o.params)["ram"] - model.center(o.params)["ram"]) / o.peaks["ram"]
+                                for o in order[32:]]))
+    mean = {n: float(np.mean(v)) for n, v in widths.items()}
+    assert mean[4] > mean[8] > mean[32] and mean[32] < 0.06, mean
+
+
+def test_a_learning_rate_like_param_takes_no_memory_without_evidence() -> None:
+    assert [role(n) for n in ("learning_rate", "lr", "gamma", "dropout", "weight_decay", "seed", "clip_range",
+                              "beta1", "batch_norm_momentum")] == [Role.NONE] * 9
+    assert [role(n) for n in ("batch_size", "n_layers", "hiddenDim", "num_leaves", "max_bin", "buffer_size",
+                              "seq_len", "n_envs", "frame_stack")] == [Role.SIZE] * 9
+    for rows in (_torch(), [Observation({"maxlen": m, "width": w, "batch_size": b, "lr": lr}, {"ram": p * MiB},
+                                        censored=c, number=i) for i, (m, w, b, lr, p, c) in enumerate(KERAS_TRIALS)]):
+        for n in (4, 8, 12, len(rows)):
+            model = learned().fit(rows[:n])
+            assert "lr" not in model.params(), (n, model.params())
+            p = dict(rows[-1].params)
+            assert model.bound({**p, "lr": 1e-4}) == model.bound({**p, "lr": 1e-2})
+    # a param the trials show takes memory, whatever its name, is held from MIN_TURN trials on
+    rng = np.random.default_rng(9)
+    obs = [Observation({"width": int(w), "temperature": float(t)}, {"ram": (300 + w / 4 + 400 * t) * MiB}, number=i)
+           for i, (w, t) in enumerate(zip(rng.integers(64, 1024, 24), rng.uniform(0, 1, 24)))]
+    assert "temperature" not in learned().fit(obs[:8]).params() and "temperature" in learned().fit(obs).params()

@@ -20,3 +20,13 @@ def alloc(trial: optuna.Trial) -> float:
     block = np.ones(mb * MiB, dtype=np.uint8)
     time.sleep(0.1)
     return float(block[::4096].sum()) * lr
+
+
+def alloc_then_pruned(trial: optuna.Trial) -> float:
+    """``mb`` MiB written and held 1.2 s, then pruned as a study's pruner prunes (its RSS settled long before)."""
+    mb = trial.suggest_int("mb", 8, 480, log=True)
+    trial.suggest_float("lr", 1e-4, 1e-1, log=True)
+    block = np.ones(mb * MiB, dtype=np.uint8)
+    time.sleep(1.2)
+    trial.report(float(block[::4096].sum()), 0)
+    raise optuna.TrialPruned()

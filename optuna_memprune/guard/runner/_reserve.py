@@ -1,5 +1,7 @@
 """What a trial reserves on the host's ledger: its prediction times the study's learned margin, capped by
-the per-trial budget; and how often a trial waiting for it tries the ledger again.
+the per-trial budget; and how often a trial waiting for it tries the ledger again. A learned footprint's
+prediction is already its bound at the stated miss rate: it is reserved as it is (margin 1.0), so its error
+is not counted twice.
 
 Owns reading the (observed, predicted) pairs from the study's finished records; knows nothing of how
 the ledger admits a reservation or how trials are launched.
@@ -39,21 +41,27 @@ class Reservations:
     def __init__(self, study: "optuna.Study", budget: "Budget", ledger: "Ledger") -> None:
         self._study, self._budget, self._ledger = study, budget, ledger
         self._pairs: dict[int, dict[str, tuple[int, int]]] = {}  # finished trial -> (peak, pred) per resource
+        self._learned = False  # a finished record's prediction was learned: reserved as it is
 
     def margins(self) -> dict[str, float]:
-        """The study's learned margin per resource, from the trials that ran to the end alone.
+        """The study's learned margin per resource, from the trials that ran to the end alone; 1.0 once a
+        finished record says its prediction was learned (the bound at the stated miss rate, reserved as is).
 
         A finished trial's record never changes, so each is read once (its timeline JSON included), not
         at every launch."""
-        for t in self._study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        for t in self._study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
             if _internals.trial_id(t) in self._pairs:
                 continue
             record = records.read(t.user_attrs)
-            ran = record is not None and not record.concurrent and record.decision in (Decision.ADMITTED,
-                                                                                        Decision.CLAMPED)
+            if record is not None and record.learned:
+                self._learned = True
+            ran = (record is not None and not record.concurrent and not record.learned
+                   and t.state == TrialState.COMPLETE and record.decision in (Decision.ADMITTED, Decision.CLAMPED))
             self._pairs[_internals.trial_id(t)] = {
                 r: (getattr(record, f"peak_{r}"), getattr(record, f"pred_{r}")) for r in RESOURCES
                 if ran and getattr(record, f"pred_{r}") and getattr(record, f"peak_{r}") is not None}
+        if self._learned:
+            return {r: 1.0 for r in RESOURCES}
         return {r: learned_margin(p[r] for p in self._pairs.values() if r in p) for r in RESOURCES}
 
     def request(self, prediction: "Footprint | None", margins: dict[str, float]) -> "Request":
