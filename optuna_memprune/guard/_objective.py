@@ -214,7 +214,7 @@ class GuardedObjective:
                 guard.trials.close(state.trial_id)
                 if live.grew():
                     trim_heap()
-                    watch.levels.ended(grew=True)  # the next trial's start gives back first
+                watch.levels.ended(state.start)  # the next trial's start gives back first where this one left any
 
 
 def _read_start(guard: "Guard", state: TrialGuardState) -> None:

@@ -51,15 +51,28 @@ def _garbage(mb: int) -> None:
 
 def test_the_give_back_comes_before_the_start_level_is_read() -> None:
     # The order matters: read before the give-back, a cycle's 200 MiB counts as the process's usage.
+    collections: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            collections.append(1)
+
     gc.disable()  # no automatic collection may free the cycle by chance between the two readings
+    gc.callbacks.append(count)
     try:
         levels = ProcessLevels()
+        start = levels.start(alone=True).level
+        assert len(collections) == 1  # the first start gives back
+        levels.ended(start)
         levels.start(alone=True)
+        assert len(collections) == 1  # a trial that left nothing costs the next one no collection
         _garbage(200)
         before = _rss()
-        levels.ended(grew=True)
+        levels.ended(start)
         after = levels.start(alone=True).level["ram"]
+        assert len(collections) == 2
     finally:
+        gc.callbacks.remove(count)
         gc.enable()
     assert before - after >= 150 * MiB, (before / MiB, after / MiB)
 
