@@ -74,8 +74,8 @@ class TrialRecord:
     CUDA cache emptied); the trial's own increment is ``peak_* - start_*``. ``None`` where the trial had its
     own process (the process-per-trial runner) or on records written before the field existed.
     ``leftover`` is what earlier trials left in the process (its level at the last start with no trial
-    running, above the first trial's start), per resource where above zero; the constraints count a
-    trial's peak less it. ``need`` is what admission compared with the soft line, where it compared more
+    running, above the first trial's start), per resource where it made the budget unreachable: the
+    trial's soft line and budget were raised by it, and the constraints count its peak less it. ``need`` is what admission compared with the soft line, where it compared more
     than the prediction (a learned increment plus the usage it starts from).
     """
 

@@ -80,12 +80,12 @@ class GuardedObjective:
 
     Trials here share one process, so its readings include what earlier trials left behind. Before the
     sampler checks a trial, what can be given back is (garbage collected, free heap trimmed, torch's CUDA
-    cache emptied where CUDA is initialised; after a trial that grew), then the process's usage is read: the
-    record's ``start_*``, so ``peak_* - start_*`` is the trial's own increment. A learned increment is
-    admitted on that usage plus the increment; a footprint function's whole-process figure alone. A trial
-    is never stopped for what earlier trials left: where it would put the process over the soft line, the
-    trial's soft line and budget are raised by it, the guard warns once and the record says so
-    (``guard/_start.py`` has the rules).
+    cache emptied where CUDA is initialised; after a trial that left something), then the process's usage is
+    read: the record's ``start_*``, so ``peak_* - start_*`` is the trial's own increment. A learned increment
+    is admitted on that usage plus the increment; a footprint function's whole-process figure alone. A trial
+    is never stopped or rejected for what earlier trials left: where that makes the budget unreachable, the
+    trial is held to its budget on its own memory (its lines raised by what was left), the guard warns once
+    and the record says so (``guard/_start.py`` has the rules).
 
     Notes:
         - The interrupt cannot land after the objective returned: it is cleared under a lock before the
@@ -156,7 +156,6 @@ class GuardedObjective:
                 "process as a whole, and a breach stops every guarded trial running in it. Use "
                 "optuna_memprune.optimize(..., n_workers=k) for one process per trial.",
             )
-        state.allowance = allowance(policy, state)
         if state.allowance:
             words = describe_allowance(policy, state)
             state.reason = f"{state.reason}; {words}"
@@ -166,13 +165,16 @@ class GuardedObjective:
         if forecast is not None:
             forecast.limit += state.allowance.get("ram", 0)
         live = _Live(guard, state, threading.get_ident(), forecast)
+        own: dict[str, int] | None = None  # the trial's increments, where it ran to the end alone
         watch = watch_of(guard)
-        stopped = soft_pruned = False
+        stopped = soft_pruned = returned = False
         oom: OutOfMemory | None = None
         try:
             try:
                 watch.subscribe(live, trial.number)
-                return self._objective(trial)
+                value = self._objective(trial)
+                returned = True
+                return value
             finally:
                 live.disarm()
         except _Interrupt as interrupt:
@@ -201,6 +203,9 @@ class GuardedObjective:
                 if state.allowance and end.reason is not None and end.reason != state.reason:
                     end = end._replace(reason=f"{end.reason} (its lines raised by what earlier trials left)")
                 peaks = with_cuda_peak(live.peaks())
+                if returned and state.hard_reading is None and state.start is not None and not state.concurrent:
+                    own = {r: v - state.start[r] for r, v in peaks.items()  # type: ignore[operator]
+                           if v is not None and state.start.get(r) is not None}
                 peaks = oom.needs(peaks, policy.budget) if oom is not None else peaks
                 record = policy.record(state, trial.params, decision=end.decision, reason=end.reason,
                                        peaks=peaks, timeline=live.timeline(), breach=end.breach)
@@ -214,7 +219,7 @@ class GuardedObjective:
                 guard.trials.close(state.trial_id)
                 if live.grew():
                     trim_heap()
-                watch.levels.ended(state.start)  # the next trial's start gives back first where this one left any
+                watch.levels.ended(state.start, own)  # the next start gives back first where this trial left any
 
 
 def _read_start(guard: "Guard", state: TrialGuardState) -> None:
@@ -227,7 +232,7 @@ def _read_start(guard: "Guard", state: TrialGuardState) -> None:
     except Exception as exc:  # noqa: BLE001 - the guard's own failure never stops a trial
         _logger.warning("Trial %d: reading the process's usage at the start failed: %s", state.number, exc)
         return
-    state.start, state.left = start.level, start.left
+    state.start, state.allowance = start.level, allowance(guard.policy, start)
 
 
 def store_rejection(guard: "Guard", trial: optuna.Trial, state: TrialGuardState, **record: Any) -> None:

@@ -380,7 +380,7 @@ class Policy:
             soft=self._soft,
             concurrent=state.concurrent,
             learned=learned,
-            leftover={r: v for r, v in state.left.items() if v > 0},
+            leftover=dict(state.allowance),
             need=dict(state.need) if prediction is state.prediction else {},
         )
 

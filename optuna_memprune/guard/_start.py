@@ -10,14 +10,15 @@ Owns the give-back (garbage collection, glibc ``malloc_trim``, torch's ``empty_c
 initialised), the levels of one guard's trials in this process, and the two rules on them, applied with the
 policy's budget and soft line:
 
-- :func:`charged`: admission compares usage now plus the predicted increment with the soft line, where the
-  prediction is an increment (a learned footprint); "usage now" leaves out what earlier trials left. A
-  footprint function predicts a whole process (the calibrated baseline included, which the first trial's
-  start level already holds): it is compared alone, as in a fresh process.
+- :func:`charged`: admission compares usage now (all of it) plus the predicted increment with the soft line,
+  where the prediction is an increment (a learned footprint). A footprint function predicts a whole process
+  (the calibrated baseline included, which the first trial's start level already holds): it is compared
+  alone, as in a fresh process.
 - :func:`allowance`: a trial is never stopped or rejected for memory earlier trials left behind. Where what
-  was left would put the process over the soft line with the trial, the trial's soft line and budget are
-  raised by what was left: it is held to its budget on its own memory, the guard says so once and the
-  record says so.
+  was left makes the budget unreachable (the start level plus the least a trial of this process needed to
+  run to the end is over the soft line), the trial is held to its budget on its own memory instead: what
+  was left is taken off what admission charges, and its soft line and budget are raised by it. The guard
+  says so once and the record says so.
 
 Knows nothing of Optuna's trial machinery or the record's encoding.
 """
@@ -114,12 +115,14 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 class Start(NamedTuple):
     """A trial's start in a shared process: ``level`` (RSS, GPU memory summed over GPUs where read,
-    threads of the process tree; bytes and a count, ``None`` where not read) and ``left`` (per resource,
-    how far the process stood above the first trial's start the last time no trial ran in it: what earlier
-    trials left behind; 0 when nothing)."""
+    threads; bytes and a count, ``None`` where not read), ``left`` (per resource, how far the process stood
+    above the first trial's start the last time no trial ran in it: what earlier trials left behind; 0 when
+    nothing) and ``least`` (per resource, the smallest increment of a trial of this process that ran to the
+    end; 0 before one did)."""
 
     level: dict[str, int | None]
     left: dict[str, int]
+    least: dict[str, int]
 
 
 class ProcessLevels:
@@ -133,7 +136,7 @@ class ProcessLevels:
     Example:
         >>> levels = ProcessLevels()
         >>> first = levels.start(alone=True)
-        >>> first.level["ram"] > 0 and first.left == {"ram": 0, "threads": 0}
+        >>> first.level["ram"] > 0 and first.left == {"ram": 0, "threads": 0} and first.least == {}
         True
     """
 
@@ -142,6 +145,7 @@ class ProcessLevels:
         self._dirty = True
         self._base: dict[str, int | None] | None = None
         self._idle: dict[str, int | None] | None = None
+        self._least: dict[str, int] = {}
 
     def start(self, alone: bool, threads: int = 0) -> Start:
         """Give back what can be given back, read the process and say what earlier trials left; ``threads``
@@ -157,53 +161,47 @@ class ProcessLevels:
                 self._base = dict(level)
             if alone or self._idle is None:
                 self._idle = dict(level) if alone else dict(self._base)
-            base, idle = self._base, self._idle
+            base, idle, least = self._base, self._idle, dict(self._least)
         left = {r: max(0, idle[r] - base[r]) for r in LEVELS  # type: ignore[operator]
                 if idle[r] is not None and base[r] is not None}
-        return Start(level, left)
+        return Start(level, left, least)
 
-    def ended(self, start: dict[str, int | None] | None) -> None:
-        """A trial that started at ``start`` (:meth:`start`'s level) ended: where the process now holds more
-        than ``GIVE_BACK_ABOVE`` over it, or torch holds cached CUDA blocks, the next start gives back first.
-        A trial that left nothing costs the next one no collection."""
+    def ended(self, start: dict[str, int | None] | None, own: dict[str, int] | None = None) -> None:
+        """A trial that started at ``start`` (:meth:`start`'s level) ended; ``own``: its increments, where it
+        ran to the end alone (the smallest become ``Start.least``). Where the process now holds more than
+        ``GIVE_BACK_ABOVE`` over ``start``, or torch holds cached CUDA blocks, the next start gives back
+        first: a trial that left nothing costs the next one no collection."""
         rss, level = _rss(), (start or {}).get("ram")
-        if rss is None or level is None or rss - level > GIVE_BACK_ABOVE or cuda_reserved():
-            with self._lock:
+        with self._lock:
+            for r, v in (own or {}).items():
+                self._least[r] = min(self._least.get(r, v), max(v, 0))
+            if rss is None or level is None or rss - level > GIVE_BACK_ABOVE or cuda_reserved():
                 self._dirty = True
+
+
+def allowance(policy: "Policy", start: Start) -> dict[str, int]:
+    """What earlier trials left, per resource where it makes the budget unreachable: it is over
+    ``LEFT_NOISE`` of the budget, and the start level plus ``start.least`` is over the soft line (no trial
+    that ran to the end here would fit beside it). Such a trial's soft line and budget are raised by it
+    and admission does not charge it (:func:`charged`): the trial is held to its budget on its own memory,
+    never stopped or rejected for what it found. Empty where the budget is still reachable."""
+    out = {}
+    for r, line in policy.limits.items():
+        left, level = start.left.get(r, 0), start.level.get(r)
+        if level is not None and left > LEFT_NOISE * getattr(policy.budget, r) and level + start.least.get(r, 0) > line:
+            out[r] = left
+    return out
 
 
 def charged(policy: "Policy", state: "TrialGuardState") -> dict[str, int] | None:
     """What admission adds to a trial's prediction, per budgeted resource: in a shared process, where the
-    prediction is an increment (``policy.increments``), the process's usage at the trial's start less what
-    earlier trials left (``state.left``; see :func:`allowance`). ``None`` where the trial has its own process
-    (no start level) or where the prediction is a whole process's peak (a footprint function's)."""
+    prediction is an increment (``policy.increments``), the process's usage at the trial's start, less what
+    :func:`allowance` set aside. ``None`` where the trial has its own process (no start level) or where the
+    prediction is a whole process's peak (a footprint function's)."""
     if state.start is None or not policy.increments:
         return None
-    return {r: max(0, v - state.left.get(r, 0)) for r, v in state.start.items()
+    return {r: max(0, v - state.allowance.get(r, 0)) for r, v in state.start.items()
             if v is not None and r in policy.budget.resources}
-
-
-def allowance(policy: "Policy", state: "TrialGuardState") -> dict[str, int]:
-    """How far a shared-process trial's soft line and budget are raised, per resource: by what earlier
-    trials left (``state.left``, where over ``LEFT_NOISE`` of the budget) wherever the process would cross
-    the soft line with what the trial is predicted to add (a learned increment over the start level, or a
-    footprint function's whole-process figure over the process before any trial), or where the start level
-    alone crosses it (a trial without a prediction). Empty where nothing was left or the trial fits beside
-    it; and where the trial has its own process."""
-    if state.start is None:
-        return {}
-    out, pred = {}, state.prediction
-    for r, line in policy.limits.items():
-        left, level = state.left.get(r, 0), state.start.get(r)
-        if left <= LEFT_NOISE * getattr(policy.budget, r) or level is None:
-            continue
-        if pred is None:
-            projected = level
-        else:
-            projected = level + getattr(pred, r) if policy.increments else getattr(pred, r) + left
-        if projected > line:
-            out[r] = left
-    return out
 
 
 def describe_allowance(policy: "Policy", state: "TrialGuardState") -> str:
@@ -213,8 +211,8 @@ def describe_allowance(policy: "Policy", state: "TrialGuardState") -> str:
         show = str if r == "threads" else format_bytes
         level = (state.start or {}).get(r)
         parts.append(f"{'threads' if r == 'threads' else r.upper()} {show(left)} left by earlier trials (the "
-                     f"process at {show(level)} when it started; budget {show(getattr(policy.budget, r))} + "
-                     f"{show(left)})")
-    return ("the process held too much for this trial beside it under the soft line: " + ", ".join(parts)
-            + "; its soft line and budget are raised by that much, holding it to the budget on its own memory "
-            "(one process per trial keeps the process itself under the budget)")
+                     f"process at {show(level)} when it started, over the soft line with the least a trial "
+                     f"here needed; budget {show(getattr(policy.budget, r))} + {show(left)})")
+    return ("what earlier trials left makes the budget unreachable: " + ", ".join(parts) + "; this trial is "
+            "held to the budget on its own memory (its soft line and budget raised by that much); one process "
+            "per trial keeps the process itself under the budget")

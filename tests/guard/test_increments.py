@@ -23,7 +23,7 @@ from optuna_memprune.estimate.learn import learned
 from optuna_memprune.guard import Decision, MemoryGuard, read_record
 from optuna_memprune.guard._learning import Learning
 from optuna_memprune.guard._policy import Policy
-from optuna_memprune.guard._start import ProcessLevels, allowance, charged, give_back
+from optuna_memprune.guard._start import ProcessLevels, Start, allowance, charged, give_back
 from optuna_memprune.guard._trials import TrialGuardState
 from optuna_memprune.records import TrialRecord, read, write
 
@@ -75,6 +75,10 @@ def test_the_give_back_comes_before_the_start_level_is_read() -> None:
         gc.callbacks.remove(count)
         gc.enable()
     assert before - after >= 150 * MiB, (before / MiB, after / MiB)
+    # the least a trial that ran to the end needed: the smallest increment seen
+    levels.ended(start, {"ram": 30 * MiB, "threads": 2})
+    levels.ended(start, {"ram": 50 * MiB, "threads": 0})
+    assert levels.start(alone=True).least == {"ram": 30 * MiB, "threads": 0}
 
 
 def test_a_trial_garbage_is_collected_before_the_next_trial_starts() -> None:
@@ -117,7 +121,7 @@ def test_a_trial_after_a_large_one_is_recorded_with_its_start_level_and_its_own_
     large, small = (read_record(t.user_attrs) for t in study.trials)
     assert all(t.state is TrialState.COMPLETE for t in study.trials)
     assert small.start_ram - large.start_ram >= 290 * MiB
-    assert small.leftover["ram"] >= 290 * MiB
+    assert small.leftover == {}  # the budget is still reachable: the small trial's lines are the budget's
     increment = small.peak_ram - small.start_ram
     assert 38 * MiB <= increment <= 48 * MiB, increment / MiB  # what it allocated, within a few MiB
     assert small.peak_ram > large.peak_ram - 20 * MiB  # the process's peak: the large trial's memory is in it
@@ -173,9 +177,9 @@ def test_a_footprint_function_is_compared_alone_in_a_shared_process() -> None:
         assert record.decision is Decision.ADMITTED and record.need == {} and record.start_ram > rss // 2
 
 
-def _state(start: int, left: int, prediction: int | None) -> TrialGuardState:
-    state = TrialGuardState(0, 0, start={"ram": start, "vram": None, "threads": 4}, left={"ram": left})
-    state.prediction = None if prediction is None else omp.Footprint.of(ram=prediction)
+def _state(start: int, prediction: int, allowance: dict | None = None) -> TrialGuardState:
+    state = TrialGuardState(0, 0, start={"ram": start, "vram": None, "threads": 4}, allowance=allowance or {})
+    state.prediction = omp.Footprint.of(ram=prediction)
     return state
 
 
@@ -185,30 +189,31 @@ def _policy(learn: bool) -> Policy:
                   learning=Learning(learned(miss_rate=0.2), corrected=False) if learn else None)
 
 
-def test_admission_adds_usage_now_to_a_learned_increment_less_what_earlier_trials_left() -> None:
-    learned_policy, function_policy = _policy(True), _policy(False)
-    state = _state(start=500 * MiB, left=200 * MiB, prediction=600 * MiB)  # line: 921.6 MiB
+def test_admission_adds_usage_now_to_a_learned_increment_and_a_footprint_function_stands_alone() -> None:
+    learned_policy, function_policy = _policy(True), _policy(False)  # the soft line: 921.6 MiB
+    state = _state(start=500 * MiB, prediction=400 * MiB)
     base = charged(learned_policy, state)
-    assert base == {"ram": 300 * MiB}
-    assert learned_policy.need(state.prediction, base) == {"ram": 900 * MiB}
-    assert not learned_policy.excess(state.prediction, base)  # 300 + 600 fits; 500 + 600 would not
-    assert learned_policy.excess(omp.Footprint.of(ram=700 * MiB), base) == {"ram": 1000 * MiB - int(0.9 * 1024 * MiB)}
-    assert "300.00 MiB in use + 700.00 MiB" in learned_policy.describe_excess(omp.Footprint.of(ram=700 * MiB), base)
-    # the process would cross the line only for what was left: the trial's lines are raised by it
-    assert allowance(learned_policy, state) == {"ram": 200 * MiB}
-    assert allowance(learned_policy, _state(500 * MiB, 200 * MiB, 300 * MiB)) == {}  # fits without
-    assert allowance(learned_policy, _state(500 * MiB, 0, 600 * MiB)) == {}  # nothing was left
-    # a footprint function's whole-process figure: compared alone; the process holds it plus what was left
+    assert base == {"ram": 500 * MiB} and learned_policy.need(state.prediction, base) == {"ram": 900 * MiB}
+    assert not learned_policy.excess(state.prediction, base)  # 500 + 400 fits
+    over = omp.Footprint.of(ram=500 * MiB)
+    assert learned_policy.excess(over, base) == {"ram": 1000 * MiB - int(0.9 * 1024 * MiB)}
+    assert "500.00 MiB in use + 500.00 MiB" in learned_policy.describe_excess(over, base)
+    assert not learned_policy.excess(over)  # alone it would fit: usage now is what rejects it
+    # where what was left made the budget unreachable, admission does not charge it
+    assert charged(learned_policy, _state(950 * MiB, 400 * MiB, {"ram": 400 * MiB})) == {"ram": 550 * MiB}
+    # a footprint function's whole-process figure is compared alone; the runner's trials have no start level
     assert charged(function_policy, state) is None and function_policy.need(state.prediction, None) == {}
-    assert allowance(function_policy, _state(500 * MiB, 200 * MiB, 800 * MiB)) == {"ram": 200 * MiB}
-    assert allowance(function_policy, _state(500 * MiB, 200 * MiB, 700 * MiB)) == {}
-    # no prediction (warm-up): the start level over the soft line
-    assert allowance(learned_policy, _state(950 * MiB, 400 * MiB, None)) == {"ram": 400 * MiB}
-    assert allowance(learned_policy, _state(900 * MiB, 400 * MiB, None)) == {}
-    # own process (the runner): no start level, nothing added, nothing raised
-    own = TrialGuardState(0, 0)
-    own.prediction = omp.Footprint.of(ram=600 * MiB)
-    assert charged(learned_policy, own) is None and allowance(learned_policy, own) == {}
+    assert charged(learned_policy, TrialGuardState(0, 0)) is None
+
+
+def test_what_was_left_is_set_aside_only_where_it_makes_the_budget_unreachable() -> None:
+    policy = _policy(True)  # the soft line: 921.6 MiB; 1% of the budget: 10.24 MiB
+    assert allowance(policy, Start({"ram": 950 * MiB}, {"ram": 400 * MiB}, {})) == {"ram": 400 * MiB}
+    assert allowance(policy, Start({"ram": 900 * MiB}, {"ram": 400 * MiB}, {})) == {}  # a trial may still fit
+    # ... unless no trial that ran to the end here would: the least one needed 30 MiB
+    assert allowance(policy, Start({"ram": 900 * MiB}, {"ram": 400 * MiB}, {"ram": 30 * MiB})) == {"ram": 400 * MiB}
+    assert allowance(policy, Start({"ram": 950 * MiB}, {"ram": 5 * MiB}, {})) == {}  # noise, not what was left
+    assert allowance(policy, Start({"ram": 950 * MiB}, {"ram": 0}, {})) == {}  # the process began over: the budget's
 
 
 def test_the_start_fields_round_trip_and_old_records_read() -> None:

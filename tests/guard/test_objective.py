@@ -195,8 +195,7 @@ def test_the_record_is_complete_on_every_trial_and_bytes_are_ints(tmp_path) -> N
             "decision", "reason", "pred_ram", "pred_vram", "pred_threads", "peak_ram",
             "peak_threads", "start_ram", "start_threads", "budget_ram", "budget_threads", "clamped_from",
             "timeline", "breakdown", "breach", "soft")}  # no GPU: peak_vram unknown, budget_vram unlimited, left out
-        # what earlier trials left in the process, where they left any
-        assert required <= keys <= required | {"memprune:leftover_ram", "memprune:leftover_threads"}, keys
+        assert keys == required
         for k in ("pred_ram", "peak_ram", "start_ram", "budget_ram", "pred_threads", "peak_threads",
                   "start_threads", "budget_threads"):
             assert type(t.user_attrs[f"memprune:{k}"]) is int
