@@ -69,6 +69,14 @@ class TrialRecord:
     bound the guard admitted, clamped or rejected on; the constraints use it).
     A trial that ran out of memory has the peak of the resource that ran out raised to the least it needed
     (more than its budget, where it has one): its constraint is positive even when it shared its process.
+    In a shared process (the in-process objective) ``start_*`` is the process's usage at the trial's start,
+    read after the guard gave back what it could (garbage collected, glibc's free heap trimmed, torch's
+    CUDA cache emptied); the trial's own increment is ``peak_* - start_*``. ``None`` where the trial had its
+    own process (the process-per-trial runner) or on records written before the field existed.
+    ``leftover`` is what earlier trials left in the process (its level at the last start with no trial
+    running, above the first trial's start), per resource where it made the budget unreachable: the
+    trial's soft line and budget were raised by it, and the constraints count its peak less it. ``need`` is what admission compared with the soft line, where it compared more
+    than the prediction (a learned increment plus the usage it starts from).
     """
 
     decision: Decision
@@ -79,6 +87,9 @@ class TrialRecord:
     peak_ram: int | None = None
     peak_vram: int | None = None
     peak_threads: int | None = None
+    start_ram: int | None = None
+    start_vram: int | None = None
+    start_threads: int | None = None
     budget_ram: int | None = None
     budget_vram: int | None = None
     budget_threads: int | None = None
@@ -94,22 +105,27 @@ class TrialRecord:
     enforcement: str | None = None  # how the runner held the trial to its RAM budget (above)
     forecast: dict[str, Any] = field(default_factory=dict)  # a forecast stop's fit and projection (below)
     learned: dict[str, Any] = field(default_factory=dict)  # a learned prediction: mode, phase, n, raw (see below)
+    leftover: dict[str, int] = field(default_factory=dict)  # what earlier trials left in the process (above)
+    need: dict[str, int] = field(default_factory=dict)  # what admission compared with the soft line (above)
 
     def constraints(self) -> dict[str, float]:
         """``{"memprune_ram": GiB over the soft line, ...}`` per budgeted resource; <= 0 is feasible.
 
-        The figure is the larger of the prediction (and a learned prediction's bound) and, when the trial ran alone in its process or ran out
-        of memory, the peak; the line is ``soft`` x budget; RAM and VRAM are in GiB, threads in threads. Never
-        NaN: a resource with neither figure known counts as 0.0 (feasible).
+        The figure is the larger of the prediction (and a learned prediction's bound, and what admission
+        compared), and, when the trial ran alone in its process or ran out of memory, the peak less what
+        earlier trials left in the process; the line is ``soft`` x budget; RAM and VRAM are in GiB, threads
+        in threads. Never NaN: a resource with neither figure known counts as 0.0 (feasible).
         """
         out = {}
         for r in RESOURCES:
             budget = getattr(self, f"budget_{r}")
             if budget is None:
                 continue
-            figures = [getattr(self, f"pred_{r}"), (self.learned.get("bound") or {}).get(r)]
-            if not self.concurrent or self.decision is Decision.OUT_OF_MEMORY:
-                figures.append(getattr(self, f"peak_{r}"))
+            figures = [getattr(self, f"pred_{r}"), (self.learned.get("bound") or {}).get(r), self.need.get(r)]
+            peak = getattr(self, f"peak_{r}")
+            if peak is not None and (not self.concurrent or self.decision is Decision.OUT_OF_MEMORY):
+                figures.append(peak - self.leftover.get(r, 0) if self.decision is not Decision.OUT_OF_MEMORY
+                               else peak)
             if r == "ram" and self.decision is Decision.FORECAST_STOPPED:
                 figures.append(self.forecast.get("projected"))
             known = [f for f in figures if f is not None]
@@ -124,7 +140,7 @@ class TrialRecord:
         figure (``None``) is left out rather than written as null, so that every ``memprune:*`` column
         optuna-dashboard shows holds numbers and sorts; :func:`read` gives ``None`` back for it."""
         out: dict[str, Any] = {"decision": self.decision.value, "reason": self.reason}
-        for kind in ("pred", "peak", "budget"):
+        for kind in ("pred", "peak", "start", "budget"):
             for r in RESOURCES:
                 value = getattr(self, f"{kind}_{r}")
                 if value is not None:  # absent, not null: optuna-dashboard sorts only all-number columns
@@ -137,6 +153,9 @@ class TrialRecord:
         for r in RESOURCES:
             if r in self.margin:
                 out[f"margin_{r}"] = float(self.margin[r])
+            for name in ("leftover", "need"):
+                if r in getattr(self, name):
+                    out[f"{name}_{r}"] = int(getattr(self, name)[r])
         if self.host is not None:
             out["host"] = self.host
         if self.gpu is not None:
@@ -200,7 +219,7 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
         text = get(name)
         return json.loads(text) if isinstance(text, str) and text else default
 
-    figures = {f"{kind}_{r}": get(f"{kind}_{r}") for kind in ("pred", "peak", "budget") for r in RESOURCES}
+    figures = {f"{kind}_{r}": get(f"{kind}_{r}") for kind in ("pred", "peak", "start", "budget") for r in RESOURCES}
     return TrialRecord(
         decision=Decision(get("decision")),
         reason=get("reason", ""),
@@ -216,6 +235,8 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
         enforcement=get("enforcement"),
         forecast=loads("forecast", {}),
         learned=loads("learned", {}),
+        leftover={r: int(get(f"leftover_{r}")) for r in RESOURCES if get(f"leftover_{r}") is not None},
+        need={r: int(get(f"need_{r}")) for r in RESOURCES if get(f"need_{r}") is not None},
     )
 
 

@@ -31,6 +31,7 @@ from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cud
 from ._outcome import Outcome, trial_outcome
 from ._peak_rss import peak_rss
 from ._policy import check_guard
+from ._start import ProcessLevels, allowance, describe_allowance, trim_heap
 from ._trials import TrialGuardState
 
 if TYPE_CHECKING:
@@ -77,6 +78,15 @@ class GuardedObjective:
     before Optuna stores the trial's final state, and heap memory the trial freed is given back to the OS
     (glibc ``malloc_trim``) so the next trial's readings start from what is really in use.
 
+    Trials here share one process, so its readings include what earlier trials left behind. Before the
+    sampler checks a trial, what can be given back is (garbage collected, free heap trimmed, torch's CUDA
+    cache emptied where CUDA is initialised; after a trial that left something), then the process's usage is
+    read: the record's ``start_*``, so ``peak_* - start_*`` is the trial's own increment. A learned increment
+    is admitted on that usage plus the increment; a footprint function's whole-process figure alone. A trial
+    is never stopped or rejected for what earlier trials left: where that makes the budget unreachable, the
+    trial is held to its budget on its own memory (its lines raised by what was left), the guard warns once
+    and the record says so (``guard/_start.py`` has the rules).
+
     Notes:
         - The interrupt cannot land after the objective returned: it is cleared under a lock before the
           wrapper leaves its guarded region, and one that lands earlier is turned into the PRUNED end.
@@ -111,6 +121,7 @@ class GuardedObjective:
         guard = self._guard
         state = guard.trials.open(_internals.trial_id(trial), trial.number)
         state.enforced = True
+        _read_start(guard, state)
         try:
             trial.relative_params  # the guarded sampler's lookahead, before any of the objective's code
         except Exception:
@@ -145,14 +156,25 @@ class GuardedObjective:
                 "process as a whole, and a breach stops every guarded trial running in it. Use "
                 "optuna_memprune.optimize(..., n_workers=k) for one process per trial.",
             )
-        live = _Live(guard, state, threading.get_ident(), trial_forecast(guard, trial.storage, state))
+        if state.allowance:
+            words = describe_allowance(policy, state)
+            state.reason = f"{state.reason}; {words}"
+            guard.warnings.once("leftover", f"Trial {trial.number}: {words}. Said once; each such trial's record "
+                                "says so.")
+        forecast = trial_forecast(guard, trial.storage, state)
+        if forecast is not None:
+            forecast.limit += state.allowance.get("ram", 0)
+        live = _Live(guard, state, threading.get_ident(), forecast)
+        own: dict[str, int] | None = None  # the trial's increments, where it ran to the end alone
         watch = watch_of(guard)
-        stopped = soft_pruned = False
+        stopped = soft_pruned = returned = False
         oom: OutOfMemory | None = None
         try:
             try:
                 watch.subscribe(live, trial.number)
-                return self._objective(trial)
+                value = self._objective(trial)
+                returned = True
+                return value
             finally:
                 live.disarm()
         except _Interrupt as interrupt:
@@ -178,7 +200,12 @@ class GuardedObjective:
                 watch.unsubscribe(live)
                 end = _outcome(policy, state, stopped=stopped, soft_pruned=soft_pruned, out_of_memory=oom,
                                forecast=live.forecast_reason() if stopped else None)
+                if state.allowance and end.reason is not None and end.reason != state.reason:
+                    end = end._replace(reason=f"{end.reason} (its lines raised by what earlier trials left)")
                 peaks = with_cuda_peak(live.peaks())
+                if returned and state.hard_reading is None and state.start is not None and not state.concurrent:
+                    own = {r: v - state.start[r] for r, v in peaks.items()  # type: ignore[operator]
+                           if v is not None and state.start.get(r) is not None}
                 peaks = oom.needs(peaks, policy.budget) if oom is not None else peaks
                 record = policy.record(state, trial.params, decision=end.decision, reason=end.reason,
                                        peaks=peaks, timeline=live.timeline(), breach=end.breach)
@@ -191,7 +218,21 @@ class GuardedObjective:
                 guard.trials.exit_run(state)
                 guard.trials.close(state.trial_id)
                 if live.grew():
-                    _trim_heap()
+                    trim_heap()
+                watch.levels.ended(state.start, own)  # the next start gives back first where this trial left any
+
+
+def _read_start(guard: "Guard", state: TrialGuardState) -> None:
+    """The process's usage at the trial's start, after the give-back (``guard/_start.py``), on the trial's
+    state before the guarded sampler checks it; a failure leaves the trial as if it had its own process."""
+    try:
+        watch = watch_of(guard)
+        # the guard's monitor thread counts in every reading while a trial runs: in the start level too
+        start = watch.levels.start(alone=not guard.trials.running(), threads=0 if watch.watching else 1)
+    except Exception as exc:  # noqa: BLE001 - the guard's own failure never stops a trial
+        _logger.warning("Trial %d: reading the process's usage at the start failed: %s", state.number, exc)
+        return
+    state.start, state.allowance = start.level, allowance(guard.policy, start)
 
 
 def store_rejection(guard: "Guard", trial: optuna.Trial, state: TrialGuardState, **record: Any) -> None:
@@ -246,9 +287,9 @@ class _Live:
             if len(self._points) >= _KEEP_POINTS:
                 self._points = downsample(self._points, _KEEP_POINTS // 2)
         state, policy = self._state, self._policy
-        if state.soft_reading is None and policy.over(reading, policy.soft):
+        if state.soft_reading is None and policy.over(reading, policy.soft, state.allowance):
             state.soft_reading = reading
-        if state.hard_reading is None and policy.over(reading, 1.0):
+        if state.hard_reading is None and policy.over(reading, 1.0, state.allowance):
             state.hard_reading = reading
             self._fire()
         elif self.forecast is not None and self.forecast.on_reading(reading.t, reading.rss) is not None:
@@ -300,7 +341,7 @@ class _Live:
 
 
 class _Watch:
-    """One Monitor of this process per guard, shared by the guard's running trials.
+    """One Monitor of this process per guard, shared by the guard's running trials, and their start levels.
 
     Started by the first trial, kept across trials (a trial pays no thread start), stopped by its own thread
     after ``_IDLE_READINGS`` readings without a trial. With ``n_jobs>1`` every running trial gets every
@@ -309,6 +350,7 @@ class _Watch:
 
     def __init__(self, interval: float) -> None:
         self._interval = interval
+        self.levels = ProcessLevels()  # the trials' start levels in this process
         self._lock = threading.Lock()
         self._monitor: Monitor | None = None
         self._lives: dict[int, _Live] = {}
@@ -328,6 +370,12 @@ class _Watch:
             raise
         except Exception as exc:  # noqa: BLE001 - a trial without readings still runs
             _logger.warning("Trial %d: the monitor could not start (%s); it runs unwatched.", number, exc)
+
+    @property
+    def watching(self) -> bool:
+        """Whether the monitor's thread runs now."""
+        with self._lock:
+            return self._monitor is not None
 
     def unsubscribe(self, live: _Live) -> None:
         with self._lock:
@@ -371,26 +419,6 @@ def _max_reading(a: Reading, b: Reading) -> Reading:
     return Reading(t=b.t if b.rss > a.rss else a.t, rss=max(a.rss, b.rss), hwm=max(a.hwm, b.hwm),
                    threads=max(a.threads, b.threads), processes=max(a.processes, b.processes),
                    pss=top(a.pss, b.pss), vram=top(a.vram, b.vram))
-
-
-def _trim_heap() -> None:
-    """Give heap memory the finished trial freed back to the OS.
-
-    glibc keeps freed heap blocks mapped (RSS) for reuse; without this, the next trial in the process
-    starts above its real baseline and may be stopped for memory it does not use. A no-op off glibc.
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc: present in the process's own symbols
-    except (AttributeError, OSError):
-        return None
-
-
-_MALLOC_TRIM = _malloc_trim()
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:

@@ -185,6 +185,16 @@ def release(exc: BaseException) -> None:
     if exc.__traceback__ is not None:
         traceback.clear_frames(exc.__traceback__)
         exc.__traceback__ = None
+    empty_cuda_cache()
+
+
+def cuda_reserved() -> int:
+    """What torch's CUDA allocator holds now, in bytes (0 where torch runs no CUDA in this process)."""
+    return int(_cuda_call("memory_reserved") or 0)
+
+
+def empty_cuda_cache() -> None:
+    """Give torch's cached CUDA blocks back to the driver (where torch runs CUDA in this process)."""
     _cuda_call("empty_cache")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from ..budget import Budget
 from ..estimate.footprint import Footprint
@@ -140,6 +140,14 @@ class Policy:
         return self._learning.info(params, raw, warmup, self.limits)
 
     @property
+    def increments(self) -> bool:
+        """Whether a prediction is a trial's own increment over the usage its process starts it at (a
+        footprint learned from the study's trials, without a footprint function), rather than a whole
+        process's peak (a footprint function's figures, corrected or not: they count the interpreter's
+        calibrated baseline, which a shared process's start level already holds)."""
+        return self._learning is not None and self._footprint is None
+
+    @property
     def cached_footprints(self) -> int:
         """How many footprints the cache holds."""
         with self._lock:
@@ -218,24 +226,33 @@ class Policy:
         """
         return {r: int(self._soft * v) for r, v in self._budget.resources.items()}
 
-    def excess(self, footprint: Footprint) -> dict[str, int]:
-        """Budgeted resources the footprint puts over the soft line, with the amount over."""
+    def need(self, footprint: Footprint, base: Mapping[str, int] | None) -> dict[str, int]:
+        """What admission compares with the soft line per budgeted resource: the prediction plus ``base``
+        (``guard/_start.py``'s ``charged``); empty without a ``base``, where that is the prediction alone."""
+        if not base:
+            return {}
+        return {r: int(getattr(footprint, r)) + base.get(r, 0) for r in self._budget.resources}
+
+    def excess(self, footprint: Footprint, base: Mapping[str, int] | None = None) -> dict[str, int]:
+        """Budgeted resources the footprint (plus ``base``: the usage a learned increment adds to, in a
+        shared process) puts over the soft line, with the amount over."""
+        base = base or {}
         return {
-            r: getattr(footprint, r) - limit
+            r: getattr(footprint, r) + base.get(r, 0) - limit
             for r, limit in self.limits.items()
-            if getattr(footprint, r) > limit
+            if getattr(footprint, r) + base.get(r, 0) > limit
         }
 
-    def describe_excess(self, footprint: Footprint) -> str:
-        """``RAM 3.0 GiB > 1.8 GiB (90% of the budget)``, for each resource over the soft line."""
+    def describe_excess(self, footprint: Footprint, base: Mapping[str, int] | None = None) -> str:
+        """``RAM 3.0 GiB > 1.8 GiB (90% of the budget)``, for each resource over the soft line; with a
+        ``base``: ``RAM 300 MiB in use + 1.6 GiB > 1.8 GiB (...)``."""
         line = "" if self._soft == 1.0 else f" ({self._soft:.0%} of the budget)"
-        parts = []
-        for r in self.excess(footprint):
-            limit = self.limits[r]
-            if r == "threads":
-                parts.append(f"threads {footprint.threads} > {limit}{line}")
-            else:
-                parts.append(f"{r.upper()} {format_bytes(getattr(footprint, r))} > {format_bytes(limit)}{line}")
+        base, parts = base or {}, []
+        for r in self.excess(footprint, base):
+            limit, show = self.limits[r], (str if r == "threads" else format_bytes)
+            used = f"{show(base[r])} in use + " if r in base else ""
+            parts.append(f"{'threads' if r == 'threads' else r.upper()} {used}{show(getattr(footprint, r))} > "
+                         f"{show(limit)}{line}")
         return ", ".join(parts)
 
     def describe_figures(self, footprint: Footprint) -> str:
@@ -264,13 +281,15 @@ class Policy:
 
     # -- while a trial runs ---------------------------------------------------------------------------
 
-    def over(self, reading: "Reading", fraction: float) -> bool:
-        """Whether ``reading`` crosses ``fraction`` of the budget in any budgeted resource."""
-        budget = self._budget
+    def over(self, reading: "Reading", fraction: float, allowance: Mapping[str, int] | None = None) -> bool:
+        """Whether ``reading`` crosses ``fraction`` of the budget in any budgeted resource, each line raised
+        by ``allowance`` (what earlier trials left in a shared process, ``guard/_start.py``)."""
+        budget, a = self._budget, allowance or {}
         return (
-            (budget.ram is not None and reading.rss > fraction * budget.ram)
-            or (budget.threads is not None and reading.threads > fraction * budget.threads)
-            or (budget.vram is not None and reading.vram is not None and reading.vram > fraction * budget.vram)
+            (budget.ram is not None and reading.rss > fraction * budget.ram + a.get("ram", 0))
+            or (budget.threads is not None and reading.threads > fraction * budget.threads + a.get("threads", 0))
+            or (budget.vram is not None and reading.vram is not None
+                and reading.vram > fraction * budget.vram + a.get("vram", 0))
         )
 
     def describe_breach(self, reading: "Reading | None", fraction: float) -> str:
@@ -349,6 +368,7 @@ class Policy:
             reason += "; other trials ran in this process at the same time (peaks are the process's)"
         for r in RESOURCES:
             figures[f"peak_{r}"] = (peaks or {}).get(r)
+            figures[f"start_{r}"] = None if state.start is None else state.start.get(r)
         return TrialRecord(
             decision=decision,
             reason=reason,
@@ -360,6 +380,8 @@ class Policy:
             soft=self._soft,
             concurrent=state.concurrent,
             learned=learned,
+            leftover=dict(state.allowance),
+            need=dict(state.need) if prediction is state.prediction else {},
         )
 
 

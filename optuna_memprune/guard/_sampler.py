@@ -19,6 +19,7 @@ from ._call import NoFootprint
 from ._clamp import ClampSearch
 from ._learning import learn
 from ._policy import check_guard
+from ._start import charged
 from ._trials import TrialGuardState
 from ._warn import FAILURES_BEFORE_WARNING
 
@@ -251,18 +252,20 @@ class GuardedSampler(BaseSampler):
         state.clamped_from = {}
         footprint = policy.predict(assignment)
         state.prediction = footprint
-        if not policy.excess(footprint):
+        base = charged(policy, state)  # in a shared process: the usage a learned increment adds to
+        state.need = policy.need(footprint, base)
+        if not policy.excess(footprint, base):
             state.learned = policy.learned_info(assignment)
             state.decision, state.reason = Decision.ADMITTED, "predicted to fit under the soft line"
             return
-        over = policy.describe_excess(footprint)
+        over = policy.describe_excess(footprint, base)
         state.learned = policy.learned_info(assignment)
         if not policy.can_clamp:
             state.decision, state.reason = Decision.REJECTED, f"predicted over budget: {over}"
             return
         names = policy.clamp if policy.clamp is not None else list(space)
         names = [n for n in names if n in space and n not in locked and not space[n].single()]
-        result = _search(policy).clamp(assignment, space, names, footprint)
+        result = _search(policy, base).clamp(assignment, space, names, footprint)
         if result is None:
             state.decision = Decision.REJECTED
             if names:
@@ -274,6 +277,7 @@ class GuardedSampler(BaseSampler):
         clamped, footprint = result
         state.clamped_from = {n: assignment[n] for n in clamped if clamped[n] != assignment[n]}
         state.assignment, state.prediction = clamped, footprint
+        state.need = policy.need(footprint, base)
         state.learned = policy.learned_info(clamped)
         state.decision = Decision.CLAMPED
         moves = ", ".join(f"{n} {assignment[n]!r} -> {clamped[n]!r}" for n in state.clamped_from)
@@ -285,12 +289,13 @@ class GuardedSampler(BaseSampler):
         policy = self._guard.policy
         candidate = {**state.assignment, name: value}
         footprint = policy.predict(candidate)
-        if policy.excess(footprint):
+        base = charged(policy, state)
+        if policy.excess(footprint, base):
             clampable = policy.on_infeasible == "clamp" and (policy.clamp is None or name in policy.clamp)
-            lowered = _search(policy).lower_one(candidate, name, dist) if clampable else None
+            lowered = _search(policy, base).lower_one(candidate, name, dist) if clampable else None
             if lowered is None or not lowered[2]:
                 state.uncheck(f"param {name!r} was re-drawn in a new range to {value!r}, over budget "
-                              f"({policy.describe_excess(footprint)}); too late to reject")
+                              f"({policy.describe_excess(footprint, base)}); too late to reject")
                 return value
             state.clamped_from[name] = value
             value, footprint = lowered[0], lowered[1]
@@ -298,7 +303,7 @@ class GuardedSampler(BaseSampler):
             state.reason += f"; lowered {name} {state.clamped_from[name]!r} -> {value!r} (new range)"
         state.assignment[name] = value
         state.space[name] = dist
-        state.prediction = footprint
+        state.prediction, state.need = footprint, policy.need(footprint, base)
         return value
 
     def _write_if_missing(self, study: Study, trial: FrozenTrial) -> None:
@@ -365,8 +370,10 @@ def _single_value(dist: BaseDistribution) -> Any:
     return int(dist.low) if isinstance(dist, IntDistribution) else float(dist.low)
 
 
-def _search(policy: "Policy") -> ClampSearch:
-    """The clamp search under the policy's soft line. A learned footprint gives its bound for every
-    candidate, below the observed range too (where it holds the low end's): only a trial as sampled is
-    let run unchecked to explore there, a candidate of the search never."""
-    return ClampSearch(functools.partial(policy.predict, explore=False), policy.excess, policy.limits)
+def _search(policy: "Policy", base: dict[str, int] | None = None) -> ClampSearch:
+    """The clamp search under the policy's soft line, less ``base`` (``guard/_start.py``'s ``charged``). A learned
+    footprint gives its bound for every candidate, below the observed range too (where it holds the low
+    end's): only a trial as sampled is let run unchecked to explore there, a candidate of the search never."""
+    room = {r: max(v - (base or {}).get(r, 0), 1) for r, v in policy.limits.items()}
+    return ClampSearch(functools.partial(policy.predict, explore=False),
+                       functools.partial(policy.excess, base=base), room)

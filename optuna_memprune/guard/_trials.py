@@ -45,6 +45,11 @@ class TrialGuardState:
     footprint_failed: bool = False  # the footprint raised, timed out or returned no Footprint at launch
     oom_kills: int | None = None    # the host's OOM-kill count when the runner launched the trial's process
     learned: dict[str, Any] | None = None  # the record's word on a learned prediction (mode, phase, raw)
+    # In a shared process (the in-process objective) only; ``None`` / empty where the trial has its own process:
+    start: dict[str, int | None] | None = None  # the process's usage at the trial's start, after the give-back
+    need: dict[str, int] = field(default_factory=dict)       # what admission compared with the soft line
+    allowance: dict[str, int] = field(default_factory=dict)  # what earlier trials left, where it made the budget
+                                                             # unreachable: the trial's lines raised by it
 
     @property
     def checked(self) -> bool:

@@ -191,11 +191,13 @@ def test_the_record_is_complete_on_every_trial_and_bytes_are_ints(tmp_path) -> N
     study.optimize(guard.wrap_objective(objective), n_trials=3)
     for t in optuna.load_study(study_name=study.study_name, storage=storage).trials:
         keys = {k for k in t.user_attrs if k.startswith("memprune:")}
-        assert keys == {f"memprune:{k}" for k in (
+        required = {f"memprune:{k}" for k in (
             "decision", "reason", "pred_ram", "pred_vram", "pred_threads", "peak_ram",
-            "peak_threads", "budget_ram", "budget_threads", "clamped_from", "timeline",
-            "breakdown", "breach", "soft")}  # no GPU: peak_vram unknown, budget_vram unlimited, left out
-        for k in ("pred_ram", "peak_ram", "budget_ram", "pred_threads", "peak_threads", "budget_threads"):
+            "peak_threads", "start_ram", "start_threads", "budget_ram", "budget_threads", "clamped_from",
+            "timeline", "breakdown", "breach", "soft")}  # no GPU: peak_vram unknown, budget_vram unlimited, left out
+        assert keys == required
+        for k in ("pred_ram", "peak_ram", "start_ram", "budget_ram", "pred_threads", "peak_threads",
+                  "start_threads", "budget_threads"):
             assert type(t.user_attrs[f"memprune:{k}"]) is int
         assert read_record(t.user_attrs).budget_vram is None
         record = read_record(t.user_attrs)

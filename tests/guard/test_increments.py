@@ -1,0 +1,233 @@
+"""Each trial's own memory in a shared process: the start level read after the give-back, the trial's own
+increment, what earlier trials left, admission on usage now plus a learned increment, and the fallback that
+keeps a small trial after a large one from being stopped for memory it did not take.
+
+Real allocations (numpy pages written) in this process, real Optuna studies.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import warnings
+
+import numpy as np
+import optuna
+import psutil
+import pytest
+from optuna.distributions import IntDistribution
+from optuna.trial import TrialState
+
+import optuna_memprune as omp
+from optuna_memprune.estimate.learn import learned
+from optuna_memprune.guard import Decision, MemoryGuard, read_record
+from optuna_memprune.guard._learning import Learning
+from optuna_memprune.guard._policy import Policy
+from optuna_memprune.guard._start import ProcessLevels, Start, allowance, charged, give_back
+from optuna_memprune.guard._trials import TrialGuardState
+from optuna_memprune.records import TrialRecord, read, write
+
+MiB = 2**20
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+_KEPT: list[np.ndarray] = []  # what a trial leaves behind on purpose: held at module level, as a cache would be
+
+
+@pytest.fixture(autouse=True)
+def _release_kept():
+    yield
+    _KEPT.clear()
+    give_back()
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def _garbage(mb: int) -> None:
+    """``mb`` MiB written and left in a reference cycle: freed only by a garbage collection."""
+    cycle: list = [np.ones(mb * MiB, dtype=np.uint8)]
+    cycle.append(cycle)
+
+
+def test_the_give_back_comes_before_the_start_level_is_read() -> None:
+    # The order matters: read before the give-back, a cycle's 200 MiB counts as the process's usage.
+    collections: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            collections.append(1)
+
+    gc.disable()  # no automatic collection may free the cycle by chance between the two readings
+    gc.callbacks.append(count)
+    try:
+        levels = ProcessLevels()
+        start = levels.start(alone=True).level
+        assert len(collections) == 1  # the first start gives back
+        levels.ended(start)
+        levels.start(alone=True)
+        assert len(collections) == 1  # a trial that left nothing costs the next one no collection
+        _garbage(200)
+        before = _rss()
+        levels.ended(start)
+        after = levels.start(alone=True).level["ram"]
+        assert len(collections) == 2
+    finally:
+        gc.callbacks.remove(count)
+        gc.enable()
+    assert before - after >= 150 * MiB, (before / MiB, after / MiB)
+    # the least a trial that ran to the end needed: the smallest increment seen
+    levels.ended(start, {"ram": 30 * MiB, "threads": 2})
+    levels.ended(start, {"ram": 50 * MiB, "threads": 0})
+    assert levels.start(alone=True).least == {"ram": 30 * MiB, "threads": 0}
+
+
+def test_a_trial_garbage_is_collected_before_the_next_trial_starts() -> None:
+    guard = MemoryGuard(None, omp.Budget(ram=_rss() + 2048 * MiB))
+
+    def objective(trial: optuna.Trial) -> float:
+        if trial.suggest_int("mb", 0, 200) > 0:
+            _garbage(200)
+        time.sleep(0.25)  # readings: the trial grew
+        return 0.0
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study.enqueue_trial({"mb": 200})
+    study.enqueue_trial({"mb": 0})
+    gc.disable()
+    try:
+        study.optimize(guard.wrap_objective(objective), n_trials=2)
+    finally:
+        gc.enable()
+    first, second = (read_record(t.user_attrs) for t in study.trials)
+    assert first.peak_ram - first.start_ram >= 190 * MiB
+    assert second.start_ram - first.start_ram < 50 * MiB, (first.start_ram / MiB, second.start_ram / MiB)
+
+
+def test_a_trial_after_a_large_one_is_recorded_with_its_start_level_and_its_own_increment() -> None:
+    guard = MemoryGuard(None, omp.Budget(ram=_rss() + 2048 * MiB))
+
+    def objective(trial: optuna.Trial) -> float:
+        mb = trial.suggest_int("mb", 8, 300)
+        block = np.ones(mb * MiB, dtype=np.uint8)
+        if mb == 300:
+            _KEPT.append(block)  # left behind: the process holds it after the trial
+        time.sleep(0.3)
+        return float(block[::4096].sum())
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study.enqueue_trial({"mb": 300})
+    study.enqueue_trial({"mb": 40})
+    study.optimize(guard.wrap_objective(objective), n_trials=2)
+    large, small = (read_record(t.user_attrs) for t in study.trials)
+    assert all(t.state is TrialState.COMPLETE for t in study.trials)
+    assert small.start_ram - large.start_ram >= 290 * MiB
+    assert small.leftover == {}  # the budget is still reachable: the small trial's lines are the budget's
+    increment = small.peak_ram - small.start_ram
+    assert 38 * MiB <= increment <= 48 * MiB, increment / MiB  # what it allocated, within a few MiB
+    assert small.peak_ram > large.peak_ram - 20 * MiB  # the process's peak: the large trial's memory is in it
+    assert small.start_threads is not None and small.start_vram is None  # no GPU here: not read
+
+
+def test_a_small_trial_after_one_that_crossed_the_budget_completes() -> None:
+    budget = omp.Budget(ram=_rss() + 150 * MiB)
+    guard = MemoryGuard(None, budget, monitor_interval=0.05)
+
+    def objective(trial: optuna.Trial) -> float:
+        if trial.suggest_int("mb", 10, 400) == 400:
+            while len(_KEPT) < 50:  # at most 400 MiB: kept at module level, so the process stays over budget
+                _KEPT.append(np.ones(8 * MiB, dtype=np.uint8))
+        block = np.ones(10 * MiB, dtype=np.uint8)
+        time.sleep(0.4)
+        return float(block[::4096].sum())
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study.enqueue_trial({"mb": 400})
+    study.enqueue_trial({"mb": 10})
+    study.enqueue_trial({"mb": 10})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        study.optimize(guard.wrap_objective(objective), n_trials=3)
+    large, *small = study.trials
+    assert large.state is TrialState.PRUNED and read_record(large.user_attrs).decision is Decision.STOPPED
+    for t in small:
+        record = read_record(t.user_attrs)
+        assert t.state is TrialState.COMPLETE, record.reason
+        assert record.start_ram > budget.ram and record.peak_ram > budget.ram  # the process stayed over
+        assert record.leftover["ram"] > 100 * MiB and "left by earlier trials" in record.reason
+        assert record.constraints()["memprune_ram"] <= 0  # its own memory fit: the sampler is told so
+    assert len([w for w in caught if "left by earlier trials" in str(w.message)]) == 1
+
+
+def test_a_footprint_function_is_compared_alone_in_a_shared_process() -> None:
+    # A footprint function predicts a whole process (the interpreter's baseline included): adding the start
+    # level would count the baseline twice and reject this trial, which fits.
+    rss = _rss()
+    budget = omp.Budget(ram=int((rss + 150 * MiB) / 0.9))
+    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=rss + p["mb"] * MiB), budget,
+                        search_space={"mb": IntDistribution(8, 64)})
+
+    def objective(trial: optuna.Trial) -> float:
+        block = np.ones(trial.suggest_int("mb", 8, 64) * MiB, dtype=np.uint8)
+        return float(block[::4096].sum())
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study.optimize(guard.wrap_objective(objective), n_trials=3)
+    for t in study.trials:
+        record = read_record(t.user_attrs)
+        assert record.decision is Decision.ADMITTED and record.need == {} and record.start_ram > rss // 2
+
+
+def _state(start: int, prediction: int, allowance: dict | None = None) -> TrialGuardState:
+    state = TrialGuardState(0, 0, start={"ram": start, "vram": None, "threads": 4}, allowance=allowance or {})
+    state.prediction = omp.Footprint.of(ram=prediction)
+    return state
+
+
+def _policy(learn: bool) -> Policy:
+    return Policy(None if learn else (lambda p: omp.Footprint()), omp.Budget(ram="1GiB"), on_infeasible="reject",
+                  clamp=None, search_space=None, interval=0.1, soft=0.9,
+                  learning=Learning(learned(miss_rate=0.2), corrected=False) if learn else None)
+
+
+def test_admission_adds_usage_now_to_a_learned_increment_and_a_footprint_function_stands_alone() -> None:
+    learned_policy, function_policy = _policy(True), _policy(False)  # the soft line: 921.6 MiB
+    state = _state(start=500 * MiB, prediction=400 * MiB)
+    base = charged(learned_policy, state)
+    assert base == {"ram": 500 * MiB} and learned_policy.need(state.prediction, base) == {"ram": 900 * MiB}
+    assert not learned_policy.excess(state.prediction, base)  # 500 + 400 fits
+    over = omp.Footprint.of(ram=500 * MiB)
+    assert learned_policy.excess(over, base) == {"ram": 1000 * MiB - int(0.9 * 1024 * MiB)}
+    assert "500.00 MiB in use + 500.00 MiB" in learned_policy.describe_excess(over, base)
+    assert not learned_policy.excess(over)  # alone it would fit: usage now is what rejects it
+    # where what was left made the budget unreachable, admission does not charge it
+    assert charged(learned_policy, _state(950 * MiB, 400 * MiB, {"ram": 400 * MiB})) == {"ram": 550 * MiB}
+    # a footprint function's whole-process figure is compared alone; the runner's trials have no start level
+    assert charged(function_policy, state) is None and function_policy.need(state.prediction, None) == {}
+    assert charged(learned_policy, TrialGuardState(0, 0)) is None
+
+
+def test_what_was_left_is_set_aside_only_where_it_makes_the_budget_unreachable() -> None:
+    policy = _policy(True)  # the soft line: 921.6 MiB; 1% of the budget: 10.24 MiB
+    assert allowance(policy, Start({"ram": 950 * MiB}, {"ram": 400 * MiB}, {})) == {"ram": 400 * MiB}
+    assert allowance(policy, Start({"ram": 900 * MiB}, {"ram": 400 * MiB}, {})) == {}  # a trial may still fit
+    # ... unless no trial that ran to the end here would: the least one needed 30 MiB
+    assert allowance(policy, Start({"ram": 900 * MiB}, {"ram": 400 * MiB}, {"ram": 30 * MiB})) == {"ram": 400 * MiB}
+    assert allowance(policy, Start({"ram": 950 * MiB}, {"ram": 5 * MiB}, {})) == {}  # noise, not what was left
+    assert allowance(policy, Start({"ram": 950 * MiB}, {"ram": 0}, {})) == {}  # the process began over: the budget's
+
+
+def test_the_start_fields_round_trip_and_old_records_read() -> None:
+    study = optuna.create_study()
+    trial = study.ask()
+    record = TrialRecord(Decision.ADMITTED, start_ram=300 * MiB, start_vram=None, start_threads=5,
+                         leftover={"ram": 64 * MiB}, need={"ram": 900 * MiB}, budget_ram=2**30, peak_ram=2**30)
+    write(trial, record)
+    back = read(trial.user_attrs)
+    assert (back.start_ram, back.start_vram, back.start_threads) == (300 * MiB, None, 5)
+    assert back.leftover == {"ram": 64 * MiB} and back.need == {"ram": 900 * MiB}
+    assert type(trial.user_attrs["memprune:start_ram"]) is int and "memprune:start_vram" not in trial.user_attrs
+    # the peak less what was left, and what admission compared, both count in the constraint
+    assert record.constraints()["memprune_ram"] == pytest.approx(-64 / 1024)  # 1 GiB - 64 MiB vs 1 GiB (soft 1.0)
+    old = {k: v for k, v in trial.user_attrs.items() if not k.split(":")[1].startswith(("start_", "leftover_", "need_"))}
+    again = read(old)
+    assert (again.start_ram, again.start_threads, again.leftover, again.need) == (None, None, {}, {})
