@@ -62,9 +62,8 @@ class TrialRecord:
     (``"learned"``: the bound of the study's own trials; ``"corrected"``: the footprint function's figures
     corrected by the learned ratio), ``phase`` (``"warm-up"``, ``"bound"``, or ``"explore"``: run unchecked
     below every observed trial), ``n`` (trials observed to the end), ``warmup``, ``miss_rate``,
-    ``factor_ram`` (the conformal factor), ``residual_ram`` (the conformal residual, when the bound is the
-    fit plus it), ``spread_ram`` and ``noise_ram`` (when the bound is the fit plus ``spread_ram`` x
-    (``noise_ram`` + the fit above its base)), ``raw`` (the footprint function's own figures, corrected
+    ``quantile_ram`` and ``base_ram`` (the bound is the fit plus ``quantile_ram`` x (the fit above
+    ``base_ram`` + 2% of ``base_ram``)), ``raw`` (the footprint function's own figures, corrected
     mode), and after the warm-up ``center`` (the fit, which ``pred_*`` then holds) and ``bound`` (the upper
     bound the guard admitted, clamped or rejected on; the constraints use it).
     A trial that ran out of memory has the peak of the resource that ran out raised to the least it needed

@@ -70,8 +70,9 @@ def footprint(params: dict) -> omp.Footprint:
 
 # What the estimators do not see (the storage's caches, numpy temporaries while the buffer fills) is not a
 # fixed margin here: MemoryGuard(learn=True) learns the ratio of the observed peaks to these figures from
-# the study's own trials and predicts with its upper bound (before its warm-up: x1.10, or the largest ratio
-# seen), so clamping aims at the soft line divided by that ratio.
+# the study's own trials and predicts with its upper bound (before its warm-up: the function's figures plus
+# a quantile of its own misses so far, wide while few trials are known), so clamping aims under the soft line
+# by that bound.
 
 
 # The task: which of 10 patterns the newest frame shows (under noise); older frames are other samples.

@@ -163,7 +163,8 @@ def observation(number: int, state: Any, params: Mapping[str, Any], user_attrs: 
     """A finished trial as an observation: ``None`` without a record, a peak, or, when ``corrected``, the
     footprint function's figures, and ``None`` for a trial that shared its process with others unless the
     record holds its usage at its start. Where the record holds that start (``start_ram``, ...: a trial in
-    a shared process), the trial's own figure is its peak minus its start. A trial stopped, soft-pruned, out
+    a shared process) and no footprint function is corrected, the trial's own figure is its peak minus its
+    start. A trial stopped, soft-pruned, out
     of memory or failed reached at least its peaks (censored); so did one pruned by the study's pruner,
     unless its RSS had settled (:func:`plateaued`): then its peak is what it takes."""
     from optuna.trial import TrialState
@@ -171,7 +172,9 @@ def observation(number: int, state: Any, params: Mapping[str, Any], user_attrs: 
     record = records.read(user_attrs)
     if record is None or record.decision is Decision.REJECTED:
         return None
-    starts = {r: getattr(record, f"start_{r}", None) for r in RESOURCES}
+    # a footprint function's figures are a whole process's (its calibrated baseline included): corrected,
+    # they are compared with the process's peak; learned alone, a trial's own increment is what is fitted
+    starts = {r: None if corrected else getattr(record, f"start_{r}", None) for r in RESOURCES}
     if record.concurrent and starts["ram"] is None:
         return None  # the process's peaks, shared with other trials: no figure of this trial's own
     peaks = {}

@@ -227,8 +227,10 @@ def _read_start(guard: "Guard", state: TrialGuardState) -> None:
     state before the guarded sampler checks it; a failure leaves the trial as if it had its own process."""
     try:
         watch = watch_of(guard)
-        # the guard's monitor thread counts in every reading while a trial runs: in the start level too
-        start = watch.levels.start(alone=not guard.trials.running(), threads=0 if watch.watching else 1)
+        # the guard's monitor thread counts in every reading while a trial runs, the footprint's worker in
+        # none: so in the start level
+        own = (0 if watch.watching else 1) - guard.policy.own_threads
+        start = watch.levels.start(alone=not guard.trials.running(), threads=own)
     except Exception as exc:  # noqa: BLE001 - the guard's own failure never stops a trial
         _logger.warning("Trial %d: reading the process's usage at the start failed: %s", state.number, exc)
         return
@@ -281,6 +283,9 @@ class _Live:
         """Called from the monitor's thread for every reading while the trial runs."""
         if reading.t < self._start:  # taken before this trial began (while an earlier one ran)
             return
+        own = self._policy.own_threads  # the footprint's worker, lingering after the sampler's check
+        if own:
+            reading = reading._replace(threads=max(reading.threads - own, 0))
         with self._lock:
             self._peak = reading if self._peak is None else _max_reading(self._peak, reading)
             self._points.append((reading.t, reading.rss, reading.threads, reading.vram))

@@ -132,12 +132,18 @@ class Policy:
         learning = self._learning
         return self._on_infeasible == "clamp" and (learning is None or learning.corrected or learning.ready)
 
-    def learned_info(self, params: dict[str, Any], warmup: bool = False) -> dict[str, Any] | None:
+    def learned_info(self, params: dict[str, Any], warmup: bool = False,
+                     base: Mapping[str, int] | None = None) -> dict[str, Any] | None:
         """What the record says of the learned prediction of ``params`` (``None`` without learning)."""
         if self._learning is None:
             return None
         raw = self._cached(params) if self._footprint is not None else None
-        return self._learning.info(params, raw, warmup, self.limits)
+        return self._learning.info(params, raw, warmup, self.room(base))
+
+    def room(self, base: Mapping[str, int] | None = None) -> dict[str, int]:
+        """The soft line's limits less ``base`` (the usage a learned increment adds to, ``charged``): what a
+        prediction is compared with."""
+        return {r: max(v - (base or {}).get(r, 0), 1) for r, v in self.limits.items()}
 
     @property
     def increments(self) -> bool:
@@ -148,6 +154,12 @@ class Policy:
         return self._learning is not None and self._footprint is None
 
     @property
+    def own_threads(self) -> int:
+        """Threads of this process the guard runs for the footprint's time limit now (its worker, kept up to
+        a second after its last call): readings of a trial leave them out."""
+        return self._caller.threads
+
+    @property
     def cached_footprints(self) -> int:
         """How many footprints the cache holds."""
         with self._lock:
@@ -155,18 +167,19 @@ class Policy:
 
     # -- before launch --------------------------------------------------------------------------------
 
-    def predict(self, params: dict[str, Any], *, explore: bool = True) -> Footprint:
+    def predict(self, params: dict[str, Any], *, explore: bool = True,
+                base: Mapping[str, int] | None = None) -> Footprint:
         """The footprint of ``params`` (cached). Raises what the user's function raises, TypeError when it
         returns something else than a Footprint, or :class:`FootprintTimeout` over ``footprint_timeout``.
 
         How the limit applies (a worker thread, abandoned past it; a cold start; calibration not counted):
         :class:`~optuna_memprune.guard._call.LimitedCall`. A late answer still fills the cache.
         ``explore=False``: a learned footprint's bound even where the trial would run unchecked to explore
-        (a clamp search's candidates).
+        (a clamp search's candidates). ``base``: the usage a learned increment adds to (:meth:`room`).
         """
         if self._learning is not None:
             raw = None if self._footprint is None else self._raw(params)
-            return self._learning.footprint(params, raw, self.limits, explore=explore)
+            return self._learning.footprint(params, raw, self.room(base), explore=explore)
         return self._raw(params)
 
     def _raw(self, params: dict[str, Any]) -> Footprint:

@@ -186,7 +186,8 @@ class GuardedSampler(BaseSampler):
         ``on_footprint_error="raise"``."""
         if isinstance(exc, NoFootprint):  # a guard without a footprint by design, or one warming up: no failure
             state.uncheck(str(exc))
-            state.learned = self._guard.policy.learned_info(assignment, warmup=True)
+            state.learned = self._guard.policy.learned_info(assignment, warmup=True,
+                                                            base=charged(self._guard.policy, state))
             return
         policy = self._guard.policy
         name = policy.missing_param(exc, assignment)
@@ -250,16 +251,16 @@ class GuardedSampler(BaseSampler):
         policy = self._guard.policy
         state.assignment, state.space = dict(assignment), dict(space)
         state.clamped_from = {}
-        footprint = policy.predict(assignment)
-        state.prediction = footprint
         base = charged(policy, state)  # in a shared process: the usage a learned increment adds to
+        footprint = policy.predict(assignment, base=base)
+        state.prediction = footprint
         state.need = policy.need(footprint, base)
         if not policy.excess(footprint, base):
-            state.learned = policy.learned_info(assignment)
+            state.learned = policy.learned_info(assignment, base=base)
             state.decision, state.reason = Decision.ADMITTED, "predicted to fit under the soft line"
             return
         over = policy.describe_excess(footprint, base)
-        state.learned = policy.learned_info(assignment)
+        state.learned = policy.learned_info(assignment, base=base)
         if not policy.can_clamp:
             state.decision, state.reason = Decision.REJECTED, f"predicted over budget: {over}"
             return
@@ -278,7 +279,7 @@ class GuardedSampler(BaseSampler):
         state.clamped_from = {n: assignment[n] for n in clamped if clamped[n] != assignment[n]}
         state.assignment, state.prediction = clamped, footprint
         state.need = policy.need(footprint, base)
-        state.learned = policy.learned_info(clamped)
+        state.learned = policy.learned_info(clamped, base=base)
         state.decision = Decision.CLAMPED
         moves = ", ".join(f"{n} {assignment[n]!r} -> {clamped[n]!r}" for n in state.clamped_from)
         state.reason = f"predicted over budget: {over}; lowered {moves} ({policy.describe_figures(footprint)})"
@@ -288,8 +289,8 @@ class GuardedSampler(BaseSampler):
     ) -> Any:
         policy = self._guard.policy
         candidate = {**state.assignment, name: value}
-        footprint = policy.predict(candidate)
         base = charged(policy, state)
+        footprint = policy.predict(candidate, base=base)
         if policy.excess(footprint, base):
             clampable = policy.on_infeasible == "clamp" and (policy.clamp is None or name in policy.clamp)
             lowered = _search(policy, base).lower_one(candidate, name, dist) if clampable else None
@@ -374,6 +375,5 @@ def _search(policy: "Policy", base: dict[str, int] | None = None) -> ClampSearch
     """The clamp search under the policy's soft line, less ``base`` (``guard/_start.py``'s ``charged``). A learned
     footprint gives its bound for every candidate, below the observed range too (where it holds the low
     end's): only a trial as sampled is let run unchecked to explore there, a candidate of the search never."""
-    room = {r: max(v - (base or {}).get(r, 0), 1) for r, v in policy.limits.items()}
-    return ClampSearch(functools.partial(policy.predict, explore=False),
-                       functools.partial(policy.excess, base=base), room)
+    return ClampSearch(functools.partial(policy.predict, explore=False, base=base),
+                       functools.partial(policy.excess, base=base), policy.room(base))

@@ -26,7 +26,8 @@ MiB = 2**20
 @dataclass(frozen=True)
 class LearnedRow:
     """One trial's learned prediction of RAM: ``bound`` (what the guard used), ``center`` (the fit),
-    ``raw`` (a footprint function's own figure, corrected mode), ``peak``; ``None`` where unknown."""
+    ``raw`` (a footprint function's own figure, corrected mode), ``peak`` (a learned trial's own increment
+    over its start where it shared its process); ``None`` where unknown."""
 
     number: int
     state: str
@@ -53,6 +54,8 @@ def rows(data: "ReportData") -> list[LearnedRow]:
 def _row(t: "GuardedTrial") -> LearnedRow:
     learned = t.record.learned
     peak = None if t.decision is Decision.OUT_OF_MEMORY else t.record.peak_ram
+    if peak is not None and learned.get("mode") == "learned" and t.record.start_ram is not None:
+        peak -= t.record.start_ram  # in a shared process the fit is of the trial's own increment
     bound = (learned.get("bound") or {}).get("ram", t.record.pred_ram)
     return LearnedRow(t.number, t.state, t.decision.value, str(learned.get("mode", "")),
                       str(learned.get("phase", "")), int(learned.get("n", 0)), bound,

@@ -80,7 +80,8 @@ def test_in_process_trials_run_unchecked_through_the_warmup_then_are_checked_by_
         assert compared == r.start_ram - r.leftover.get("ram", 0) + bound, (t.number, r)
         if r.decision is not Decision.REJECTED:  # admitted and clamped trials fit: the bound held
             assert r.peak_ram <= budget.ram and compared <= 0.9 * budget.ram, (t.number, r)
-            errors.append((r.peak_ram - r.pred_ram) / r.peak_ram)
+            own = r.peak_ram - r.start_ram  # the trial's own increment: what the learned fit predicts here
+            errors.append((own - r.pred_ram) / own)
         else:
             assert compared > 0.9 * budget.ram and r.constraints()["memprune_ram"] > 0  # the constraint uses it
     errors.sort()

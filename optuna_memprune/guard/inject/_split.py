@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
+
 from ... import _internals
 from ...records import Decision
 from ...units import format_bytes
@@ -159,12 +161,15 @@ def copy_back(shared: Shared, study: Any) -> int:
 class Gate:
     """Whole-process admission for trials run as threads of one process: a trial waits until its predicted
     RAM and that of the trials running fit under ``line`` together (a trial runs alone when nothing runs);
-    an unchecked trial counts as the whole line, a rejected one passes through to be ended."""
+    an unchecked trial counts as the whole line, a rejected one passes through to be ended. A learned
+    footprint predicts a trial's own increment: there the process's RSS when the first of the running trials
+    started counts too."""
 
     def __init__(self, objective: Callable, guard: Any, line: int) -> None:
         self._objective, self._guard, self._line = objective, guard, line
         self._cond = threading.Condition()
         self._held = 0
+        self._base = 0  # the process's RSS when nothing ran, where predictions are increments
 
     def __call__(self, trial: Any) -> Any:
         trial.relative_params  # Optuna samples at the first suggest: the guarded sampler checks the trial here
@@ -175,7 +180,9 @@ class Gate:
         if state is not None and state.checked and state.prediction is not None and state.prediction.ram:
             need = min(int(state.prediction.ram), self._line)
         with self._cond:
-            while self._held and self._held + need > self._line:
+            if not self._held and self._guard.policy.increments:
+                self._base = psutil.Process().memory_info().rss
+            while self._held and self._base + self._held + need > self._line:
                 self._cond.wait()
             self._held += need
         try:
