@@ -60,7 +60,7 @@ Run: ``python scripts/bench_clients.py [--smoke] [--programs a,b] [--trials N] [
 [--logs DIR] [--measure K]`` (``--smoke``: plain_torch and lightgbm_regression, 6 trials; ``--measure K``:
 each program's peak on K random draws, each alone in a fresh process, to set ``BUDGETS``). A program whose
 packages are missing is skipped with the reason (``programs=`` counts the ones run). Needs root for the
-cgroups (else the polling fallback). The programs' output goes to one log file per run in ``--logs``.
+cgroups (else the polling fallback). The programs' output goes to one log file per run in ``--logs``, beside the runs' SQLite files.
 """
 
 from __future__ import annotations
@@ -94,22 +94,25 @@ from optuna_memprune import cgroups, records  # noqa: E402
 from optuna_memprune.records import Decision  # noqa: E402
 
 MiB = 2**20
-#: Per-trial RAM budgets (whole process, imports included): about a third of each space exceeds them.
-#: Measured with ``--measure 6`` (seeds 1000-1005: the program's own first draw, each alone in a fresh
-#: process, peak = the process's max RSS), see the figures beside each.
+#: Per-trial RAM budgets (the whole process, imports included): about a third of each space exceeds them.
+#: Measured with ``--measure 6``: six random draws of each space (the program's own first draw, seeds
+#: 1000-1005), each alone in a fresh process, peak = the process's max RSS; the peaks are beside each.
+#: lightning_mlp's six draws (widths log-uniform 32-8192) all stayed at 452-488 MiB, its imports' level:
+#: its budget is from the space instead: weights, gradients and Adam's two moments, 16 B a parameter, over
+#: that level; ``(layers - 1) x width^2 x 16 B`` > 60 MiB holds for 29% of 200,000 draws of the space.
 BUDGETS = {
-    "plain_torch": "700MiB",
-    "lightgbm_regression": "400MiB",
+    "plain_torch": "450MiB",          # 329 353 372 389 491 915 MiB
+    "lightgbm_regression": "245MiB",  # 117 133 196 244 247 659 MiB
+    "hf_gpt2": "620MiB",              # 477 487 511 547 672 839 MiB
+    "lightning_mlp": "520MiB",        # 452 452 452 455 456 488 MiB (see above)
     "keras_mlp": "1200MiB",
-    "lightning_mlp": "1200MiB",
-    "hf_gpt2": "1400MiB",
 }
 NEEDS = {
     "plain_torch": ("torch",),
     "lightgbm_regression": ("lightgbm",),
-    "keras_mlp": ("tensorflow", "keras"),
-    "lightning_mlp": ("lightning", "optuna_integration"),
     "hf_gpt2": ("transformers", "accelerate"),
+    "lightning_mlp": ("lightning", "optuna_integration"),
+    "keras_mlp": ("tensorflow", "keras"),
 }
 SMOKE = ("plain_torch", "lightgbm_regression")
 OVER = (Decision.STOPPED, Decision.OUT_OF_MEMORY)
@@ -132,7 +135,7 @@ class Run:
     trials: int = 0
     asked: int = 0
     exit_code: int | None = None
-    unguarded_exit: int | None = None
+    unguarded_exit: int | None = None  # the program's own exit code unguarded (None: every run killed)
     unguarded_restarts: int = 0
     unguarded_trials: int = 0
     unguarded_failed: int = 0
@@ -355,8 +358,15 @@ def has_storage_flag() -> bool:
     return "--storage" in out.stdout
 
 
+def fresh(where: Path, name: str) -> str:
+    """The URL of a new SQLite file ``name`` in ``where`` (an earlier run's file is removed: the programs load
+    an existing study)."""
+    (where / name).unlink(missing_ok=True)
+    return f"sqlite:///{where / name}"
+
+
 def guarded(run: Run, args: argparse.Namespace, where: Path, storage_flag: bool) -> str:
-    url = f"sqlite:///{where / f'{run.program}-{run.n_jobs}-guarded.db'}"
+    url = fresh(where, f"{run.program}-{run.n_jobs}-guarded.db")
     path = str(CLIENTS / f"{run.program}.py")
     argv = [sys.executable, "-m", "optuna_memprune.cli", "run", "--ram", str(run.budget),
             *(["--storage", url] if storage_flag else []), "--", sys.executable, path]
@@ -368,7 +378,7 @@ def guarded(run: Run, args: argparse.Namespace, where: Path, storage_flag: bool)
 
 def unguarded(run: Run, args: argparse.Namespace, where: Path, place: "cgroups.Place | None") -> None:
     """The program under the hard limit, restarted after each kill with the trials still to make."""
-    url = f"sqlite:///{where / f'{run.program}-{run.n_jobs}-unguarded.db'}"
+    url = fresh(where, f"{run.program}-{run.n_jobs}-unguarded.db")
     log = Path(args.logs) / f"{run.program}-{run.n_jobs}-unguarded.log"
     killed: set[int] = set()
     for attempt in range(args.trials):
@@ -384,8 +394,8 @@ def unguarded(run: Run, args: argparse.Namespace, where: Path, place: "cgroups.P
             was_killed = limit.killed()
             limit.close()
         run.wall_unguarded += seconds
-        run.unguarded_exit = code
-        if not was_killed:
+        if not was_killed:  # the exit code of a run the limit did not end: the program's own
+            run.unguarded_exit = code
             break
         run.unguarded_restarts += attempt < args.trials - 1
         study = optuna.load_study(study_name=run.program, storage=url)
@@ -466,25 +476,25 @@ def main() -> None:
         measure(ready, args, place)
         return
     totals = Totals()
-    with tempfile.TemporaryDirectory(prefix="bench-clients-") as tmp:
-        for name in ready:
-            totals.programs.add(name)
-            for n_jobs in (1, 2):
-                run = Run(name, n_jobs, omp.Budget(ram=BUDGETS[name]).ram, asked=args.trials)
-                url = guarded(run, args, Path(tmp), storage_flag)
-                trials = load_trials(url) if optuna.get_all_study_names(url) else []
-                rejected = score(run, trials)
-                unguarded(run, args, Path(tmp), place)
-                run.lost += run.exit_code != 0 and run.unguarded_exit == 0
-                for number, params, soft in random.Random(args.seed).sample(rejected, min(REPLAYS, len(rejected))):
-                    code, peak, killed = replay(name, params, args.seed, args, place, run.budget)
-                    run.replayed += 1
-                    fits = code == 0 and not killed and peak < soft
-                    run.false_rejects += fits
-                    if fits:
-                        run.notes.append(f"trial {number} rejected, ran alone at {peak / MiB:.0f} MiB")
-                totals.runs.append(run)
-                print(row(run), flush=True)
+    where = Path(args.logs)  # the runs' SQLite files stay beside their logs, for memprune report
+    for name in ready:
+        totals.programs.add(name)
+        for n_jobs in (1, 2):
+            run = Run(name, n_jobs, omp.Budget(ram=BUDGETS[name]).ram, asked=args.trials)
+            url = guarded(run, args, where, storage_flag)
+            trials = load_trials(url) if optuna.get_all_study_names(url) else []
+            rejected = score(run, trials)
+            unguarded(run, args, where, place)
+            run.lost += run.exit_code != 0 and not run.unguarded_exit  # crashed where unguarded did not
+            for number, params, soft in random.Random(args.seed).sample(rejected, min(REPLAYS, len(rejected))):
+                code, peak, killed = replay(name, params, args.seed, args, place, run.budget)
+                run.replayed += 1
+                fits = code == 0 and not killed and peak < soft
+                run.false_rejects += fits
+                if fits:
+                    run.notes.append(f"trial {number} rejected, ran alone at {peak / MiB:.0f} MiB")
+            totals.runs.append(run)
+            print(row(run), flush=True)
     line = totals.line()
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": [asdict(r) | {"as_asked": r.as_asked} for r in totals.runs],

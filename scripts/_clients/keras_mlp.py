@@ -22,7 +22,7 @@ y = x[:, :4].sum(axis=1, keepdims=True)
 
 
 def objective(trial):
-    width = trial.suggest_int("width", 32, 4096, step=32)
+    width = trial.suggest_int("width", 64, 8192, step=64)
     layers = trial.suggest_int("layers", 1, 4)
     batch_size = trial.suggest_int("batch_size", 16, 256, log=True)
     lr = trial.suggest_float("lr", 1e-5, 1e-1, log=True)

@@ -21,7 +21,7 @@ y = x[:, :8].sum(dim=1, keepdim=True)
 
 
 def objective(trial):
-    width = trial.suggest_int("width", 32, 4096, step=32)
+    width = trial.suggest_int("width", 64, 8192, step=64)
     depth = trial.suggest_int("depth", 1, 4)
     batch_size = trial.suggest_int("batch_size", 8, 128, log=True)
     lr = trial.suggest_float("lr", 1e-5, 1e-1, log=True)
