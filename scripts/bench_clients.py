@@ -81,7 +81,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = ROOT / "scripts" / "_clients"
@@ -122,7 +122,10 @@ MEMORYLESS = re.compile(r"(^|_)(lr|learning_rate|dropout|seed|weight_decay|gamma
 #: At most this many rejected assignments per run are rerun alone to judge false rejections.
 REPLAYS = 5
 #: A run that takes longer than this per trial asked is killed (and counted lost).
-SECONDS_PER_TRIAL = 240
+SECONDS_PER_TRIAL = 120
+#: A guarded run whose storage holds more than this many times the trials asked is killed: its program was
+#: re-executed by its trial processes (issue 24: 52 trials made of 8 asked), and would not end in time.
+RUNAWAY = 2
 
 
 @dataclass
@@ -315,11 +318,23 @@ class Limit:
             self.group.remove()
 
 
-def launch(argv: list[str], env: dict[str, str], log: Path, timeout: float, limit: Limit | None = None
-           ) -> tuple[int, float, int]:
+def launch(argv: list[str], env: dict[str, str], log: Path, timeout: float, limit: Limit | None = None,
+           runaway: Callable[[], str | None] | None = None) -> tuple[int, float, int]:
     """Run ``argv`` with its output appended to ``log``; ``(exit code, seconds, max RSS of its largest
-    process in bytes)``; a run past ``timeout`` has its process group killed (exit code -9)."""
+    process in bytes)``; a run past ``timeout``, or once ``runaway()`` (asked every 10 s) says why, has its
+    process group killed (exit code -9, the reason in the log)."""
     start = time.monotonic()
+    done = threading.Event()
+
+    def watch(proc: subprocess.Popen, out: Any) -> None:
+        while not done.wait(10):
+            why = "past the time limit" if time.monotonic() - start > timeout else runaway() if runaway else None
+            if why:
+                out.write(f"[stopped by the bench: {why}]\n")
+                out.flush()
+                os.killpg(proc.pid, signal.SIGKILL)
+                return
+
     with open(log, "a") as out:
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
@@ -327,10 +342,11 @@ def launch(argv: list[str], env: dict[str, str], log: Path, timeout: float, limi
                                 preexec_fn=limit.preexec() if limit else os.setsid)
         if limit:
             limit.watch(proc)
-        timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
-        timer.start()
+        watcher = threading.Thread(target=watch, args=(proc, out), daemon=True)
+        watcher.start()
         _, status, usage = os.wait4(proc.pid, 0)
-        timer.cancel()
+        done.set()
+        watcher.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.write(f"[exit {proc.returncode}]\n")
     return proc.returncode, time.monotonic() - start, usage.ru_maxrss * 1024
@@ -372,7 +388,18 @@ def guarded(run: Run, args: argparse.Namespace, where: Path, storage_flag: bool)
             *(["--storage", url] if storage_flag else []), "--", sys.executable, path]
     env = program_env(run.program, args.trials, run.n_jobs, args.seed, None if storage_flag else url)
     log = Path(args.logs) / f"{run.program}-{run.n_jobs}-guarded.log"
-    run.exit_code, run.wall, _ = launch(argv, env, log, SECONDS_PER_TRIAL * args.trials)
+
+    def runaway() -> str | None:  # a program re-executed by its trial processes makes trials without end
+        try:
+            made = len(load_trials(url)) if optuna.get_all_study_names(url) else 0
+        except Exception:  # noqa: BLE001 - the file is being written; ask again later
+            return None
+        if made > RUNAWAY * args.trials:
+            run.notes.append(f"stopped by the bench at {made} trials (more than {RUNAWAY}x the trials asked)")
+            return f"{made} trials in the storage, more than {RUNAWAY}x the {args.trials} asked"
+        return None
+
+    run.exit_code, run.wall, _ = launch(argv, env, log, SECONDS_PER_TRIAL * args.trials, runaway=runaway)
     return url
 
 
