@@ -27,7 +27,7 @@ LAYERS = (
 # The one module allowed to touch Optuna's and multiprocessing's private names.
 AUDITED = "_internals.py"
 # Underscore names that are public API of the stdlib: os._exit, sys._getframe, namedtuple methods.
-STDLIB_UNDERSCORE = {"_exit", "_getframe", "_replace", "_asdict", "_fields", "_make"}
+STDLIB_UNDERSCORE = {"_exit", "_getframe", "_current_frames", "_replace", "_asdict", "_fields", "_make"}
 
 
 def _modules() -> list[Path]:

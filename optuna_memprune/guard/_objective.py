@@ -6,7 +6,6 @@ assignment was checked or clamped.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import logging
@@ -27,6 +26,7 @@ from .. import _internals, records
 from ..monitor import Monitor, Reading, downsample
 from ..records import Decision
 from ._forecast import StepForecast, trial_forecast
+from ._interrupt import importing, set_async_exc
 from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cuda_peak
 from ._outcome import Outcome, trial_outcome
 from ._peak_rss import peak_rss
@@ -274,6 +274,7 @@ class _Live:
         self._lock = threading.Lock()
         self._armed = True
         self._fired = False
+        self._deferred = False  # an interrupt due while the trial's thread imported a module
         self._start = time.monotonic()
         self._hwm0 = peak_rss()  # this process's peak RSS so far: a rise above it happened in the trial
         self._peak: Reading | None = None
@@ -299,23 +300,31 @@ class _Live:
             self._fire()
         elif self.forecast is not None and self.forecast.on_reading(reading.t, reading.rss) is not None:
             self._fire()  # projected over the budget at the trial's last step
+        elif self._deferred:
+            self._fire()  # an import ran when it was due: at the first reading after it
 
     def forecast_reason(self) -> str | None:
         """The reason of the forecast stop, ``None`` when the forecast stopped nothing."""
         return None if self.forecast is None else self.forecast.reason()
 
     def _fire(self) -> None:
+        """Interrupt the trial's thread, unless it is importing a module now: an exception there would leave
+        a package half-imported in ``sys.modules`` for every later trial of the process (torch's optimizer
+        importing ``torch._dynamo`` and sympy, stopped midway, broke every later trial). Then it waits for the
+        next reading (``_deferred``)."""
         with self._lock:
             if self._armed and not self._fired:
-                _set_async_exc(self._thread_id, _Interrupt)
-                self._fired = True
+                self._deferred = importing(self._thread_id)
+                if not self._deferred:
+                    set_async_exc(self._thread_id, _Interrupt)
+                    self._fired = True
 
     def disarm(self) -> None:
         """No interrupt can reach the trial's thread once this returns (an undelivered one is cleared)."""
         with self._lock:
             self._armed = False
             if self._fired:
-                _set_async_exc(self._thread_id, None)
+                set_async_exc(self._thread_id, None)
 
     def grew(self) -> bool:
         """Whether the trial ran for at least one reading or raised the process's peak RSS: only then may
@@ -424,13 +433,6 @@ def _max_reading(a: Reading, b: Reading) -> Reading:
     return Reading(t=b.t if b.rss > a.rss else a.t, rss=max(a.rss, b.rss), hwm=max(a.hwm, b.hwm),
                    threads=max(a.threads, b.threads), processes=max(a.processes, b.processes),
                    pss=top(a.pss, b.pss), vram=top(a.vram, b.vram))
-
-
-def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
-    # CPython C API; None is passed as NULL, which clears a pending exception of that thread.
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), None if exc is None else ctypes.py_object(exc)
-    )
 
 
 def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:

@@ -227,3 +227,36 @@ def test_memory_budget_exceeded_is_a_pruned_exception_that_pickles() -> None:
     error = MemoryBudgetExceeded("over", _reading(rss=5))
     again = pickle.loads(pickle.dumps(error))
     assert isinstance(again, optuna.TrialPruned) and again.reading.rss == 5 and str(again) == "over"
+
+
+def test_a_budget_crossed_while_the_trial_imports_a_module_stops_it_after_the_import(tmp_path, monkeypatch) -> None:
+    # Before: the interrupt landed inside the import (torch's optimizer importing torch._dynamo and sympy),
+    # which left the package half-imported for every later trial of the process. Now it waits for the import
+    # to end: the module is whole in sys.modules, and the trial is still stopped at the next reading.
+    import sys
+
+    (tmp_path / "memprune_big_import.py").write_text(
+        "import time\nimport numpy as np\n"
+        "BIG = np.ones(200 * 2**20, dtype=np.uint8)  # pages written: over the budget from here\n"
+        "for _ in range(40):\n    time.sleep(0.01)  # readings land while the import runs\n"
+        "DONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram="1MiB"),
+                            omp.Budget(ram=psutil.Process().memory_info().rss + 100 * 2**20), monitor_interval=0.02)
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+
+    def objective(trial: optuna.Trial) -> float:
+        trial.suggest_int("x", 0, 1)
+        import memprune_big_import  # noqa: F401
+        for _ in range(200):
+            time.sleep(0.01)
+        return 0.0
+
+    try:
+        study.optimize(guard.wrap_objective(objective), n_trials=1)
+        module = sys.modules.get("memprune_big_import")
+        assert module is not None and module.DONE, "the import was interrupted"
+        record = omp.read_record(study.trials[0].user_attrs)
+        assert study.trials[0].state == TrialState.PRUNED and record.decision is Decision.STOPPED, record
+    finally:
+        sys.modules.pop("memprune_big_import", None)
