@@ -40,10 +40,6 @@ class Decision(str, Enum):
     UNCHECKED = "unchecked"      # could not be checked before launch; ran under the monitor only
 
 
-#: Decisions of a trial that ran to its end (not stopped, pruned on memory or rejected by the guard).
-_RAN = (Decision.ADMITTED, Decision.CLAMPED, Decision.UNCHECKED)
-
-
 @dataclass(frozen=True)
 class TrialRecord:
     """Everything the guard writes on one trial. Bytes are ints; ``None`` means unknown or unlimited.
@@ -117,10 +113,7 @@ class TrialRecord:
         The figure is the larger of the prediction (and a learned prediction's bound, and what admission
         compared), and, when the trial ran alone in its process or ran out of memory, the peak less what
         earlier trials left in the process; the line is ``soft`` x budget; RAM and VRAM are in GiB, threads
-        in threads. Never NaN: a resource with neither figure known counts as 0.0 (feasible). A trial that
-        ran to its end (admitted, clamped or unchecked) with its peak within the budget is feasible (0.0 at
-        most): Optuna's ``best_trial`` passes over infeasible trials, and raised where every completed trial
-        had peaked between the soft line and the budget.
+        in threads. Never NaN: a resource with neither figure known counts as 0.0 (feasible).
         """
         out = {}
         for r in RESOURCES:
@@ -137,9 +130,6 @@ class TrialRecord:
             known = [f for f in figures if f is not None]
             limit = int(self.soft * budget)
             over = float(max(known) - limit) if known else 0.0
-            ran = peak is not None and self.decision in _RAN and peak - self.leftover.get(r, 0) <= budget
-            if over > 0 and ran:
-                over = 0.0  # it ran to its end within its budget: feasible, whatever was predicted
             value = over / GiB if r != "threads" else over
             out[_CONSTRAINT_PREFIX + r] = value if math.isfinite(value) else 0.0
         return out
