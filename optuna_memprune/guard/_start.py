@@ -83,7 +83,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
 _MALLOC_TRIM = _malloc_trim()
 
 
-def _rss() -> int | None:
+def rss() -> int | None:
     """This process's RSS in bytes (one ``/proc/self/statm`` read), ``None`` where there is no /proc."""
     try:
         return int(procfs.read("/proc/self/statm").split()[1]) * _PAGE
@@ -171,11 +171,11 @@ class ProcessLevels:
         ran to the end alone (the smallest become ``Start.least``). Where the process now holds more than
         ``GIVE_BACK_ABOVE`` over ``start``, or torch holds cached CUDA blocks, the next start gives back
         first: a trial that left nothing costs the next one no collection."""
-        rss, level = _rss(), (start or {}).get("ram")
+        rss_now, level = rss(), (start or {}).get("ram")
         with self._lock:
             for r, v in (own or {}).items():
                 self._least[r] = min(self._least.get(r, v), max(v, 0))
-            if rss is None or level is None or rss - level > GIVE_BACK_ABOVE or cuda_reserved():
+            if rss_now is None or level is None or rss_now - level > GIVE_BACK_ABOVE or cuda_reserved():
                 self._dirty = True
 
 

@@ -33,11 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import psutil
-
 from ... import _internals
 from ...records import Decision
 from ...units import format_bytes
+from .._start import rss
 
 
 def jobs(n_jobs: Any, workers: int) -> int:
@@ -181,7 +180,7 @@ class Gate:
             need = min(int(state.prediction.ram), self._line)
         with self._cond:
             if not self._held and self._guard.policy.increments:
-                self._base = psutil.Process().memory_info().rss
+                self._base = rss() or 0
             while self._held and self._base + self._held + need > self._line:
                 self._cond.wait()
             self._held += need
