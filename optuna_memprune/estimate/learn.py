@@ -45,8 +45,11 @@ from .checks import EstimateError
 __all__ = ["Learned", "Model", "Observation", "Role", "learned", "nnls", "role"]
 RESOURCES = ("ram", "vram", "threads")
 MISS_RATE = 0.1        # the default share of trials whose peak may exceed the bound
-#: Trials observed to the end before the bound is used (the least a user may ask: 2, one residual each way)
+#: Trials observed before the bound is used, a stopped one (a lower bound) included (the least a user may
+#: ask: 2, one residual each way); of them at least MIN_DONE ran to the end. Counting only trials that ran to
+#: the end, a LightGBM study whose first draws were stopped warmed up for 9 and 11 trials (bench_clients).
 WARMUP = 4
+MIN_DONE = 2
 SCORED = 40            # the most recent observations scored by leave-one-out (older ones are fitted only)
 _IMPUTE_ROUNDS = 3     # censored targets raised to the fit this many times
 _CENSORED_WEIGHT = 10.0  # the weight of a censored trial the fit puts below what it reached
@@ -88,7 +91,8 @@ def learned(
 
     Args:
         miss_rate: the share of trials whose peak may exceed the upper bound, in (0, 0.5].
-        warmup: trials observed to the end before the bound is used; default 4, at least 2.
+        warmup: trials observed before the bound is used; default 4, at least 2. A trial stopped over the
+            budget counts (what it reached is a lower bound), and at least two must have run to the end.
         monotone: ``{param: +1 or -1}``: memory grows with the param (+1) or shrinks (-1); a param declared
             here is in the fit from the first trials whatever its name.
         categorical: params whose values are labels even when they are numbers (one indicator each).
@@ -152,14 +156,15 @@ class _Fit:
 class Model:
     """Observations fitted: :meth:`bound` (the upper bound) and :meth:`center` (the fit) per resource.
 
-    ``n`` counts the observations that ran to the end (uncensored); ``ready`` is ``n >= warmup``.
+    ``n`` counts the observations that ran to the end (uncensored); ``ready``: at least ``warmup``
+    observations, ``MIN_DONE`` of them uncensored.
     """
 
     def __init__(self, settings: Learned, observations: list[Observation], corrected: bool) -> None:
         self.settings, self.corrected = settings, corrected
         self.observations = observations
         self.n = sum(not o.censored for o in observations)
-        self.ready = self.n >= settings.warmup
+        self.ready = len(observations) >= settings.warmup and self.n >= MIN_DONE
         self._fits: dict[str, _Fit] = {}
         rows_all = [o for o in observations if o.predicted is not None] if corrected else observations
         for r in RESOURCES:

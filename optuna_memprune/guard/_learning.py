@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .. import _internals, records
 from ..estimate.footprint import Component, Footprint, Kind
-from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation
+from ..estimate.learn import MIN_DONE, NOISE, RESOURCES, Learned, Model, Observation
 from ..records import Decision
 from ..units import format_bytes
 from ._call import NoFootprint
@@ -112,7 +112,7 @@ class Learning:
         figures = {r: getattr(raw, r) for r in RESOURCES}
         bound = model.bound(params, figures)  # before the warm-up: the function's figures, the prior's quantile
         note = (f"learned from {model.n} trials (miss rate {model.miss_rate:.0%})" if model.ready else
-                f"warm-up ({model.n} of {self.settings.warmup} trials observed; miss rate {model.miss_rate:.0%})")
+                f"warm-up ({len(model.observations)} of {self.settings.warmup} trials observed; miss rate {model.miss_rate:.0%})")
         return _corrected(raw, bound, note)
 
     def explore(self, params: Mapping[str, Any], limits: Mapping[str, int]) -> list[str]:
@@ -130,8 +130,10 @@ class Learning:
         return model.unseen(params)
 
     def warmup_reason(self) -> str:
-        return (f"learned footprint warming up: {self.model.n} of {self.settings.warmup} trials observed to the "
-                "end; the trial runs unchecked under the monitor")
+        model = self.model
+        seen, need = len(model.observations), self.settings.warmup
+        return (f"learned footprint warming up: {seen} of {need} trials observed ({model.n} to the end, "
+                f"{MIN_DONE} needed); the trial runs unchecked under the monitor")
 
     def info(self, params: Mapping[str, Any], raw: Footprint | None, warmup: bool,
              limits: Mapping[str, int] | None = None) -> dict[str, Any]:

@@ -71,14 +71,16 @@ def test_the_bound_covers_about_its_stated_share_on_new_trials() -> None:
     assert float(np.median(over)) < 1.2  # the bound is tight: its median within a fifth of the peak
 
 
-def test_the_model_is_ready_from_the_fourth_trial_and_censored_trials_do_not_count() -> None:
+def test_the_model_is_ready_from_the_fourth_trial_a_stopped_one_counting_with_two_run_to_the_end() -> None:
     assert learned().warmup == 4 and learned(miss_rate=0.05).warmup == 4 and learned(warmup=2).warmup == 2
     rng = np.random.default_rng(3)
     obs = _observe(rng, 3)
     assert not learned().fit(obs).ready
     stopped = [Observation(o.params, o.peaks, censored=True, number=o.number) for o in _observe(rng, 5)]
-    model = learned().fit(obs + stopped)
-    assert model.n == 3 and not model.ready
+    model = learned().fit(obs[:1] + stopped)  # six observed, one to the end: no residual to price the bound
+    assert model.n == 1 and not model.ready
+    model = learned().fit(obs[:2] + stopped[:2])  # four observed, two to the end
+    assert model.n == 2 and model.ready
     model = learned().fit(obs + _observe(rng, 1))
     assert model.ready and "width" in model.params() and "lr" not in model.params()
 

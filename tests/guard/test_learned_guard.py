@@ -44,21 +44,24 @@ def _records(study: optuna.Study) -> list[tuple[optuna.trial.FrozenTrial, omp.gu
 
 
 def _check_warmup_then_bound(rows, warmup: int) -> list:
-    """Every trial before ``warmup`` trials ran to the end is unchecked and says it warms up (or was rejected
-    for dominating a stopped trial); from then on every trial's prediction is the learned bound."""
-    done, bounded = 0, []
+    """Every trial before ``warmup`` trials were observed (ran to the end, or were stopped: a lower bound; two
+    at least to the end) is unchecked and says it warms up (or was rejected for dominating a stopped trial);
+    from then on every trial's prediction is the learned bound."""
+    seen = done = 0
+    bounded = []
     for t, r in rows:
-        if done < warmup:
+        if seen < warmup or done < 2:
             assert r.learned["phase"] == "warm-up", (t.number, r)
             assert r.decision in (Decision.UNCHECKED, Decision.STOPPED, Decision.REJECTED), (t.number, r)
             if r.decision is Decision.UNCHECKED:
                 assert "warming up" in r.reason and r.pred_ram is None, (t.number, r.reason)
         else:
-            assert r.learned["phase"] == "bound" and r.learned["n"] >= warmup, (t.number, r.learned)
+            assert r.learned["phase"] == "bound" and r.learned["n"] >= 2, (t.number, r.learned)
             assert r.decision in (Decision.ADMITTED, Decision.CLAMPED, Decision.REJECTED), (t.number, r)
             assert r.pred_ram is not None and "learned upper bound" in r.breakdown["components"][0]["name"]
             bounded.append((t, r))
         done += t.state == optuna.trial.TrialState.COMPLETE and r.decision is not Decision.STOPPED
+        seen += r.decision is not Decision.REJECTED
     return bounded
 
 
@@ -115,6 +118,26 @@ def test_a_stopped_trial_makes_every_larger_assignment_rejected_even_in_the_warm
     assert first.decision is Decision.STOPPED
     assert second.decision is Decision.REJECTED and "at least trial #0" in second.breakdown["components"][0]["name"]
     assert third.decision is Decision.UNCHECKED and "warming up" in third.reason
+
+
+def test_a_stopped_trial_counts_toward_the_warmup_as_a_lower_bound(tmp_path) -> None:
+    # a study whose first draw crossed the budget is predicted from its fifth trial, not its sixth; the
+    # stopped trial's reach holds the bound of larger assignments up
+    base = psutil.Process().memory_info().rss
+    guard = omp.MemoryGuard(None, omp.Budget(ram=base + 200 * MiB), search_space=SPACE)
+    study = _study(f"sqlite:///{tmp_path / 'study.db'}", guard)
+    for mb in (300, 20, 60, 120, 40):
+        study.enqueue_trial({"mb": mb, "lr": 1e-3})
+    study.optimize(guard.wrap_objective(objectives.alloc), n_trials=5)
+    rows = _records(study)
+    assert rows[0][1].decision is Decision.STOPPED
+    assert [r.learned["phase"] for _, r in rows[:4]] == ["warm-up"] * 4
+    assert "1 of 4 trials observed (0 to the end, 2 needed)" in rows[1][1].reason, rows[1][1].reason
+    fifth = rows[4][1]
+    assert fifth.learned["phase"] == "bound" and fifth.learned["n"] == 3, fifth.learned
+    assert fifth.decision is Decision.ADMITTED and fifth.pred_ram is not None
+    model = guard.policy._learning.model
+    assert model.bound({"mb": 400, "lr": 1e-3})["ram"] >= rows[0][1].peak_ram - rows[0][1].start_ram
 
 
 @pytest.mark.slow
