@@ -24,8 +24,10 @@ per-trial RAM budget that about a third of its space exceeds (``BUDGETS``), twic
   bench says so and polls the tree's RSS instead, killing it at the budget.
 
 From the stored trials (``optuna_memprune.records.read``), per run: trials made, warm-up (trials before the
-first one predicted), the fit's error and the bound's excess over the trial's own peak (``peak - start``
-where the record has the start, else the peak) on the trials completed after the warm-up, launches after
+first one predicted), the fit's error and the bound's excess over the peak on the trials completed after the
+warm-up, as admission compares them: in a shared process the process's usage at the trial's start plus the
+fit or bound against the process's peak (the line before the last gives them on the trial's own increment,
+``peak - start``, where an increment of 1 MiB makes any bound hundreds of percent over), launches after
 the warm-up that ended over the budget, false rejections (rejected assignments, at most 5 per run sampled,
 rerun alone and unguarded in a fresh process through the program's own code, ``_clients/_replay.py``, whose
 peak stays under the soft line), clamps that moved only memoryless params (by name: learning rates,
@@ -148,6 +150,8 @@ class Run:
     warmup: int = 0
     fit_errors: list[float] = field(default_factory=list)
     bound_over: list[float] = field(default_factory=list)
+    fit_errors_own: list[float] = field(default_factory=list)
+    bound_over_own: list[float] = field(default_factory=list)
     launched_after: int = 0
     over_after: int = 0
     rejected: int = 0
@@ -220,14 +224,18 @@ def score(run: Run, trials: Iterable[optuna.trial.FrozenTrial]) -> list[tuple[in
             continue
         run.launched_after += 1
         run.over_after += over
-        peak = own_peak(record)
+        own, start = own_peak(record), getattr(record, "start_ram", None) or 0
         center = _ram(record.learned.get("center"))
         bound = _ram(record.learned.get("bound")) or _ram(record.pred_ram)
-        if t.state == optuna.trial.TrialState.COMPLETE and peak and peak > 0:
-            if center is not None:
-                run.fit_errors.append(abs(peak - center) / peak)
-            if bound is not None:
-                run.bound_over.append((bound - peak) / peak)
+        if t.state == optuna.trial.TrialState.COMPLETE and own and own > 0:
+            for figure, errors, errors_own in ((center, run.fit_errors, run.fit_errors_own),
+                                               (bound, run.bound_over, run.bound_over_own)):
+                if figure is None:
+                    continue
+                absolute = errors is run.fit_errors  # the fit's error; the bound's excess is signed
+                errors_own.append(abs(own - figure) / own if absolute else (figure - own) / own)
+                peak, level = record.peak_ram, start + figure
+                errors.append(abs(peak - level) / peak if absolute else (level - peak) / peak)
     return rejected
 
 
@@ -250,7 +258,10 @@ class Totals:
             return f"{100 * statistics.median(values):.1f}%" if values else "-"
 
         ratio = f"{sum(r.wasted for r in runs) / wasted_u:.2f}" if wasted_u > 0 else "-"
-        return (f"CLIENTS programs={len(self.programs)} runs={len(runs)} "
+        return (f"CLIENTS_OWN fit_median_err={pct([e for r in runs for e in r.fit_errors_own])} "
+                f"bound_median_over={pct([e for r in runs for e in r.bound_over_own])} (on each trial's own "
+                f"increment in a shared process)\n"
+                f"CLIENTS programs={len(self.programs)} runs={len(runs)} "
                 f"trials_as_asked={sum(r.as_asked for r in runs)}/{len(runs)} "
                 f"warmup_max={max((r.warmup for r in runs), default=0)} fit_median_err={pct(fit)} "
                 f"bound_median_over={pct(bound)} "

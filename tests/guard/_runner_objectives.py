@@ -22,6 +22,14 @@ def footprint(params: dict, base: int = 260) -> "object":
     return omp.Footprint.of(ram=(base + params["mb"]) * MiB)
 
 
+def found_pandas(trial: optuna.Trial) -> float:
+    """1.0 where the trial's process had pandas imported before the trial ran (this module never imports it)."""
+    import sys
+
+    trial.suggest_int("mb", 8, 64)
+    return float("pandas" in sys.modules)
+
+
 def hold(trial: optuna.Trial, seconds: float = 0.3) -> float:
     """Touch ``mb`` MiB, hold them ``seconds``, report where and when it ran."""
     mb = trial.suggest_int("mb", 8, 512)

@@ -276,6 +276,16 @@ def test_a_reservation_is_capped_at_the_per_trial_budget(tmp_path: Path) -> None
     assert over_host, [(r.pred_ram >> 20, r.margin) for r in records]  # uncapped, these could never start
 
 
+def test_a_heavy_library_this_process_loaded_is_imported_once_by_the_fork_server(tmp_path: Path) -> None:
+    # the trial's process finds it imported (a program's TensorFlow or Lightning, not paid again per trial)
+    import pandas  # noqa: F401 - loaded here, as a user's program has its libraries loaded
+
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
+    study = _study(tmp_path, guard)
+    omp.optimize(study, objectives.found_pandas, guard=guard, n_trials=1, host=_ledger(tmp_path))
+    assert study.trials[0].value == 1.0
+
+
 def test_nothing_is_left_running_in_this_process_after_optimize(tmp_path: Path) -> None:
     import psutil
 

@@ -81,6 +81,17 @@ def test_a_study_never_predicted_is_all_warmup_and_own_peaks_subtract_the_start(
     assert bench.own_peak(incremental) == 300 * MiB
 
 
+def test_in_a_shared_process_fit_and_bound_are_scored_as_admission_compares_them_and_on_the_increment() -> None:
+    # the process at 400 MiB, the trial's own 300 MiB: fit 270 (10% under it), bound 330 (10% over it); as
+    # admission compares them, 670 and 730 MiB against the process's 700 MiB peak
+    run = bench.Run("p", 1, 1000 * MiB, asked=1)
+    bench.score(run, [trial(0, TrialRecord(Decision.ADMITTED, pred_ram=270 * MiB, peak_ram=700 * MiB,
+                                           start_ram=400 * MiB, budget_ram=1000 * MiB,
+                                           learned=learned(270 * MiB, 330 * MiB)))])
+    assert run.fit_errors_own == [pytest.approx(0.1)] and run.bound_over_own == [pytest.approx(0.1)]
+    assert run.fit_errors == [pytest.approx(30 / 700)] and run.bound_over == [pytest.approx(30 / 700)]
+
+
 def test_clients_line_aggregates_runs() -> None:
     a = bench.Run("a", 1, MiB, asked=3, trials=3, exit_code=0, unguarded_exit=0, warmup=4, fit_errors=[0.1, 0.3],
                   bound_over=[0.2], launched_after=10, over_after=1, replayed=2, false_rejects=1, wasted=1.0,
@@ -89,9 +100,11 @@ def test_clients_line_aggregates_runs() -> None:
                   bound_over=[0.4, 0.6], launched_after=10, lost=2, memoryless_clamps=1, wasted=1.0,
                   wasted_unguarded=5.0)
     totals = bench.Totals({"a", "b"}, [a, b])
-    assert totals.line() == ("CLIENTS programs=2 runs=2 trials_as_asked=1/2 warmup_max=4 fit_median_err=20.0% "
-                             "bound_median_over=40.0% over_budget_after_warmup=5.0% false_rejects=50.0% "
-                             "memoryless_clamps=1 lost=2 wasted_compute_ratio=0.25")
+    own, line = totals.line().splitlines()
+    assert own.startswith("CLIENTS_OWN fit_median_err=- bound_median_over=- ")
+    assert line == ("CLIENTS programs=2 runs=2 trials_as_asked=1/2 warmup_max=4 fit_median_err=20.0% "
+                    "bound_median_over=40.0% over_budget_after_warmup=5.0% false_rejects=50.0% "
+                    "memoryless_clamps=1 lost=2 wasted_compute_ratio=0.25")
     crashed = bench.Run("c", 1, MiB, asked=3, trials=3, exit_code=1, unguarded_exit=0)
     assert not crashed.as_asked
 
