@@ -15,23 +15,6 @@ from typing import Iterator
 import pytest
 
 
-#: Tests that read the host as a whole (its free memory, the page cache, cgroups) or whose verdict races the
-#: clock: ``scripts/test.sh`` runs them alone after the rest has run two at a time, where another test's
-#: memory or CPU would change what they measure.
-SERIAL = ("test_ledger.py", "test_ledger_restart.py", "test_bench_faults.py", "test_cgroups.py",
-          "estimate/test_calibration.py", "estimate/test_recheck.py", "estimate/test_torchnet_cpu_rss.py",
-          "estimate/test_recipes_sb3.py", "bad_input/test_calibration.py", "guard/test_runner_cgroup.py",
-          "guard/test_forecast_stop.py", "guard/test_runner_pg_faults.py", "monitor/")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = Path(__file__).parent
-    for item in items:
-        where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
-        if where.startswith(SERIAL):
-            item.add_marker(pytest.mark.serial)
-
-
 def _pg_bin(name: str) -> str | None:
     found = shutil.which(name)
     if found:
