@@ -112,7 +112,9 @@ class TrialRecord:
 
         The figure is the larger of the prediction (and a learned prediction's bound, and what admission
         compared), and, when the trial ran alone in its process or ran out of memory, the peak less what
-        earlier trials left in the process; the line is ``soft`` x budget; RAM and VRAM are in GiB, threads
+        earlier trials left in the process; the line is ``soft`` x budget (for a learned increment, the
+        process's usage at the start, less what earlier trials left, plus ``soft`` of the budget above it,
+        as admission drew it: ``Policy.line``); RAM and VRAM are in GiB, threads
         in threads. Never NaN: a resource with neither figure known counts as 0.0 (feasible).
         """
         out = {}
@@ -129,6 +131,9 @@ class TrialRecord:
                 figures.append(self.forecast.get("projected"))
             known = [f for f in figures if f is not None]
             limit = int(self.soft * budget)
+            if r in self.need and getattr(self, f"start_{r}") is not None:  # an increment: the line above the start
+                charged = getattr(self, f"start_{r}") - self.leftover.get(r, 0)
+                limit = int(self.soft * budget + (1 - self.soft) * min(max(charged, 0), budget))
             over = float(max(known) - limit) if known else 0.0
             value = over / GiB if r != "threads" else over
             out[_CONSTRAINT_PREFIX + r] = value if math.isfinite(value) else 0.0

@@ -31,7 +31,7 @@ from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cud
 from ._outcome import Outcome, trial_outcome
 from ._peak_rss import peak_rss
 from ._policy import check_guard
-from ._start import ProcessLevels, allowance, describe_allowance, trim_heap
+from ._start import ProcessLevels, allowance, charged, describe_allowance, trim_heap
 from ._trials import TrialGuardState
 
 if TYPE_CHECKING:
@@ -277,6 +277,7 @@ class _Live:
         self._deferred = False  # an interrupt due while the trial's thread imported a module
         self._start = time.monotonic()
         self._hwm0 = peak_rss()  # this process's peak RSS so far: a rise above it happened in the trial
+        self._base = charged(guard.policy, state)  # the soft line's margin is on the room above it
         self._peak: Reading | None = None
         self._points: list[tuple[float, int, int, int | None]] = []
 
@@ -293,7 +294,7 @@ class _Live:
             if len(self._points) >= _KEEP_POINTS:
                 self._points = downsample(self._points, _KEEP_POINTS // 2)
         state, policy = self._state, self._policy
-        if state.soft_reading is None and policy.over(reading, policy.soft, state.allowance):
+        if state.soft_reading is None and policy.over(reading, policy.soft, state.allowance, self._base):
             state.soft_reading = reading
         if state.hard_reading is None and policy.over(reading, 1.0, state.allowance):
             state.hard_reading = reading

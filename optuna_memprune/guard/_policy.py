@@ -143,7 +143,16 @@ class Policy:
     def room(self, base: Mapping[str, int] | None = None) -> dict[str, int]:
         """The soft line's limits less ``base`` (the usage a learned increment adds to, ``charged``): what a
         prediction is compared with."""
-        return {r: max(v - (base or {}).get(r, 0), 1) for r, v in self.limits.items()}
+        return {r: max(v - (base or {}).get(r, 0), 1) for r, v in self.line(base).items()}
+
+    def line(self, base: Mapping[str, int] | None = None) -> dict[str, int]:
+        """The soft line per budgeted resource above ``base`` (the usage a learned increment adds to, measured
+        at the trial's start): ``base`` plus ``soft`` of the budget above it, the margin being for what is
+        predicted. Without a base: :attr:`limits`. (Lightning's imports held 452 MiB of a 520 MiB budget:
+        90% of the budget left 16 MiB to trials needing up to 60, and soft-pruned each; bench_clients.)"""
+        base = base or {}
+        return {r: int(self._soft * v + (1 - self._soft) * min(base.get(r, 0), v))
+                for r, v in self._budget.resources.items()}
 
     @property
     def increments(self) -> bool:
@@ -252,17 +261,18 @@ class Policy:
         base = base or {}
         return {
             r: getattr(footprint, r) + base.get(r, 0) - limit
-            for r, limit in self.limits.items()
+            for r, limit in self.line(base).items()
             if getattr(footprint, r) + base.get(r, 0) > limit
         }
 
     def describe_excess(self, footprint: Footprint, base: Mapping[str, int] | None = None) -> str:
         """``RAM 3.0 GiB > 1.8 GiB (90% of the budget)``, for each resource over the soft line; with a
         ``base``: ``RAM 300 MiB in use + 1.6 GiB > 1.8 GiB (...)``."""
-        line = "" if self._soft == 1.0 else f" ({self._soft:.0%} of the budget)"
-        base, parts = base or {}, []
+        base, parts, lines = base or {}, [], self.line(base)
         for r in self.excess(footprint, base):
-            limit, show = self.limits[r], (str if r == "threads" else format_bytes)
+            limit, show = lines[r], (str if r == "threads" else format_bytes)
+            line = "" if self._soft == 1.0 else (f" ({self._soft:.0%} of the budget above what is in use)" if r in base
+                                                 else f" ({self._soft:.0%} of the budget)")
             used = f"{show(base[r])} in use + " if r in base else ""
             parts.append(f"{'threads' if r == 'threads' else r.upper()} {used}{show(getattr(footprint, r))} > "
                          f"{show(limit)}{line}")
@@ -294,10 +304,16 @@ class Policy:
 
     # -- while a trial runs ---------------------------------------------------------------------------
 
-    def over(self, reading: "Reading", fraction: float, allowance: Mapping[str, int] | None = None) -> bool:
+    def over(self, reading: "Reading", fraction: float, allowance: Mapping[str, int] | None = None,
+             base: Mapping[str, int] | None = None) -> bool:
         """Whether ``reading`` crosses ``fraction`` of the budget in any budgeted resource, each line raised
-        by ``allowance`` (what earlier trials left in a shared process, ``guard/_start.py``)."""
-        budget, a = self._budget, allowance or {}
+        by ``allowance`` (what earlier trials left in a shared process, ``guard/_start.py``); with ``base``
+        (the usage a learned increment adds to), ``fraction`` of the budget above it (:meth:`line`)."""
+        budget, a = self._budget, dict(allowance or {})
+        for r, v in (base or {}).items():
+            total = getattr(budget, r, None)
+            if total is not None:
+                a[r] = a.get(r, 0) + int((1 - fraction) * min(v, total))
         return (
             (budget.ram is not None and reading.rss > fraction * budget.ram + a.get("ram", 0))
             or (budget.threads is not None and reading.threads > fraction * budget.threads + a.get("threads", 0))

@@ -161,6 +161,37 @@ def test_a_small_trial_after_one_that_crossed_the_budget_completes() -> None:
     assert len([w for w in caught if "left by earlier trials" in str(w.message)]) == 1
 
 
+def test_a_process_holding_most_of_the_budget_before_any_trial_still_completes_the_trials_that_fit() -> None:
+    # a program whose imports hold most of the budget (Lightning's held 452 MiB of 520): the soft line's
+    # margin is on the room above the process's usage, so a trial adding 10-40 MiB of a 160 MiB room runs to
+    # its end through the study's own pruning calls, where 90% of the whole budget sat under the process
+    ballast = np.ones(1536 * MiB, dtype=np.uint8)  # the program's own: over 90% of the budget below
+    budget = omp.Budget(ram=_rss() + 160 * MiB)
+    assert 0.9 * budget.ram < _rss()
+    guard = MemoryGuard(None, budget, monitor_interval=0.02, search_space={"buffer_mb": IntDistribution(10, 40)})
+
+    def objective(trial: optuna.Trial) -> float:
+        block = np.ones(trial.suggest_int("buffer_mb", 10, 40) * MiB, dtype=np.uint8)
+        for step in range(3):
+            time.sleep(0.1)
+            trial.report(float(step), step)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        return float(block[::4096].sum())
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+                                pruner=guard.wrap_pruner(None))
+    for mb in (10, 40, 20, 30, 15, 25):
+        study.enqueue_trial({"buffer_mb": mb})
+    study.optimize(guard.wrap_objective(objective), n_trials=6)
+    rows = [(t, read_record(t.user_attrs)) for t in study.trials]
+    assert all(t.state is TrialState.COMPLETE for t, _ in rows), [(t.number, r.decision, r.reason) for t, r in rows]
+    for t, r in rows[4:]:  # predicted: admitted on usage now + the bound, under the line above that usage
+        assert r.decision in (Decision.ADMITTED, Decision.CLAMPED) and r.need["ram"] <= budget.ram, r.reason
+        assert r.constraints()["memprune_ram"] <= 0
+    del ballast
+
+
 def test_a_footprint_function_is_compared_alone_in_a_shared_process() -> None:
     # A footprint function predicts a whole process (the interpreter's baseline included): adding the start
     # level would count the baseline twice and reject this trial, which fits.
@@ -199,7 +230,9 @@ def test_admission_adds_usage_now_to_a_learned_increment_and_a_footprint_functio
     assert base == {"ram": 500 * MiB} and learned_policy.need(state.prediction, base) == {"ram": 900 * MiB}
     assert not learned_policy.excess(state.prediction, base)  # 500 + 400 fits
     over = omp.Footprint.of(ram=500 * MiB)
-    assert learned_policy.excess(over, base) == {"ram": 1000 * MiB - int(0.9 * 1024 * MiB)}
+    # the soft line above usage now: 500 MiB + 90% of the 524 MiB above it (the margin is for the predicted)
+    assert learned_policy.line(base) == {"ram": int(0.9 * 1024 * MiB + 0.1 * 500 * MiB)}
+    assert learned_policy.excess(over, base) == {"ram": 1000 * MiB - int(0.9 * 1024 * MiB + 0.1 * 500 * MiB)}
     assert "500.00 MiB in use + 500.00 MiB" in learned_policy.describe_excess(over, base)
     assert not learned_policy.excess(over)  # alone it would fit: usage now is what rejects it
     # where what was left made the budget unreachable, admission does not charge it
@@ -210,13 +243,14 @@ def test_admission_adds_usage_now_to_a_learned_increment_and_a_footprint_functio
 
 
 def test_what_was_left_is_set_aside_only_where_it_makes_the_budget_unreachable() -> None:
-    policy = _policy(True)  # the soft line: 921.6 MiB; 1% of the budget: 10.24 MiB
-    assert allowance(policy, Start({"ram": 950 * MiB}, {"ram": 400 * MiB}, {})) == {"ram": 400 * MiB}
+    policy = _policy(True)  # a 1 GiB budget, soft 0.9: the soft line above a level L is L + 0.9 x (1024 MiB - L)
+    assert allowance(policy, Start({"ram": 1030 * MiB}, {"ram": 400 * MiB}, {})) == {"ram": 400 * MiB}
     assert allowance(policy, Start({"ram": 900 * MiB}, {"ram": 400 * MiB}, {})) == {}  # a trial may still fit
-    # ... unless no trial that ran to the end here would: the least one needed 30 MiB
-    assert allowance(policy, Start({"ram": 900 * MiB}, {"ram": 400 * MiB}, {"ram": 30 * MiB})) == {"ram": 400 * MiB}
-    assert allowance(policy, Start({"ram": 950 * MiB}, {"ram": 5 * MiB}, {})) == {}  # noise, not what was left
-    assert allowance(policy, Start({"ram": 950 * MiB}, {"ram": 0}, {})) == {}  # the process began over: the budget's
+    # ... unless no trial that ran to the end here would: the least one needed 120 MiB (111.6 MiB of room)
+    assert allowance(policy, Start({"ram": 900 * MiB}, {"ram": 400 * MiB}, {"ram": 120 * MiB})) == {"ram": 400 * MiB}
+    assert allowance(policy, Start({"ram": 900 * MiB}, {"ram": 400 * MiB}, {"ram": 100 * MiB})) == {}
+    assert allowance(policy, Start({"ram": 1030 * MiB}, {"ram": 5 * MiB}, {})) == {}  # noise, not what was left
+    assert allowance(policy, Start({"ram": 1030 * MiB}, {"ram": 0}, {})) == {}  # the process began over: the budget's
 
 
 def test_the_start_fields_round_trip_and_old_records_read() -> None:
