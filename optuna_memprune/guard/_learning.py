@@ -111,8 +111,9 @@ class Learning:
             return _single(bound, f"learned upper bound ({model.n} trials, miss rate {model.miss_rate:.0%})")
         figures = {r: getattr(raw, r) for r in RESOURCES}
         bound = model.bound(params, figures)  # before the warm-up: the function's figures, the prior's quantile
+        seen = len(model.observations)
         note = (f"learned from {model.n} trials (miss rate {model.miss_rate:.0%})" if model.ready else
-                f"warm-up ({len(model.observations)} of {self.settings.warmup} trials observed; miss rate {model.miss_rate:.0%})")
+                f"warm-up ({seen} of {self.settings.warmup} trials observed; miss rate {model.miss_rate:.0%})")
         return _corrected(raw, bound, note)
 
     def explore(self, params: Mapping[str, Any], limits: Mapping[str, int]) -> list[str]:

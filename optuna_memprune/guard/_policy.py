@@ -271,8 +271,8 @@ class Policy:
         base, parts, lines = base or {}, [], self.line(base)
         for r in self.excess(footprint, base):
             limit, show = lines[r], (str if r == "threads" else format_bytes)
-            line = "" if self._soft == 1.0 else (f" ({self._soft:.0%} of the budget above what is in use)" if r in base
-                                                 else f" ({self._soft:.0%} of the budget)")
+            above = " above what is in use" if r in base else ""
+            line = "" if self._soft == 1.0 else f" ({self._soft:.0%} of the budget{above})"
             used = f"{show(base[r])} in use + " if r in base else ""
             parts.append(f"{'threads' if r == 'threads' else r.upper()} {used}{show(getattr(footprint, r))} > "
                          f"{show(limit)}{line}")

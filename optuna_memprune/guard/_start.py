@@ -182,9 +182,10 @@ class ProcessLevels:
 def allowance(policy: "Policy", start: Start) -> dict[str, int]:
     """What earlier trials left, per resource where it makes the budget unreachable: it is over
     ``LEFT_NOISE`` of the budget, and the start level plus ``start.least`` is over the soft line above that
-    level (``Policy.line``: no trial that ran to the end here would fit beside it). Such a trial's soft line and budget are raised by it
-    and admission does not charge it (:func:`charged`): the trial is held to its budget on its own memory,
-    never stopped or rejected for what it found. Empty where the budget is still reachable."""
+    level (``Policy.line``: no trial that ran to the end here would fit beside it). Such a trial's soft line
+    and budget are raised by it and admission does not charge it (:func:`charged`): the trial is held to its
+    budget on its own memory, never stopped or rejected for what it found. Empty where the budget is still
+    reachable."""
     out = {}
     for r in policy.limits:
         left, level = start.left.get(r, 0), start.level.get(r)
