@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -13,6 +14,14 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the programs the tests start whatever started the tests: a shell that runs a command
+    in the background (``cmd &``) starts it with SIGINT ignored, every child inherits that, and the tests
+    that send a child Ctrl-C then saw it ignored (they timed out)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _pg_bin(name: str) -> str | None:
