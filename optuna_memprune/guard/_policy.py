@@ -145,14 +145,13 @@ class Policy:
         prediction is compared with."""
         return {r: max(v - (base or {}).get(r, 0), 1) for r, v in self.line(base).items()}
 
-    def line(self, base: Mapping[str, int] | None = None) -> dict[str, int]:
+    def line(self, base: Mapping[str, int] | None = None, fraction: float | None = None) -> dict[str, int]:
         """The soft line per budgeted resource above ``base`` (the usage a learned increment adds to, measured
         at the trial's start): ``base`` plus ``soft`` of the budget above it, the margin being for what is
         predicted. Without a base: :attr:`limits`. (Lightning's imports held 452 MiB of a 520 MiB budget:
         90% of the budget left 16 MiB to trials needing up to 60, and soft-pruned each; bench_clients.)"""
-        base = base or {}
-        return {r: int(self._soft * v + (1 - self._soft) * min(base.get(r, 0), v))
-                for r, v in self._budget.resources.items()}
+        base, f = base or {}, self._soft if fraction is None else fraction
+        return {r: int(f * v + (1 - f) * min(base.get(r, 0), v)) for r, v in self._budget.resources.items()}
 
     @property
     def increments(self) -> bool:
@@ -309,17 +308,9 @@ class Policy:
         """Whether ``reading`` crosses ``fraction`` of the budget in any budgeted resource, each line raised
         by ``allowance`` (what earlier trials left in a shared process, ``guard/_start.py``); with ``base``
         (the usage a learned increment adds to), ``fraction`` of the budget above it (:meth:`line`)."""
-        budget, a = self._budget, dict(allowance or {})
-        for r, v in (base or {}).items():
-            total = getattr(budget, r, None)
-            if total is not None:
-                a[r] = a.get(r, 0) + int((1 - fraction) * min(v, total))
-        return (
-            (budget.ram is not None and reading.rss > fraction * budget.ram + a.get("ram", 0))
-            or (budget.threads is not None and reading.threads > fraction * budget.threads + a.get("threads", 0))
-            or (budget.vram is not None and reading.vram is not None
-                and reading.vram > fraction * budget.vram + a.get("vram", 0))
-        )
+        a, lines = allowance or {}, self.line(base, fraction)
+        values = {"ram": reading.rss, "threads": reading.threads, "vram": reading.vram}
+        return any(values[r] is not None and values[r] > line + a.get(r, 0) for r, line in lines.items())
 
     def describe_breach(self, reading: "Reading | None", fraction: float) -> str:
         """Which resource of ``reading`` crossed ``fraction`` of the budget, in words."""
