@@ -82,6 +82,14 @@ def host_meta() -> dict:
     return meta
 
 
+def calibrate():
+    """This host's CUDA context and cuBLAS workspace, measured once (the calibration's probe) before any check
+    runs: the predictions, traced in processes of their own, read them from the calibration cache."""
+    from optuna_memprune.estimate.calibration import load
+
+    return load().cuda_costs()
+
+
 def plan(smoke: bool) -> dict[str, list[tuple[str, dict, float, str]]]:
     """The jobs ``(check, args, time limit, label)`` in their groups: the VRAM predictions (CPU only), the
     guard, the CUDA internals, the VRAM measurements (their predictions are added when known)."""
@@ -133,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     meta = host_meta()
     print(f"GPU {meta['gpu']} ({meta['gpu_memory'] / 2**30:.1f} GiB), driver {meta['driver']}, torch "
           f"{meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, {meta['date']}", flush=True)
+    costs = calibrate()
+    meta["calibrated_context"], meta["calibrated_cublas_workspace"] = costs.context, costs.cublas_workspace
+    print(f"calibrated here: CUDA context {costs.context / 2**20:.0f} MiB, cuBLAS workspace "
+          f"{costs.cublas_workspace / 2**20:.1f} MiB" + ("" if costs.measured else f" (defaults: {costs.error})"),
+          flush=True)
     jobs = plan(args.smoke)
     found: dict[str, list[dict]] = {"vram": [], "cuda": [], "guard": []}
 

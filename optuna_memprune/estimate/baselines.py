@@ -203,6 +203,37 @@ class EnvProfile:
 
 
 @dataclass(frozen=True)
+class CudaCosts:
+    """What a CUDA process holds besides its tensors on this host's GPU, as the cuda probe measured it.
+
+    ``context``: NVML's per-process figure less torch's reserved bytes, after a first matmul, convolution,
+    attention and Adam step (driver context, loaded modules, cuDNN/cuBLAS handles); ``cublas_workspace``:
+    what stays allocated through the caching allocator after the first matmuls (cuBLAS and cuBLASLt
+    workspaces). ``measured`` is False where the probe could not measure (then ``error`` says why) and the
+    figures are the allocator model's defaults.
+    """
+
+    context: int
+    cublas_workspace: int
+    gpu: str = ""
+    measured: bool = True
+    error: str = ""
+
+    @classmethod
+    def default(cls, error: str = "") -> CudaCosts:
+        from .allocator import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+
+        return cls(CUDA_CONTEXT_BYTES, CUBLAS_WORKSPACE_BYTES, measured=False, error=error)
+
+    @classmethod
+    def from_raw(cls, raw: dict[str, Any]) -> CudaCosts:
+        """The figures of the probe's result; the defaults where it reported an error."""
+        if "error" in _at(raw, kind=dict):
+            return cls.default(str(raw["error"]))
+        return cls(_at(raw, "context"), _at(raw, "cublas_workspace"), gpu=_at(raw, "gpu", kind=str))
+
+
+@dataclass(frozen=True)
 class CpuKernels:
     """What CPU kernels allocate outside torch's dispatcher on this host, as measured by the kernel probe.
 

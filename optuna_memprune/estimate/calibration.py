@@ -23,11 +23,12 @@ from typing import Any, Callable, Iterable, TypeVar
 from ..exceptions import CalibrationError
 from ..paths import ENV_VAR, CacheDirError, cache_dir, writable_dir
 from . import recheck
-from .baselines import KERNEL_CONVS, THREAD_POINTS, CpuKernels, EnvProfile, StackBaseline, run_probe, run_probes
+from .baselines import (KERNEL_CONVS, THREAD_POINTS, CpuKernels, CudaCosts, EnvProfile, StackBaseline, run_probe,
+                        run_probes)
 
 T = TypeVar("T")
 
-__all__ = ["Calibration", "CpuKernels", "EnvProfile", "StackBaseline", "cache_dir", "load", "versions"]
+__all__ = ["Calibration", "CpuKernels", "CudaCosts", "EnvProfile", "StackBaseline", "cache_dir", "load", "versions"]
 
 _logger = logging.getLogger("optuna_memprune.estimate.calibration")
 
@@ -291,6 +292,24 @@ class Calibration:
             _logger.warning("CPU kernel workspaces not measured here (%s): using the default coefficients.",
                             self.data["cpu_kernels"].get("error"))
         return kernels
+
+    def cuda_costs(self, *, measure: bool = True) -> CudaCosts | None:
+        """The CUDA context and cuBLAS workspace of this host's GPU under this process's
+        ``CUDA_MODULE_LOADING`` (lazy by default: eager loading holds far more); measured now (and cached) if
+        never measured and ``measure``, else None. One probe process (seconds) on the first visible GPU."""
+        loading = os.environ.get("CUDA_MODULE_LOADING", "").upper() or "LAZY"
+        with self._lock:
+            costs = self._cached("cuda", loading, CudaCosts.from_raw)
+            if costs is None and measure:
+                self._check_writable()
+                _logger.info("Calibrating the CUDA context on this host's GPU (one-off, a few seconds).")
+                raw = {**run_probe("cuda", {}), "measured_at": time.time()}
+                costs = CudaCosts.from_raw(raw)
+                self._write(("cuda", loading, raw))
+                if not costs.measured:
+                    _logger.warning("The CUDA context was not measured here (%s): using the defaults.",
+                                    costs.error)
+        return costs
 
     def env(self, env_id: str, *, atari: bool, frame_stack: int | None, imports: Iterable[str],
             subproc: bool = True, versioned: Iterable[str] = ()) -> EnvProfile:

@@ -19,6 +19,7 @@ from .results import MIB, failed_row, score_vram
 from .rows import STEPS, VramCase, factory, input_spec, optimizer, predict, without_context
 
 Emit = Callable[[dict], None]
+CONTEXT_SLACK = 32 * MIB     # a check's first ops against the calibration probe's: other kernels, other handles
 
 
 @contextlib.contextmanager
@@ -215,14 +216,15 @@ def _nbytes(t: Any) -> int:
 def context(args: dict, emit: Emit) -> None:
     """NVML's figure for this process minus torch's reserved memory (what lies outside the caching allocator:
     the CUDA context, lazily loaded kernel modules, library handles) after each first op, against the
-    project's ``CUDA_CONTEXT_BYTES`` default. ``args["loading"]`` sets ``CUDA_MODULE_LOADING`` first."""
+    context the calibration measured on this host under the same loading (``CONTEXT_SLACK`` allowed: the
+    probe's ops differ). ``args["loading"]`` sets ``CUDA_MODULE_LOADING`` first."""
     loading = args.get("loading")
     if loading:
         os.environ["CUDA_MODULE_LOADING"] = loading
     import torch
     from torch import nn
 
-    from optuna_memprune.estimate import allocator
+    from optuna_memprune.estimate.calibration import load
 
     with gpu_lock():
         nvml = _nvml_self()
@@ -250,20 +252,24 @@ def context(args: dict, emit: Emit) -> None:
         torch.optim.Adam(lin.parameters()).step()
         mark("first Adam step")
         del x, a, conv, img, q, lin
-        default = allocator.CUDA_CONTEXT_BYTES
+        costs = load().cuda_costs()         # the calibrated figure under this loading (its probe: seconds)
+        default = costs.context
         tag = loading or os.environ.get("CUDA_MODULE_LOADING", "default(lazy)")
         for name, used, reserved in stages:
             outside = None if used is None else used - reserved
             emit({"check": f"context {tag} {name}", "kind": "context", "ok": None, "stage": name,
                   "loading": tag, "nvml": used, "reserved": reserved, "outside_allocator": outside,
                   "detail": (f"NVML {used / MIB:.0f} MiB, reserved {reserved / MIB:.0f} MiB, outside the "
-                             f"allocator {outside / MIB:.0f} MiB (model's default context {default / MIB:.0f} MiB)"
+                             f"allocator {outside / MIB:.0f} MiB (calibrated context {default / MIB:.0f} MiB)"
                              if used is not None else "NVML gives no figure for this process")})
         final = stages[-1][1]
-        ok = final is not None and stages[-1][1] - stages[-1][2] <= default
-        emit({"check": f"context {tag} within the default", "kind": "context", "ok": ok,
+        ok = final is not None and costs.measured and stages[-1][1] - stages[-1][2] <= default + CONTEXT_SLACK
+        emit({"check": f"context {tag} within the calibrated figure", "kind": "context", "ok": ok,
+              "calibrated": default, "measured": costs.measured, "cublas_workspace": costs.cublas_workspace,
               "detail": (f"after the first ops {((final or 0) - stages[-1][2]) / MIB:.0f} MiB outside the "
-                         f"allocator vs CUDA_CONTEXT_BYTES {default / MIB:.0f} MiB")})
+                         f"allocator vs {default / MIB:.0f} MiB calibrated on {costs.gpu or 'nothing'}"
+                         + ("" if costs.measured else f" (not measured: {costs.error}; the default)")
+                         + f"; cuBLAS workspace {costs.cublas_workspace / MIB:.1f} MiB")})
 
 
 def allocator_steps(args: dict, emit: Emit) -> None:

@@ -251,7 +251,9 @@ def learned_vram(args: dict, emit: Emit) -> None:
         rec = _record(t)
         if rec is not None and rec.learned.get("phase") == "bound" and rec.pred_vram and rec.peak_vram:
             bound = (rec.learned.get("bound") or {}).get("vram") or rec.pred_vram
-            after.append((t.params["gib"], rec.pred_vram, bound, rec.peak_vram))
+            # in a shared process the learned figures are the trial's increment: the peak is over its start
+            start = (rec.start_vram or 0) if "vram" in rec.need else 0
+            after.append((t.params["gib"], start + rec.pred_vram, start + bound, rec.peak_vram))
     misses = sum(peak > bound for _, _, bound, peak in after)
     ok = bool(after) and misses <= math.ceil(LEARNED_MISS_RATE * len(after))   # the bound's own promise
     emit(_row("learned VRAM after its warm-up", ok,

@@ -149,3 +149,18 @@ def test_kernel_probe_fits_the_rules_of_torchnets_workspace_table(tmp_path, monk
     assert kernels.measured and kernels.rules == WORKSPACE_RULES and kernels.block == channel_block()
     assert len(raw["rows"]) == 2 * len(baselines.KERNEL_CONVS)
     assert all(0 <= c < 3 for c in kernels.coefficients) and kernels.coefficient("conv_fwd_out") > 0
+
+
+def test_cuda_costs_without_a_gpu_keep_the_defaults_and_say_why(tmp_path, monkeypatch):
+    from optuna_memprune.estimate import allocator
+
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    cal = calibration.load()
+    assert cal.cuda_costs(measure=False) is None         # never measured and not asked to: no probe
+    costs = cal.cuda_costs()                             # the real probe, on this host without a GPU
+    assert not costs.measured and "CUDA" in costs.error
+    assert (costs.context, costs.cublas_workspace) == (allocator.CUDA_CONTEXT_BYTES, allocator.CUBLAS_WORKSPACE_BYTES)
+    raw = json.loads(cal.path.read_text())["cuda"]["LAZY"]
+    assert "error" in raw and raw["measured_at"] > 0
+    assert calibration.load().cuda_costs(measure=False) == costs     # kept: not probed again

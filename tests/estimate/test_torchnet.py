@@ -194,6 +194,55 @@ def test_inference_footprint_has_weights_and_activations_only():
     assert _traced(fp) == torchnet.trace(lambda: mlp(256), (16,), batch_size=512, training=False).peak
 
 
+class _MaskChecked(nn.Module):
+    """A forward that asks a tensor a question, as Hugging Face models ask whether a padding mask masks."""
+
+    def __init__(self, read: str) -> None:
+        super().__init__()
+        self.lin, self.read = nn.Linear(16, 16), read
+
+    def forward(self, x):
+        mask = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+        if self.read == "condition":
+            wide = not bool(mask.sum() == mask.numel())     # all valid: the narrow path
+        else:
+            wide = int(mask.sum().item()) > 4               # a number: what a trace without data cannot know
+        out = self.lin(x)
+        return torch.cat([out] * 8, dim=1) if wide else out
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_condition_read_from_a_tensor_is_taken_as_holding(device):
+    plain = torch_training(lambda: nn.Linear(16, 16), (16,), batch_size=8, device=device)
+    checked = torch_training(lambda: _MaskChecked("condition"), (16,), batch_size=8, device=device)
+    assert checked.components == plain.components
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_number_read_from_a_tensor_is_refused_saying_what_to_do(device):
+    with pytest.raises(EstimateError, match=r"reads a number back from a tensor .*learned"):
+        torch_training(lambda: _MaskChecked("number"), (16,), batch_size=8, device=device)
+
+
+def test_cuda_footprint_takes_the_context_calibrated_on_this_hosts_gpu(tmp_path, monkeypatch):
+    from optuna_memprune.estimate import calibration
+
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    default = torch_training(mlp, (16,), batch_size=8, device="cuda")     # no GPU here: the defaults
+    cal = calibration.Calibration(tmp_path / "gpu-host.json", data={"cuda": {"LAZY": {
+        "context": 758 * 2**20, "cublas_workspace": 64 * 2**20, "gpu": "NVIDIA H200", "measured_at": 0.0}}})
+    fp = torch_training(mlp, (16,), batch_size=8, device="cuda", calibration=cal)
+    got, base = _by_name(fp), _by_name(default)
+    assert (got["CUDA context"], got["cuBLAS workspace"]) == (758 * 2**20, 64 * 2**20)
+    assert (base["CUDA context"], base["cuBLAS workspace"]) == (allocator.CUDA_CONTEXT_BYTES,
+                                                              allocator.CUBLAS_WORKSPACE_BYTES)
+    assert "NVIDIA H200" in next(c.note for c in fp.components if c.name == "CUDA context")
+    # the workspace is replayed through the allocator model: its segment changes the overhead, not the tensors
+    assert fp.vram - default.vram > (758 - 300) * 2**20
+    assert got["network weights"] == base["network weights"]
+
+
 def test_sgd_without_momentum_has_no_optimizer_state():
     fp = torch_training(mlp, (16,), batch_size=8, optimizer=("sgd", {"momentum": 0}))
     assert "network optimizer state" not in _by_name(fp)

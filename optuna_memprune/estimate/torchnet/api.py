@@ -6,11 +6,13 @@ CUDA allocator overheads); knows nothing of how a step is traced or cached, nor 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
+import torch
 
-from ...exceptions import EstimateError
+from ...exceptions import CalibrationError, EstimateError
 from .. import allocator, heap
 from ..footprint import Component, Footprint, Kind
 from . import cache
@@ -30,6 +32,8 @@ __all__ = ["torch_training", "torch_inference", "clear_cache", "scale_workspaces
 _ALLOCATOR_STEPS = 2
 _KERNEL_NOTE = "oneDNN buffers outside the dispatcher, calibrated on this host"
 _COEF_CACHE: dict[str, np.ndarray] = {}
+_CUDA_CACHE: dict[str, Any] = {}
+_logger = logging.getLogger(__name__)
 
 
 def torch_training(
@@ -183,6 +187,36 @@ def torch_inference(
     return _footprint(model, spec, batch_size, cache_key=cache_key, name=name, calibration=calibration)
 
 
+def _cuda_costs(calibration: Any) -> Any:
+    """This host's CUDA context and cuBLAS workspace: measured once where a GPU is visible (cached), else the
+    defaults (kept per cache directory once read)."""
+    from ..baselines import CudaCosts
+
+    if calibration is None:
+        from .. import calibration as _cal
+
+        key = str(_cal.cache_dir())
+        costs = _CUDA_CACHE.get(key)
+        if costs is None:
+            costs = _CUDA_CACHE[key] = _cuda_costs(_cal.load())
+        return costs
+    try:
+        costs = calibration.cuda_costs(measure=_gpu_visible())
+    except CalibrationError as e:
+        _logger.warning("The CUDA context could not be measured (%s): using the defaults.", e)
+        costs = None
+    return costs or CudaCosts.default()
+
+
+def _gpu_visible() -> bool:
+    """A CUDA GPU is visible here, asked through NVML (``torch.cuda.is_available()`` would initialise the
+    CUDA driver in this process, which a process that forks trials must not)."""
+    try:
+        return torch.cuda._device_count_nvml() > 0
+    except Exception:  # noqa: BLE001 - a private torch helper: without it, no measurement
+        return False
+
+
 def _workspace_coefficients(calibration: Any) -> np.ndarray:
     """This host's coefficient per rule of ``WORKSPACE_RULES`` (kept per cache directory once read)."""
     if calibration is None:
@@ -235,15 +269,17 @@ def _footprint(model: Any, spec: Spec, batch_size: int, *, cache_key: Any, name:
             comps.append(Component(f"{name} allocator overhead", Kind.ALLOCATOR, ram=retained,
                                    note="glibc heap retention (model; varies run to run)"))
     if spec.cuda:
-        workspace = allocator.CUBLAS_WORKSPACE_BYTES
+        costs = _cuda_costs(calibration)
+        workspace = costs.cublas_workspace
         peaks = allocator.replay([(-1, workspace)] + allocator_events(structure, sizes, _ALLOCATOR_STEPS))
         overhead = max(0, peaks.peak_reserved - result.peak - workspace)
         comps += [
             Component(f"{name} allocator overhead", Kind.ALLOCATOR, vram=overhead,
                       note="reserved - allocated (caching allocator model)"),
             Component("cuBLAS workspace", Kind.CUDA_CONTEXT, vram=workspace, note="one handle, one stream"),
-            Component("CUDA context", Kind.CUDA_CONTEXT, vram=allocator.CUDA_CONTEXT_BYTES,
-                      note="default; calibrate on a GPU host"),
+            Component("CUDA context", Kind.CUDA_CONTEXT, vram=costs.context,
+                      note=f"measured on this host's {costs.gpu}" if costs.measured else
+                      "default: measured on the first host with a GPU that evaluates it"),
         ]
     return Footprint(tuple(comps))
 

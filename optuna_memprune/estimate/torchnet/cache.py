@@ -69,6 +69,11 @@ def _guarded_trace(run: Callable[[], Trace], spec: Spec) -> Trace:
     except EstimateError:
         raise
     except Exception as e:  # the user's model failed on meta: say so, keep the cause, name the likely input
+        if "item() cannot be called on meta tensors" in str(e):
+            raise EstimateError("tracing the network's step on the meta device failed: the network reads a number "
+                                "back from a tensor (Tensor.item(), int(t) or float(t)), which a trace without "
+                                "data cannot know; give this footprint by hand, or leave it to the learned "
+                                "footprint (learn=estimate.learned()).") from e
         per_net = [shapes[0] if len(shapes) == 1 else list(shapes) for shapes in spec.input_shapes]
         shown = per_net[0] if len(per_net) == 1 else dict(zip(spec.nets, per_net))
         raise EstimateError(f"tracing the network's step on the meta device failed: {type(e).__name__}: "

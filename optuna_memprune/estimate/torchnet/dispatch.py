@@ -165,6 +165,10 @@ class StorageCounter(TorchDispatchMode):
         self.recording = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if str(func) == _SCALAR_READ and args[0].dtype == torch.bool and _holds_no_value(args[0]):
+            # A condition read back from a tensor (``if mask.all():``, Hugging Face's check that a padding
+            # mask masks nothing): taken as holding, as for a batch of valid, unpadded samples.
+            return True
         out = func(*args, **(kwargs or {}))
         if isinstance(out, torch.Tensor):
             self.see(out)
