@@ -128,9 +128,10 @@ def torch_training(
           (not cuDNN's).
         - Memory a kernel allocates without dispatching is invisible to the trace. For CPU targets the
           convolutions' oneDNN buffers are added by rule (see ``WORKSPACE_RULES``; torch's default oneDNN
-          backend assumed, ``torch.backends.mkldnn.enabled``); still missing: cuDNN/cuBLAS workspaces on
-          GPUs, oneDNN's LSTM workspace on CPU (its meta kernel says 0 bytes), and the one-off oneDNN
-          primitives of each new conv shape (0.1-2 MiB each).
+          backend assumed, ``torch.backends.mkldnn.enabled``); still missing: cuDNN's convolution workspaces
+          on GPUs (the cuBLAS workspaces and the CUDA context are measured on a host with a GPU), oneDNN's
+          LSTM workspace on CPU (its meta kernel says 0 bytes), and the one-off oneDNN primitives of each new
+          conv shape (0.1-2 MiB each).
         - The allocator overhead of CPU targets assumes glibc's malloc with its default dynamic mmap
           threshold (or ``MALLOC_MMAP_THRESHOLD_`` as set in this process's environment); a preloaded jemalloc
           or tcmalloc behaves otherwise. Under the default, peak RSS of identical runs differs by up to
