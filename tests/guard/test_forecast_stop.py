@@ -62,7 +62,7 @@ def test_a_growing_trial_is_stopped_on_the_forecast_and_a_plateau_completes(tmp_
     grown, flat = study.trials
     record = read_record(grown.user_attrs)
     assert grown.state is TrialState.PRUNED and record.decision is Decision.FORECAST_STOPPED
-    assert re.match(r"stopped on the forecast: projected \d+\.\d\d MiB at step 300 > \d+\.\d\d MiB; at step "
+    assert re.match(r"stopped on the forecast: projected \d+\.\d\d [MG]iB at step 300 > \d+\.\d\d MiB; at step "
                     r"\d+ now \(RSS .*\) \(in process\)$", record.reason), record.reason
     assert record.peak_ram < budget.ram  # stopped before it reached the line
     assert grown.last_step < STEPS // 2   # long before the end (it would have crossed near step 280)
@@ -111,7 +111,7 @@ def test_the_runner_stops_a_growing_child_on_the_forecast_of_its_n_timesteps(tmp
     (trial,) = study.trials
     record = read_record(trial.user_attrs)
     assert trial.state is TrialState.PRUNED and record.decision is Decision.FORECAST_STOPPED, record.reason
-    assert re.match(r"stopped on the forecast: projected \d+\.\d\d MiB at step 400 > 700\.00 MiB; at step \d+ "
+    assert re.match(r"stopped on the forecast: projected \d+\.\d\d [MG]iB at step 400 > 700\.00 MiB; at step \d+ "
                     r"now \(RSS .*\) \(by the runner\)$", record.reason), record.reason
     assert record.peak_ram < 700 * MiB and record.forecast["step"] < 200  # it would cross near step 320
     assert ledger.entries() == []

@@ -210,11 +210,11 @@ def _cuda_costs(calibration: Any) -> Any:
 
 
 def _gpu_visible() -> bool:
-    """A CUDA GPU is visible here, asked through NVML (``torch.cuda.is_available()`` would initialise the
-    CUDA driver in this process, which a process that forks trials must not)."""
+    """A CUDA GPU is visible here. ``device_count()`` asks NVML first, which leaves the CUDA driver of this
+    process (one that forks trials) uninitialised; ``is_available()`` would not."""
     try:
-        return torch.cuda._device_count_nvml() > 0
-    except Exception:  # noqa: BLE001 - a private torch helper: without it, no measurement
+        return torch.cuda.device_count() > 0
+    except Exception:  # noqa: BLE001 - a broken driver: no GPU to measure, the defaults
         return False
 
 
