@@ -22,6 +22,7 @@ from .spec import make_spec
 from .workspaces import WORKSPACE_RULES
 
 if TYPE_CHECKING:
+    from ..baselines import CudaCosts
     from .analysis import Peak, Structure
     from .spec import Spec
 
@@ -32,7 +33,7 @@ __all__ = ["torch_training", "torch_inference", "clear_cache", "scale_workspaces
 _ALLOCATOR_STEPS = 2
 _KERNEL_NOTE = "oneDNN buffers outside the dispatcher, calibrated on this host"
 _COEF_CACHE: dict[str, np.ndarray] = {}
-_CUDA_CACHE: dict[str, Any] = {}
+_CUDA_CACHE: dict[str, CudaCosts] = {}
 _logger = logging.getLogger(__name__)
 
 
@@ -93,8 +94,9 @@ def torch_training(
             building the module at all. By default the key is derived from the built module (repr, shapes).
         name: prefix of the component names (``"network weights"``).
         calibration: the host calibration whose CPU kernel coefficients size the kernel workspaces
-            (``device="cpu"`` only); by default this environment's (``calibration.load()``, measured on first
-            use, a few seconds).
+            (``device="cpu"``) and whose CUDA context and cuBLAS workspaces, measured where a GPU is visible,
+            complete a ``device="cuda"`` footprint (elsewhere: 300 MiB and 8.1 MiB, the component's note
+            says so); by default this environment's (``calibration.load()``, measured on first use, seconds).
         scheduler: a ``torch.optim.lr_scheduler`` class, by name or class, or a pair ``(name or class,
             kwargs)`` such as ``("StepLR", {"step_size": 7})``, stepped after each optimizer step; ``None`` for
             none. Schedulers change no tensor memory; this checks that the step still traces with one.
@@ -188,7 +190,7 @@ def torch_inference(
     return _footprint(model, spec, batch_size, cache_key=cache_key, name=name, calibration=calibration)
 
 
-def _cuda_costs(calibration: Any) -> Any:
+def _cuda_costs(calibration: Any) -> CudaCosts:
     """This host's CUDA context and cuBLAS workspace: measured once where a GPU is visible (cached), else the
     defaults (kept per cache directory once read)."""
     from ..baselines import CudaCosts
