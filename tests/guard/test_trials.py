@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 from optuna_memprune.guard import Decision
@@ -35,18 +36,30 @@ def test_uncheck_drops_the_prediction_and_says_why() -> None:
     assert state.decision is Decision.UNCHECKED and state.prediction is None and "'x'" in state.reason
 
 
-def test_the_registry_is_thread_safe() -> None:
-    trials = TrialRegistry()
+def test_threads_opening_the_same_trials_at_once_share_one_state_per_trial() -> None:
+    # The threads open the same ids at the same moment, with thread switches forced every microsecond: an
+    # unlocked check-then-create hands some ids two states (about 40 of 2,000 seen with the lock removed).
+    trials, n, k = TrialRegistry(), 2000, 8
+    got: list[list[object]] = [[None] * n for _ in range(k)]
+    barrier = threading.Barrier(k)
 
-    def work(base: int) -> None:
-        for i in range(base, base + 500):
+    def work(j: int) -> None:
+        barrier.wait()
+        for i in range(n):
+            got[j][i] = trials.open(i, i)
             trials.enter_run(trials.open(i, i))
-            trials.exit_run(trials.get(i))  # type: ignore[arg-type]
-            trials.close(i)
+            trials.exit_run(trials.open(i, i))
 
-    threads = [threading.Thread(target=work, args=(k * 1000,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert trials.registered() == {} and trials.running() == {}
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(j,)) for j in range(k)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    split = [i for i in range(n) if len({id(got[j][i]) for j in range(k)}) > 1]
+    assert split == [] and len(trials.registered()) == n and trials.running() == {}
+    assert all(got[0][i] is trials.get(i) for i in range(n))
