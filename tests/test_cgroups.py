@@ -48,13 +48,41 @@ def _python(code: str, *args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], env=env, **kw)
 
 
-def test_place_and_host_limit_never_raise_and_say_why() -> None:
+def _own_group(version: int) -> str | None:
+    """This process's group in the v2 hierarchy or v1's memory hierarchy, read from /proc/self/cgroup."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        number, controllers, path = line.split(":", 2)
+        if (version == 2 and number == "0" and not controllers) or \
+                (version == 1 and "memory" in controllers.split(",")):
+            return path
+    return None
+
+
+def _own_limit(where: cgroups.Place) -> int | None:
+    """The memory limit written on this process's own group (None: unlimited)."""
+    name = "memory.max" if where.version == 2 else "memory.limit_in_bytes"
+    text = Path(where.path, name).read_text().strip()
+    return None if text == "max" or int(text) >= 1 << 60 else int(text)
+
+
+def test_place_is_this_processs_own_group_and_host_limit_sees_its_limit() -> None:
     where, reason = cgroups.place()
     assert (where is None) == bool(reason)
-    if where is not None:
-        assert where.path.startswith("/") and where.label.startswith("cgroup v")
+    if where is None:  # then the reason names what is missing, and nothing here is limited by a group we see
+        assert "cgroup" in reason, reason
+        return
+    assert where.label.startswith("cgroup v") and os.path.isdir(where.path)
+    assert where.name == _own_group(where.version) and where.path.rstrip("/").endswith(where.name.rstrip("/"))
+    if where.version == 1:
+        assert where.memory  # v1 groups are made in the memory hierarchy only
+    else:
+        assert where.memory == ("memory" in Path(where.path, "cgroup.controllers").read_text().split())
     limit = cgroups.host_limit()
-    assert limit is None or (limit.limit > 0 and limit.source.startswith("cgroup v"))
+    own = _own_limit(where) if where.memory else None
+    if own is not None:  # a limited own group is seen (the tightest room may be an ancestor's)
+        assert limit is not None and limit.limit > 0 and limit.source.startswith("cgroup v"), limit
+    if limit is None:
+        assert own is None
 
 
 def test_a_burst_over_the_limit_is_killed_by_the_kernel_with_the_exact_peak() -> None:
