@@ -61,3 +61,9 @@ class Budget:
     def __str__(self) -> str:
         parts = [f"{k}={v if k == 'threads' else format_bytes(v)}" for k, v in self.resources.items()]
         return f"Budget({', '.join(parts) or 'unlimited'})"
+
+
+def soft_line(limit: int, soft: float, base: int = 0) -> int:
+    """The soft line of a budget ``limit``: ``soft`` of it, or, above ``base`` (the usage a learned increment
+    adds to), ``base`` plus ``soft`` of the budget above it, the margin being for what is predicted."""
+    return int(soft * limit + (1 - soft) * min(max(base, 0), limit))

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from . import _internals
+from .budget import soft_line
 from .units import GiB
 
 if TYPE_CHECKING:
@@ -130,10 +131,10 @@ class TrialRecord:
             if r == "ram" and self.decision is Decision.FORECAST_STOPPED:
                 figures.append(self.forecast.get("projected"))
             known = [f for f in figures if f is not None]
-            limit = int(self.soft * budget)
+            charged = 0
             if r in self.need and getattr(self, f"start_{r}") is not None:  # an increment: the line above the start
                 charged = getattr(self, f"start_{r}") - self.leftover.get(r, 0)
-                limit = int(self.soft * budget + (1 - self.soft) * min(max(charged, 0), budget))
+            limit = soft_line(budget, self.soft, charged)
             over = float(max(known) - limit) if known else 0.0
             value = over / GiB if r != "threads" else over
             out[_CONSTRAINT_PREFIX + r] = value if math.isfinite(value) else 0.0

@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
-from ..budget import Budget
+from ..budget import Budget, soft_line
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision, TrialRecord
 from ..units import format_bytes
@@ -151,7 +151,7 @@ class Policy:
         predicted. Without a base: :attr:`limits`. (Lightning's imports held 452 MiB of a 520 MiB budget:
         90% of the budget left 16 MiB to trials needing up to 60, and soft-pruned each; bench_clients.)"""
         base, f = base or {}, self._soft if fraction is None else fraction
-        return {r: int(f * v + (1 - f) * min(base.get(r, 0), v)) for r, v in self._budget.resources.items()}
+        return {r: soft_line(v, f, base.get(r, 0)) for r, v in self._budget.resources.items()}
 
     @property
     def increments(self) -> bool:

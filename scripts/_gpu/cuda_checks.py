@@ -253,21 +253,21 @@ def context(args: dict, emit: Emit) -> None:
         mark("first Adam step")
         del x, a, conv, img, q, lin
         costs = load().cuda_costs()         # the calibrated figure under this loading (its probe: seconds)
-        default = costs.context
+        calibrated = costs.context
         tag = loading or os.environ.get("CUDA_MODULE_LOADING", "default(lazy)")
         for name, used, reserved in stages:
             outside = None if used is None else used - reserved
             emit({"check": f"context {tag} {name}", "kind": "context", "ok": None, "stage": name,
                   "loading": tag, "nvml": used, "reserved": reserved, "outside_allocator": outside,
                   "detail": (f"NVML {used / MIB:.0f} MiB, reserved {reserved / MIB:.0f} MiB, outside the "
-                             f"allocator {outside / MIB:.0f} MiB (calibrated context {default / MIB:.0f} MiB)"
+                             f"allocator {outside / MIB:.0f} MiB (calibrated context {calibrated / MIB:.0f} MiB)"
                              if used is not None else "NVML gives no figure for this process")})
         final = stages[-1][1]
-        ok = final is not None and costs.measured and stages[-1][1] - stages[-1][2] <= default + CONTEXT_SLACK
+        ok = final is not None and costs.measured and stages[-1][1] - stages[-1][2] <= calibrated + CONTEXT_SLACK
         emit({"check": f"context {tag} within the calibrated figure", "kind": "context", "ok": ok,
-              "calibrated": default, "measured": costs.measured, "cublas_workspace": costs.cublas_workspace,
+              "calibrated": calibrated, "measured": costs.measured, "cublas_workspace": costs.cublas_workspace,
               "detail": (f"after the first ops {((final or 0) - stages[-1][2]) / MIB:.0f} MiB outside the "
-                         f"allocator vs {default / MIB:.0f} MiB calibrated on {costs.gpu or 'nothing'}"
+                         f"allocator vs {calibrated / MIB:.0f} MiB calibrated on {costs.gpu or 'nothing'}"
                          + ("" if costs.measured else f" (not measured: {costs.error}; the default)")
                          + f"; cuBLAS workspace {costs.cublas_workspace / MIB:.1f} MiB")})
 

@@ -7,13 +7,14 @@ CUDA allocator overheads); knows nothing of how a step is traced or cached, nor 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
 import numpy as np
 import torch
 
 from ...exceptions import CalibrationError, EstimateError
 from .. import allocator, heap
+from ..baselines import CudaCosts
 from ..footprint import Component, Footprint, Kind
 from . import cache
 from .analysis import allocator_events, analyse
@@ -22,7 +23,6 @@ from .spec import make_spec
 from .workspaces import WORKSPACE_RULES
 
 if TYPE_CHECKING:
-    from ..baselines import CudaCosts
     from .analysis import Peak, Structure
     from .spec import Spec
 
@@ -35,6 +35,7 @@ _KERNEL_NOTE = "oneDNN buffers outside the dispatcher, calibrated on this host"
 _COEF_CACHE: dict[str, np.ndarray] = {}
 _CUDA_CACHE: dict[str, CudaCosts] = {}
 _logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def torch_training(
@@ -190,19 +191,21 @@ def torch_inference(
     return _footprint(model, spec, batch_size, cache_key=cache_key, name=name, calibration=calibration)
 
 
+def _this_hosts(memo: dict[str, T], read: Callable[[Any], T]) -> T:
+    """``read(calibration.load())``, kept per cache directory once read."""
+    from .. import calibration as _cal
+
+    key = str(_cal.cache_dir())
+    if key not in memo:
+        memo[key] = read(_cal.load())
+    return memo[key]
+
+
 def _cuda_costs(calibration: Any) -> CudaCosts:
     """This host's CUDA context and cuBLAS workspace: measured once where a GPU is visible (cached), else the
-    defaults (kept per cache directory once read)."""
-    from ..baselines import CudaCosts
-
+    defaults."""
     if calibration is None:
-        from .. import calibration as _cal
-
-        key = str(_cal.cache_dir())
-        costs = _CUDA_CACHE.get(key)
-        if costs is None:
-            costs = _CUDA_CACHE[key] = _cuda_costs(_cal.load())
-        return costs
+        return _this_hosts(_CUDA_CACHE, _cuda_costs)
     try:
         costs = calibration.cuda_costs(measure=_gpu_visible())
     except CalibrationError as e:
@@ -221,15 +224,9 @@ def _gpu_visible() -> bool:
 
 
 def _workspace_coefficients(calibration: Any) -> np.ndarray:
-    """This host's coefficient per rule of ``WORKSPACE_RULES`` (kept per cache directory once read)."""
+    """This host's coefficient per rule of ``WORKSPACE_RULES``."""
     if calibration is None:
-        from .. import calibration as _cal
-
-        key = str(_cal.cache_dir())
-        coef = _COEF_CACHE.get(key)
-        if coef is None:
-            coef = _COEF_CACHE[key] = _workspace_coefficients(_cal.load())
-        return coef
+        return _this_hosts(_COEF_CACHE, _workspace_coefficients)
     kernels = calibration.cpu_kernels()
     return np.array([kernels.coefficient(rule) for rule in WORKSPACE_RULES], dtype=np.float64)
 
