@@ -1,6 +1,7 @@
 """optuna-memprune: predict, budget and guard the memory and threads of Optuna trials.
 
-The top level imports no torch, pynvml or plotly; those load where they are used.
+The top level imports no torch, pynvml, rich or matplotlib; those load where they are used, and a call that needs
+one an install lacks names the extra that brings it (``optuna_memprune._extras``).
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.storages import JournalStorage
@@ -48,18 +53,25 @@ def test_the_optimize_loop_flags_are_the_ones_study_stop_uses() -> None:
     assert not _internals.in_optimize_loop(study)
 
 
-def test_main_module_left_out_drops_the_main_module_in_this_thread_only() -> None:
-    import threading
-    from multiprocessing import spawn
-
-    keys = ("init_main_from_path", "init_main_from_name")
-    assert any(k in spawn.get_preparation_data("x") for k in keys)  # pytest's own main module, by name
-    seen = {}
-    with _internals.main_module_left_out():
-        inside = spawn.get_preparation_data("x")
-        other = threading.Thread(target=lambda: seen.update(spawn.get_preparation_data("x")))
-        other.start()
-        other.join()
-    assert not any(k in inside for k in keys) and inside["sys_path"]  # the rest of the preparation stays
-    assert any(k in seen for k in keys)  # another thread of the program keeps Python's behaviour
-    assert any(k in spawn.get_preparation_data("x") for k in keys)  # and so does this one afterwards
+def test_main_module_left_out_drops_the_main_module_in_this_thread_only(tmp_path) -> None:
+    # In a program of its own, whose main module is a file (pytest's may be none: xdist's workers run -c).
+    script = tmp_path / "program.py"
+    script.write_text(
+        "import threading\n"
+        "from multiprocessing import spawn\n"
+        "from optuna_memprune import _internals\n"
+        "keys = ('init_main_from_path', 'init_main_from_name')\n"
+        "assert any(k in spawn.get_preparation_data('x') for k in keys)  # this program's main module\n"
+        "seen = {}\n"
+        "with _internals.main_module_left_out():\n"
+        "    inside = spawn.get_preparation_data('x')\n"
+        "    other = threading.Thread(target=lambda: seen.update(spawn.get_preparation_data('x')))\n"
+        "    other.start()\n"
+        "    other.join()\n"
+        "assert not any(k in inside for k in keys) and inside['sys_path']  # the rest of the preparation stays\n"
+        "assert any(k in seen for k in keys)  # another thread of the program keeps Python's behaviour\n"
+        "assert any(k in spawn.get_preparation_data('x') for k in keys)  # and so does this one afterwards\n"
+        "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert (out.returncode, out.stdout) == (0, "ok\n"), out.stderr

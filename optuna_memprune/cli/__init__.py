@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from .._extras import MissingExtra
 from ..exceptions import EstimateError, MemPruneError
 from ..storages import ENV_VAR, check_writable, first_line, shown
 from ..units import format_bytes
@@ -39,10 +40,9 @@ def _param(text: str) -> tuple[str, Any]:
 
 
 def _print_footprint(fp, budget_line: str | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from .._console import parts, show
 
-    table = Table(show_footer=True, box=None, pad_edge=False)
+    table = parts().Table(show_footer=True, box=None, pad_edge=False)
     rows = fp.rows()
     total = rows.pop()
     for head, foot, justify in (("component", total[0], "left"), ("kind", total[1], "left"),
@@ -51,10 +51,7 @@ def _print_footprint(fp, budget_line: str | None = None) -> None:
         table.add_column(head, footer=foot, justify=justify, no_wrap=head != "note")
     for row in rows:
         table.add_row(*row)
-    console = Console() if sys.stdout.isatty() else Console(width=200)  # pipes and files: no wrapping
-    console.print(table)
-    if budget_line:
-        console.print(budget_line)
+    show(table, *([budget_line] if budget_line else []))
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -180,13 +177,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     fmt = _format(args)
     try:
         if fmt == "table":
-            from rich.console import Console
+            from .._console import show
 
             if args.output:
                 with open(args.output, "w", encoding="utf-8") as f:
-                    Console(file=f, width=200, no_color=True).print(report.render_table(data))
+                    show(report.render_table(data), file=f)
             else:
-                (Console() if sys.stdout.isatty() else Console(width=200)).print(report.render_table(data))
+                show(report.render_table(data))
         else:
             text = report.render_json(data) if fmt == "json" else report.render_html(data)
             if args.output:
@@ -321,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The commands that run only this package's code (whose failed imports are a missing extra).
+_OWN_CODE = ("predict", "calibrate", "report")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``memprune``; returns the exit status: 0, 1 for an error while running, 2 for a command line that
     asks for something impossible (argparse's own errors too), 130 when interrupted (Ctrl-C)."""
@@ -339,7 +340,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
         # one-off calibration lines show unless asked for quiet
         logging.getLogger("optuna_memprune").setLevel(logging.WARNING if quiet else logging.INFO)
-        return args.func(args)
+        try:
+            return args.func(args)
+        except ImportError as exc:  # a command that needs an extra this install lacks: one line naming it
+            # (worker and run import or run the user's code: its own import errors are its own)
+            missing = MissingExtra.of(exc, f"memprune {args.command}") if args.command in _OWN_CODE else None
+            if missing is None:
+                raise
+            raise missing from None
     except UsageError as exc:
         print(f"memprune: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .._extras import MissingExtra
 from .footprint import Component, Footprint, Kind, total
 
 __all__ = [
@@ -31,8 +32,13 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    if name == "recipes":
-        return importlib.import_module(".recipes", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _LAZY and name != "recipes":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f".{_LAZY.get(name, name)}", __name__)
+        return module if name == "recipes" else getattr(module, name)
+    except ImportError as exc:  # torch_training without torch: one line naming the extra
+        missing = MissingExtra.of(exc, f"estimate.{name}")
+        if missing is None:
+            raise
+        raise missing from None

@@ -7,6 +7,7 @@ pruner and objective wrappers do the Optuna-facing work and know nothing of each
 from __future__ import annotations
 
 import math
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..budget import RAM_FLOOR, Budget
@@ -183,10 +184,11 @@ class MemoryGuard:
                               on_footprint_error=on_footprint_error, learning=learning)
         self._init_runtime_state()
         if budget.vram is not None and not _gpu_visible():
+            why = ('nvidia-ml-py is not installed: pip install "optuna-memprune[gpu]"' if find_spec("pynvml") is None
+                   else "no driver or no GPU")
             self._warnings.once("vram-unmeasured", (
-                f"Budget.vram is set ({format_bytes(budget.vram)}) but no GPU is visible to NVML here (no "
-                "driver, no GPU, or nvidia-ml-py not installed): VRAM is predicted only, never measured, and "
-                "no trial is stopped for its VRAM."))
+                f"Budget.vram is set ({format_bytes(budget.vram)}) but no GPU is visible to NVML here ({why}): "
+                "VRAM is predicted only, never measured, and no trial is stopped for its VRAM."))
 
     def _init_runtime_state(self) -> None:
         self._trials = TrialRegistry()

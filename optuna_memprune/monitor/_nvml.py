@@ -104,7 +104,7 @@ def gpu_reader(module: Any = None) -> GpuReader | None:
         try:
             module = importlib.import_module("pynvml")
         except ImportError:
-            _logger.debug("pynvml is not installed (pip install nvidia-ml-py): no GPU readings")
+            _logger.debug('pynvml is not installed (pip install "optuna-memprune[gpu]"): no GPU readings')
             return None
     try:
         module.nvmlInit()

@@ -49,7 +49,8 @@ def save_notes(study: "optuna.Study") -> int:
     try:
         import optuna_dashboard
     except ImportError:
-        raise ReportError("dashboard notes need optuna-dashboard: pip install optuna-dashboard") from None
+        raise ReportError("dashboard notes need optuna-dashboard, which is not installed: "
+                          'pip install "optuna-memprune[dashboard]"') from None
     ids = {t.number: _internals.trial_id(t) for t in study.get_trials(deepcopy=False)}
     changed = 0
     for t in build(study).trials:

@@ -2,7 +2,7 @@
 last step, as rows (table, JSON, HTML) and as a plot of the observed curve beside the projection.
 
 Reads the record's ``forecast`` field of ``forecast_stopped`` trials only; knows nothing of how the
-projection was fitted, and prints nothing. matplotlib and rich are imported at the point of use.
+projection was fitted, and prints nothing. matplotlib (and rich, where installed) load at the point of use.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ def forecast_stops(trials: Sequence[Any]) -> list[ForecastStop]:
 
 
 def table(stops: Sequence[ForecastStop]) -> "Table":
-    """The forecast stops as a rich table (one row each)."""
-    from rich.table import Table
+    """The forecast stops as a table (rich's where installed; one row each)."""
+    from .._console import parts
 
-    out = Table(title="forecast stops", title_justify="left", box=None, pad_edge=False)
+    out = parts().Table(title="forecast stops", title_justify="left", box=None, pad_edge=False)
     for head in ("#", "stopped at step", "of", "done", "RSS then", "projected", "budget", "time", "est. full run"):
         out.add_column(head, justify="right", no_wrap=True)
     for s in stops:

@@ -38,13 +38,13 @@ FAR = 3.0  # a budget more than this many times the largest figure is named, not
 
 
 def render(data: "ReportData") -> str:
-    """The report as one HTML document (str). Needs matplotlib."""
+    """The report as one HTML document (str). Needs matplotlib (the ``report`` extra)."""
     try:
         import matplotlib
-    except ImportError:  # pragma: no cover - a dependency of the package; a broken env says so here
-        from ..exceptions import MemPruneError
+    except ImportError as exc:
+        from .._extras import MissingExtra
 
-        raise MemPruneError("the HTML report needs matplotlib: pip install matplotlib") from None
+        raise (MissingExtra.of(exc, "the HTML report") or exc) from None
     sections = []
     with matplotlib.rc_context(_RC):
         for plot_id, title, draw in (

@@ -102,13 +102,13 @@ def lines(data: "ReportData") -> list[str]:
 
 
 def table(data: "ReportData") -> "Table | None":
-    """The learned rows as a rich table (``None`` without learned trials)."""
-    from rich.table import Table
+    """The learned rows as a table (rich's where installed; ``None`` without learned trials)."""
+    from .._console import parts
 
     learned = rows(data)
     if not learned:
         return None
-    out = Table(title="learned predictions (RAM)", title_justify="left", box=None, pad_edge=False)
+    out = parts().Table(title="learned predictions (RAM)", title_justify="left", box=None, pad_edge=False)
     for head in ("#", "state", "decision", "phase", "learned from", "bound", "fit", "function", "peak", "error"):
         out.add_column(head, justify="left" if head in ("state", "decision", "phase") else "right")
     for r in learned:

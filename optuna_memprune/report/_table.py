@@ -1,12 +1,14 @@
-"""The terminal report: ReportData -> rich renderables (returned, never printed).
+"""The terminal report: ReportData -> renderables (returned, never printed): rich's where rich is installed,
+else plain-text ones with the same rows (``_console``).
 
-Knows rich and the report data; the CLI decides where the renderables go.
+Knows the report data; the CLI decides where the renderables go.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._console import parts
 from ..records import RESOURCES, Decision
 from . import _format as fmt
 from ._forecast import forecast_stops
@@ -25,9 +27,8 @@ NO_MARGIN = "no learned margin (in-process study)"
 def render(data: "ReportData") -> "Group":
     """The terminal report: header, counts by decision, the notable trials, the RUNNING ones (if any),
     prediction quality, margin."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+    ui = parts()
+    Group, Table, Text = ui.Group, ui.Table, ui.Text
 
     budget = ", ".join(f"{fmt.LABELS[r]} {fmt.figure(r, v)}" for r, v in data.budget.items() if v is not None)
     header = Text.assemble(
@@ -90,9 +91,7 @@ def override_lines(data: "ReportData") -> list[str]:
 
 def _running(data: "ReportData") -> "Table":
     """The trials still RUNNING in the storage, and whether their runner is alive."""
-    from rich.table import Table
-
-    table = Table(title="running trials", title_justify="left", box=None, pad_edge=False)
+    table = parts().Table(title="running trials", title_justify="left", box=None, pad_edge=False)
     for head, justify in (("#", "right"), ("state", "left"), ("runner", "left"), ("params", "left"),
                           ("note", "left")):
         table.add_column(head, justify=justify, no_wrap=head in ("#", "state", "runner"))

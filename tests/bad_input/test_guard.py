@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import warnings
+from importlib.util import find_spec
 from pathlib import Path
 
 import optuna
@@ -290,10 +291,21 @@ def test_a_vram_budget_nobody_can_measure_warns_once() -> None:
         reader.close()
         assert messages == []
         return
+    why = "no driver or no GPU" if find_spec("pynvml") else 'nvidia-ml-py is not installed: pip install "optuna-memprune[gpu]"'
     assert messages == [
-        "Budget.vram is set (8.00 GiB) but no GPU is visible to NVML here (no driver, no GPU, or nvidia-ml-py not "
-        "installed): VRAM is predicted only, never measured, and no trial is stopped for its VRAM."]
+        f"Budget.vram is set (8.00 GiB) but no GPU is visible to NVML here ({why}): VRAM is predicted only, never "
+        "measured, and no trial is stopped for its VRAM."]
     assert caught[0].filename == __file__
+
+
+def test_a_vram_budget_without_nvidia_ml_py_names_the_extra_that_brings_it(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # as where the gpu extra was not installed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        MemoryGuard(lambda p: omp.Footprint(), omp.Budget(vram="8GiB"))
+    assert [str(w.message) for w in caught] == [
+        "Budget.vram is set (8.00 GiB) but no GPU is visible to NVML here (nvidia-ml-py is not installed: pip install "
+        '"optuna-memprune[gpu]"): VRAM is predicted only, never measured, and no trial is stopped for its VRAM.']
 
 
 @pytest.mark.parametrize("interval", [float("inf"), 1e-9, 0, -1, 10.5, float("nan"), "0.1"])

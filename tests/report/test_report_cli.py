@@ -147,3 +147,27 @@ def test_runtime_errors_are_one_line_and_exit_1(case: str, expected: str, two_st
     assert not (tmp_path / "absent.db").exists()  # reading never creates a storage
     if case == "unknown-study":
         assert err.rstrip().endswith("it holds: guarded")
+
+
+def test_the_table_without_rich_holds_every_word_of_the_rich_one(guarded_url: str, capsys, monkeypatch) -> None:
+    code, with_rich, _ = _run(capsys, guarded_url)
+    assert code == 0
+    for name in [m for m in sys.modules if m == "rich" or m.startswith("rich.")] or ["rich"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as in an install without the report extra
+    code, plain, err = _run(capsys, guarded_url)
+    assert code == 0 and err == ""
+    assert sorted(plain.split()) == sorted(with_rich.split())  # the same cells, however rich wrapped them
+    lines = plain.splitlines()
+    header = next(ln for ln in lines if ln.startswith("#  state"))
+    rows = [ln for ln in lines if ln[:1].isdigit()]
+    assert [int(r.split()[0]) for r in rows] == [2, 3, 5, 6]
+    assert all(r.index(r.split()[1]) == header.index("state") for r in rows)  # aligned under its header
+
+
+def test_html_without_matplotlib_is_one_line_naming_the_extra(guarded_url: str, tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['matplotlib'] = None; from optuna_memprune.cli import main; "
+            f"sys.exit(main(['report', {guarded_url!r}, '-f', 'html', '-o', {str(tmp_path / 'r.html')!r}]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and not (tmp_path / "r.html").exists()
+    assert out.stderr == ('memprune: error: the HTML report needs matplotlib, which is not installed: '
+                          'pip install "optuna-memprune[report]"\n')

@@ -15,6 +15,7 @@ import math
 import threading
 from typing import Any, Mapping
 
+from ..._extras import MissingExtra
 from ...exceptions import EstimateError
 from ..checks import check_count
 from ..footprint import Footprint
@@ -109,8 +110,8 @@ def policy_class(algo: str, cnn: bool) -> type:
     module, cnn_name, mlp_name = _CLASSES[algo]
     try:
         mod = importlib.import_module(module)
-    except ImportError:
-        raise EstimateError(f"{algo} needs sb3-contrib: pip install sb3-contrib") from None
+    except ImportError as exc:  # sb3-contrib's algorithms, or torch under either: names the extra
+        raise (MissingExtra.of(exc, f"the sb3 recipe's {algo}") or exc) from None
     return getattr(mod, cnn_name if cnn else mlp_name)
 
 

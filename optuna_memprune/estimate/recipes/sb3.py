@@ -97,12 +97,14 @@ def check_env(env_id: object) -> str:
     try:
         import gymnasium as gym
     except ImportError:
-        raise EstimateError("the sb3 recipe needs gymnasium: pip install stable-baselines3") from None
+        raise EstimateError("the sb3 recipe needs gymnasium and stable-baselines3, which are not installed: "
+                            'pip install "optuna-memprune[rl]"') from None
     if is_atari(env_id):
         try:
             import ale_py
         except ImportError:
-            raise EstimateError(f"env id {env_id!r} is an Atari env: pip install ale-py") from None
+            raise EstimateError(f"env id {env_id!r} is an Atari env, which needs ale-py: "
+                                'pip install "optuna-memprune[rl]"') from None
         gym.register_envs(ale_py)
     from gymnasium.envs.registration import find_highest_version, parse_env_id
 

@@ -1,16 +1,19 @@
 """The progress bar of the process-per-trial runner: trials done, running, rejected, pruned, host RAM.
 
-Display only (rich, on stderr); knows the ``Status`` values it is given, nothing of the runner or ledger.
+Display only, on stderr: a live rich bar where rich (the ``report`` extra) is installed, else a plain line
+every ``_PLAIN_EVERY_S`` and one at the end. Knows the ``Status`` values it is given, nothing of the runner or ledger.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable, NamedTuple
 
 from ...units import format_bytes
 
 _REFRESH_S = 0.25
+_PLAIN_EVERY_S = 10.0  # without rich: a line that scrolls, not one redrawn in place
 
 
 class Status(NamedTuple):
@@ -31,33 +34,46 @@ class Status(NamedTuple):
 
 class Progress:
     """``with Progress(status, total) as bar: runner.run(bar.update)``: one live line, refreshed 4 times a
-    second; ``status()`` is asked for the present :class:`Status` only when the line is redrawn."""
+    second; ``status()`` is asked for the present :class:`Status` only when the line is redrawn. Without
+    rich, a plain line on stderr every ``_PLAIN_EVERY_S`` seconds and at the end."""
 
     def __init__(self, status: Callable[[], Status], total: int | None) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
-
+        self._status, self._total = status, total
+        self._last = 0.0
+        self._bar: Any = None
+        try:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+        except ImportError:
+            self._every, self._start = _PLAIN_EVERY_S, time.monotonic()
+            return
+        self._every = _REFRESH_S
         self._bar = Bar(TextColumn("memprune"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=Console(stderr=True), transient=False)
         self._task = self._bar.add_task("", total=total)
-        self._status = status
-        self._last = 0.0
 
     def __enter__(self) -> "Progress":
-        self._bar.start()
+        if self._bar is not None:
+            self._bar.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.update(force=True)  # the last trials' end, which the throttle may have skipped
-        self._bar.stop()
+        if self._bar is not None:
+            self._bar.stop()
 
     def update(self, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self._last < _REFRESH_S and not force:
+        if now - self._last < self._every and not force:
             return
         self._last = now
         status = self._status()
-        self._bar.update(self._task, completed=status.finished, description=describe(status))
+        if self._bar is not None:
+            self._bar.update(self._task, completed=status.finished, description=describe(status))
+            return
+        of = "" if self._total is None else f"/{self._total}"
+        print(f"memprune {status.finished}{of} {time.monotonic() - self._start:.0f} s: {describe(status)}",
+              file=sys.stderr, flush=True)
 
 
 def describe(status: Status) -> str:
