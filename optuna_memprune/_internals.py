@@ -43,6 +43,35 @@ def cached_trials(study: "optuna.Study") -> "list[FrozenTrial]":
     return study._get_trials(deepcopy=False, use_cache=True)
 
 
+def ask_marked(study: "optuna.Study", system_attrs: dict[str, Any]) -> "optuna.Trial":
+    """``study.ask()`` whose new trial carries ``system_attrs`` from the transaction that creates it.
+
+    A runner killed between ``study.ask()`` and its next write leaves a RUNNING trial that nothing names:
+    created with its runner's identity in one write (``BaseStorage.create_new_trial`` with a template trial,
+    the path ``Study.ask`` takes with no template), the trial says whose it is from its first moment. A trial
+    enqueued beforehand (WAITING) is popped as ``Study.ask`` pops it (``Study._pop_waiting_trial_id``) and
+    marked by one more write right after.
+    """
+    import datetime
+
+    import optuna
+    from optuna.trial import FrozenTrial, TrialState
+
+    storage = study._storage
+    study._thread_local.cached_all_trials = None  # as Study.ask: read the storage afresh for this trial
+    trial_id = study._pop_waiting_trial_id()
+    if trial_id is None:
+        template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None,
+                               datetime_start=datetime.datetime.now(), datetime_complete=None, params={},
+                               distributions={}, user_attrs={}, system_attrs=dict(system_attrs),
+                               intermediate_values={}, trial_id=-1)
+        trial_id = storage.create_new_trial(study._study_id, template_trial=template)
+    else:
+        for key, value in system_attrs.items():
+            storage.set_trial_system_attr(trial_id, key, value)
+    return optuna.Trial(study, trial_id)
+
+
 def in_distribution(dist: "BaseDistribution", value: Any) -> bool:
     """Whether ``value`` lies in ``dist`` (range, step, choices): ``BaseDistribution._contains`` is the
     check Optuna applies to fixed params; no public method answers it. False for a value of another type."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ._capacity import HostBudget, HostCapacity, Request, Usage, available_ram, describe, physical_ram
 from ._db import Entry, LedgerError, Reaped, check_ledger_url, default_url
 from ._ledger import Ledger, read_host
-from ._owners import owner_alive
+from ._owners import owner_alive, start_of
 
 __all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Reaped", "Usage", "Ledger", "LedgerError", "owner_alive",
-           "default_url", "read_host", "check_ledger_url", "available_ram", "physical_ram"]
+           "start_of", "default_url", "read_host", "check_ledger_url", "available_ram", "physical_ram"]

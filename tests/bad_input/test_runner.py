@@ -278,6 +278,37 @@ def test_a_runner_killed_during_a_slow_footprint_leaves_no_trial_running(tmp_pat
     assert read_host() == ([], [])
 
 
+
+def test_a_runner_killed_before_it_named_its_trial_on_the_ledger_leaves_no_trial_running(tmp_path: Path) -> None:
+    from optuna_memprune import _internals
+    from optuna_memprune.guard.runner._owners import RUNNER, runner_mark
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(study_name="s", storage=url)
+    # A real process asks a trial as the runner asks it (marked with its identity in the same write) and is
+    # killed before its next write: the window between the ask and the ledger's entry naming the trial.
+    code = ("import os, optuna\n"
+            "from optuna_memprune import _internals\n"
+            "from optuna_memprune.guard.runner._owners import RUNNER, runner_mark\n"
+            f"study = optuna.load_study(study_name='s', storage={url!r})\n"
+            f"_internals.ask_marked(study, {{RUNNER: runner_mark({HOST!r})}})\n"
+            "print(os.getpid(), flush=True)\n"
+            "os.kill(os.getpid(), 9)\n")
+    died = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
+    assert died.returncode == -9, died.stderr
+    pid = int(died.stdout)
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"))
+    study = optuna.load_study(study_name="s", storage=url, sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()),
+                              pruner=guard.wrap_pruner(None))
+    _internals.ask_marked(study, {RUNNER: runner_mark(HOST)})  # one this live process asked: not a dead one's
+    assert states(url) == [TrialState.RUNNING, TrialState.RUNNING]
+    omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=1)
+    assert states(url) == [TrialState.FAIL, TrialState.RUNNING, TrialState.COMPLETE]
+    assert omp.read_record(study.trials[0].user_attrs).reason == (
+        f"its runner (pid {pid} on host {HOST}) died before it named the trial on the host ledger")
+    assert study.trials[2].system_attrs[RUNNER]["pid"] == os.getpid()  # the runner's own trial carries its mark
+    assert read_host() == ([], [])
+
 # -- 6. the worker's command line, the ledger file and the cache dir -------------------------------------
 
 

@@ -32,7 +32,7 @@ from .._trials import TrialGuardState
 from ._child import Payload, child_main
 from ._ending import judge
 from ._forkserver import fork_server
-from ._owners import ASKED, LAUNCHED, DeadRunners, TrialKey
+from ._owners import ASKED, LAUNCHED, RUNNER, DeadRunners, TrialKey, runner_mark
 from ._progress import Status
 from ._reserve import Reservations, next_try
 from ._storage import retry as _retry
@@ -193,7 +193,8 @@ class Runner:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 _retry("failing stale trials", lambda: optuna.storages.fail_stale_trials(study))
-        trial = _retry("asking for a trial", study.ask)
+        mark = runner_mark(self.ledger.host)  # the trial names this runner from its creation on
+        trial = _retry("asking for a trial", lambda: _internals.ask_marked(study, {RUNNER: mark}))
         self.asked += 1
         hold = self._hold(trial)  # from here a runner that finds this one dead fails the trial
         self.dead_runners.end_trials()

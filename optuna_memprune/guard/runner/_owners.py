@@ -33,6 +33,17 @@ _logger = logging.getLogger("optuna_memprune.guard")
 _REAPER_S = 30.0
 ASKED = "asked"        # the trial was asked and waits to be checked, reserved and launched
 LAUNCHED = "launched"  # the trial's process was started
+#: The trial's system attr naming the runner that asked it ({"host", "pid", "start"}), written with the trial.
+RUNNER = "memprune:runner"
+#: How often a runner looks for RUNNING trials of dead runners that no ledger entry names.
+_UNNAMED_EVERY_S = 5.0
+
+
+def runner_mark(host: str) -> dict[str, object]:
+    """What :data:`RUNNER` holds for a trial this process asks on ``host``."""
+    from ...ledger import start_of
+
+    return {"host": host, "pid": os.getpid(), "start": start_of(os.getpid())}
 
 
 class TrialKey(NamedTuple):
@@ -86,9 +97,17 @@ class DeadRunners:
         self._study, self._ledger, self._budget = study, ledger, budget
         self._storage = storage_id(study)
         self._warned: set[int] = set()
+        self._looked = -_UNNAMED_EVERY_S
 
     def end_trials(self) -> None:
-        """Fail every RUNNING trial of this storage whose runner died, then settle its reaped entry."""
+        """Fail every RUNNING trial of this storage whose runner died, then settle its reaped entry; every
+        ``_UNNAMED_EVERY_S`` also those whose runner died before it named them on the ledger."""
+        if time.monotonic() - self._looked >= _UNNAMED_EVERY_S:
+            self._looked = time.monotonic()
+            try:
+                self._end_unnamed()
+            except Exception:  # noqa: BLE001 - looked for again in a few seconds; the study goes on
+                _logger.exception("Looking for trials of dead runners that the ledger does not name failed")
         for reaped in self._ledger.reaped():
             key = parse_key(reaped.entry.key)
             if key is None:
@@ -111,34 +130,74 @@ class DeadRunners:
                 continue
             self._ledger.settle(reaped)
 
+    def _end_unnamed(self) -> None:
+        """Fail the RUNNING trials a runner of this host asked (:data:`RUNNER`) and died before it named them
+        on the ledger: killed between the ask and the ledger's write, or while the ledger could not be
+        written. A trial an entry names is left to :meth:`end_trials`' reaping."""
+        host = self._ledger.host
+        running = retry("reading the running trials",
+                        lambda: self._study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        dead = []
+        for t in running:
+            mark = t.system_attrs.get(RUNNER)
+            if isinstance(mark, dict) and mark.get("host") == host and not _alive(mark.get("pid"), mark.get("start")):
+                dead.append((t, mark))
+        if not dead:
+            return
+        named = {key.trial_id for entry in [*self._ledger.entries(), *(r.entry for r in self._ledger.reaped())]
+                 if (key := parse_key(entry.key)) is not None and key.storage == self._storage}
+        for t, mark in dead:
+            if _internals.trial_id(t) not in named:
+                why = f"its runner (pid {mark['pid']} on host {host}) died before it named the trial on the host ledger"
+                self._fail_trial(_internals.trial_id(t), Decision.UNCHECKED.value, why, why, host, None)
+
     def _fail(self, reaped: "Reaped", key: TrialKey) -> None:
-        storage, entry = _internals.storage_of(self._study), reaped.entry
+        entry = reaped.entry
+        self._fail_trial(key.trial_id, key.decision, _died(entry, key.phase),
+                         f"{_died(entry, key.phase)}; reaped by pid {reaped.reaped_by}", entry.host, entry.gpu)
+
+    def _fail_trial(self, trial_id: int, decision_name: str, died: str, reason: str, host: str,
+                    gpu: str | None) -> None:
+        """Fail a RUNNING trial whose runner died, its record saying ``reason`` (``died``: the words another
+        runner failing it at the same time writes too)."""
+        storage = _internals.storage_of(self._study)
         try:
-            frozen = retry("reading the trial", lambda: storage.get_trial(key.trial_id))
+            frozen = retry("reading the trial", lambda: storage.get_trial(trial_id))
         except KeyError:  # the study was deleted
             return
         if frozen.state is not TrialState.RUNNING:
             return
-        died = f"{_died(entry, key.phase)}; reaped by pid {reaped.reaped_by}"
         written = records.read(frozen.user_attrs)
-        if written is not None and _died(entry, key.phase) in written.reason:
+        if written is not None and died in written.reason:
             record = None  # another runner of this host is failing it: its record says why already
         elif written is not None:  # the runner died between the trial's record and its end
-            record = dataclasses.replace(written, reason=f"{written.reason}; then {died} before its end was written")
+            record = dataclasses.replace(written, reason=f"{written.reason}; then {reason} before its end was written")
         else:
             try:
-                decision = Decision(key.decision)
+                decision = Decision(decision_name)
             except ValueError:
                 decision = Decision.UNCHECKED
-            record = records.TrialRecord(decision=decision, reason=died, host=entry.host, gpu=entry.gpu,
+            record = records.TrialRecord(decision=decision, reason=reason, host=host, gpu=gpu,
                                          **{f"budget_{r}": getattr(self._budget, r) for r in RESOURCES})
         if record is not None:
-            retry("writing the record", lambda: records.write_frozen(self._study, key.trial_id, record))
+            retry("writing the record", lambda: records.write_frozen(self._study, trial_id, record))
         try:
-            retry("failing the trial", lambda: storage.set_trial_state_values(key.trial_id, state=TrialState.FAIL))
+            retry("failing the trial", lambda: storage.set_trial_state_values(trial_id, state=TrialState.FAIL))
         except UpdateFinishedTrialError:  # that other runner failed it first
             return
-        _logger.warning("Trial %d of study %r failed: %s", frozen.number, key.study, (record or written).reason)
+        _logger.warning("Trial %d of study %r failed: %s", frozen.number, self._study.study_name,
+                        (record or written).reason)
+
+
+def _alive(pid: object, start: object) -> bool:
+    """Whether the runner a :data:`RUNNER` mark names still runs (unknown marks count as alive)."""
+    from ...ledger import owner_alive
+
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return True
+    if not isinstance(start, (int, float)):
+        return psutil.pid_exists(pid)
+    return owner_alive(pid, float(start))
 
 
 class RunnerState(NamedTuple):
