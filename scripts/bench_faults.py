@@ -5,7 +5,7 @@ The script starts its own PostgreSQL server (a throwaway cluster on a free port 
 ``postgres`` user when root) with two databases: the study (RDB storage with heartbeats) and the host
 ledgers. It plays ``--hosts`` pseudo-hosts (each its own host id and capacity in the ledger database) with
 ``--workers-per-host`` worker processes each; every worker is its own OS process running
-``omp.optimize(study, objective, guard=..., host=<its host's Ledger>, n_workers=1)``. The ledgers live on the
+``omp.optimize(study, objective, guard=..., host=<its host's Ledger>, n_jobs=1)``. The ledgers live on the
 same PostgreSQL server (``--ledger postgres``, the default) so that the restart hits admission too, and one
 reader sees every host in one snapshot; ``--ledger sqlite`` gives each pseudo-host its own SQLite file instead
 (what a real host uses by default).
@@ -169,8 +169,8 @@ def worker(args: argparse.Namespace) -> int:
         # storage errors inside a trial's process (the server restarting while it suggests) fail that trial
         # with the reason and let the study go on, as a user riding out database restarts would ask
         catch = (optuna.exceptions.StorageInternalError, sa.exc.OperationalError, sa.exc.InterfaceError)
-        omp.optimize(study, objective, guard=guard, host=ledger, n_workers=1, n_trials=args.n_trials,
-                     timeout=timeout, catch=catch, progress=False, **kwargs)
+        omp.optimize(study, objective, guard=guard, host=ledger, n_jobs=1, n_trials=args.n_trials,
+                     timeout=timeout, catch=catch, show_progress_bar=False, **kwargs)
     except BaseException:  # noqa: BLE001 - the drill counts it
         traceback.print_exc()
         print(ABORTED, flush=True)  # the drill may SIGKILL this worker while it exits: the log still says it

@@ -39,7 +39,7 @@ def main() -> None:
                                     sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
         ledger = omp.Ledger(omp.HostBudget(ram="4GiB", gpus=None), url=f"sqlite:///{tmp}/ledger.sqlite")
         t0 = time.time()
-        omp.optimize(study, objective, guard=guard, n_trials=N_TRIALS, host=ledger, progress=False)
+        omp.optimize(study, objective, guard=guard, n_trials=N_TRIALS, host=ledger, show_progress_bar=False)
         wall = time.time() - t0
         starts = [t.user_attrs["t_first_line"] - t.datetime_start.timestamp() for t in study.trials]
     later = np.array(starts[1:]) * 1000

@@ -111,7 +111,7 @@ def run_one(name: str, guarded: bool, args: argparse.Namespace, where: Path, enf
     start = time.monotonic()
     try:
         omp.optimize(study, workloads.OBJECTIVES[name], guard=guard, n_trials=args.trials, host=ledger,
-                     enforce=enforce, progress=False)
+                     enforce=enforce, show_progress_bar=False)
     except Exception as exc:  # noqa: BLE001 - a study that raised counts as lost
         error = f"{type(exc).__name__}: {exc}"
     wall = time.monotonic() - start

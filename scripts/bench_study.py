@@ -10,7 +10,7 @@ n_workers x the largest trial.
     process with the largest RSS; the trial it ran is lost (left RUNNING) and, as when workers are started
     by hand or by a job array, the worker stays dead. ``--restart-killed`` plays a supervisor instead,
     which starts a new worker in its place (the kinder case for plain Optuna).
-(b) Guarded: ``omp.optimize(n_workers=...)`` with the guard (clamp) and the host ledger. The same watchdog
+(b) Guarded: ``omp.optimize(n_jobs=...)`` with the guard (clamp) and the host ledger. The same watchdog
     watches its whole process tree; each kill it has to make counts in ``guarded_over_budget``.
 
 Last line: ``STUDY guarded_completed=<n> unguarded_completed=<n> completed_ratio=<x> guarded_over_budget=<k>
@@ -178,7 +178,7 @@ def _guarded_role(storage: str, seconds: float, ledger_dir: str) -> None:
                                 pruner=guard.wrap_pruner())
     ledger = omp.Ledger(omp.HostBudget(ram=f"{HOST_MIB}MiB", gpus=None, headroom=0.0),
                         url=f"sqlite:///{ledger_dir}/ledger.sqlite", host="bench")
-    omp.optimize(study, objective, guard=guard, timeout=seconds, n_workers=N_WORKERS, host=ledger, progress=False)
+    omp.optimize(study, objective, guard=guard, timeout=seconds, n_jobs=N_WORKERS, host=ledger, show_progress_bar=False)
 
 
 def main() -> None:

@@ -240,9 +240,9 @@ CASES: list[Case] = [
     E("est_process_extra_threads_negative", CALIB, EST + "process('torch', extra_threads=-1)", "extra_threads"),
 
     # ---- omp.optimize ------------------------------------------------------------------------------
-    E("opt_n_workers_0", RUNNER, "run(n_workers=0)", "n_workers"),
-    E("opt_n_workers_negative", RUNNER, "run(n_workers=-1)", "n_workers"),
-    E("opt_n_workers_text", RUNNER, "run(n_workers='2')", "n_workers"),
+    E("opt_n_jobs_0", RUNNER, "run(n_jobs=0)", "n_jobs"),
+    E("opt_n_jobs_negative", RUNNER, "run(n_jobs=-2)", "n_jobs"),
+    E("opt_n_jobs_text", RUNNER, "run(n_jobs='2')", "n_jobs"),
     E("opt_n_trials_negative", RUNNER, "run(n_trials=-1)", "n_trials"),
     E("opt_n_trials_text", RUNNER, "run(n_trials='3')", "n_trials"),
     E("opt_timeout_negative", RUNNER, "run(timeout=-1)", "timeout"),

@@ -82,8 +82,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise
     try:
         omp.optimize(study, objective, guard=guard, n_trials=args.n_trials, timeout=args.timeout,
-                     n_workers=args.n_workers, host=ledger, on_host_full=args.on_host_full,
-                     progress=args.progress, enforce=args.enforce)
+                     n_jobs=args.n_workers, host=ledger, on_host_full=args.on_host_full,
+                     show_progress_bar=args.progress, enforce=args.enforce)
     finally:
         ledger.close()
     return 0

@@ -154,7 +154,7 @@ class GuardedObjective:
                 "n_jobs",
                 "Trials run as threads of one process (study.optimize(n_jobs>1)): the guard budgets the "
                 "process as a whole, and a breach stops every guarded trial running in it. Use "
-                "optuna_memprune.optimize(..., n_workers=k) for one process per trial.",
+                "optuna_memprune.optimize(..., n_jobs=k) for one process per trial.",
             )
         if state.allowance:
             words = describe_allowance(policy, state)

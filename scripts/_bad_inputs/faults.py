@@ -111,7 +111,7 @@ def trial_process_killed() -> None:
                                 sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
     killer = threading.Thread(target=kill_when_started, daemon=True)
     killer.start()
-    omp.optimize(study, o.wait_to_be_killed, guard=guard, n_trials=1, progress=False)
+    omp.optimize(study, o.wait_to_be_killed, guard=guard, n_trials=1, show_progress_bar=False)
 
 
 def _sigint_as_in_a_terminal() -> None:

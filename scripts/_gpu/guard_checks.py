@@ -177,7 +177,7 @@ def breach_per_process(args: dict, emit: Emit) -> None:
     guard = _breach_guard()
     with tempfile.TemporaryDirectory() as tmp:
         study = _study(optuna, guard, storage=f"sqlite:///{tmp}/breach.db", study_name="breach")
-        omp.optimize(study, grow, guard=guard, n_trials=1, progress=False)
+        omp.optimize(study, grow, guard=guard, n_trials=1, show_progress_bar=False)
         emit(_breach_row("VRAM budget breached in process-per-trial (omp.optimize)", study))
 
 
@@ -274,7 +274,7 @@ def small_card(args: dict, emit: Emit) -> None:
     n = int(args.get("trials", 8))
     with tempfile.TemporaryDirectory() as tmp:
         study = _study(optuna, guard, storage=f"sqlite:///{tmp}/small.db", study_name="small_card")
-        omp.optimize(study, small_card_trial, guard=guard, n_trials=n, progress=False)
+        omp.optimize(study, small_card_trial, guard=guard, n_trials=n, show_progress_bar=False)
         trials = study.get_trials(deepcopy=False)
     limit = budget.vram
     ran = [(t, _record(t)) for t in trials if _decision(t) not in ("rejected", "no record")]

@@ -150,7 +150,7 @@ def test_optimize_workers_share_the_learned_model_through_the_storage(tmp_path) 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     ledger = Ledger(HostBudget(ram="4GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
                     host="test-host")
-    omp.optimize(_study(url, guard), objectives.alloc, guard=guard, n_trials=8, n_workers=2, host=ledger,
+    omp.optimize(_study(url, guard), objectives.alloc, guard=guard, n_trials=8, n_jobs=2, host=ledger,
                  enforce="polling")
     rows = _records(optuna.load_study(study_name="learned", storage=url))
     assert any(r.learned["phase"] == "bound" for _, r in rows)

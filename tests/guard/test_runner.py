@@ -89,7 +89,7 @@ def test_rejected_and_clamped_trials_store_what_ran(tmp_path: Path) -> None:
         guard = omp.MemoryGuard(objectives.footprint, budget, search_space=space, on_infeasible=policy)
         study = _study(tmp_path, guard, name=policy, sampler=optuna.samplers.RandomSampler(seed=3))
         omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=8,
-                     n_workers=2, host=_ledger(tmp_path))
+                     n_jobs=2, host=_ledger(tmp_path))
         decisions = [_record(t).decision.value for t in study.trials]
         assert all(t.state.is_finished() for t in study.trials)
         for t in study.trials:
@@ -148,8 +148,10 @@ def test_bad_input_is_refused_before_any_trial_and_nothing_is_left_running(tmp_p
     guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
     with pytest.raises(ValueError, match="in-memory"):
         omp.optimize(optuna.create_study(), objectives.hold, guard=guard, n_trials=1)
-    with pytest.raises(ValueError, match="n_workers"):
-        omp.optimize(_study(tmp_path, guard), objectives.hold, guard=guard, n_workers=0)
+    with pytest.raises(ValueError, match=r"n_jobs must be a positive int or -1 \(this machine's CPU count\), but got 0"):
+        omp.optimize(_study(tmp_path, guard), objectives.hold, guard=guard, n_jobs=0)
+    with pytest.raises(TypeError, match="got both n_jobs= and n_workers=, its old name: give n_jobs= only"):
+        omp.optimize(_study(tmp_path, guard), objectives.hold, guard=guard, n_jobs=2, n_workers=2)
     study = _study(tmp_path, guard)
     with pytest.raises(TypeError, match="picklable"):
         omp.optimize(study, lambda t: 1.0, guard=guard, n_trials=1, host=_ledger(tmp_path))
@@ -163,7 +165,7 @@ def test_the_host_ledger_admits_only_what_fits_and_margins_tighten(tmp_path: Pat
     study = _study(tmp_path, guard)
     ledger = _ledger(tmp_path, ram="900MiB")
     omp.optimize(study, functools.partial(objectives.hold, seconds=0.4), guard=guard, n_trials=10,
-                 n_workers=4, host=ledger)
+                 n_jobs=4, host=ledger)
     trials = study.trials
     assert all(t.state is TrialState.COMPLETE for t in trials)
     spans = [t.user_attrs["t_run"] for t in trials]
@@ -226,7 +228,7 @@ def test_gpu_placement_sets_cuda_visible_devices(tmp_path: Path, capsys) -> None
     study = _study(tmp_path, guard)
     ledger = _ledger(tmp_path, gpus=["2GiB", "8GiB"])
     omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=2, host=ledger,
-                 progress=True)
+                 show_progress_bar=True)
     for t in study.trials:
         assert _record(t).gpu == 1 and t.user_attrs["cuda_visible"] == "1"
     bar = capsys.readouterr().err  # the progress line, on stderr
@@ -297,3 +299,16 @@ def test_nothing_is_left_running_in_this_process_after_optimize(tmp_path: Path) 
     # multiprocessing's resource tracker (a few MiB) stays, as for any multiprocessing user; the fork
     # server (torch and the objective's module imported) and the trials' processes do not
     assert all("resource_tracker" in " ".join(p.cmdline()) for p in left), [p.cmdline() for p in left]
+
+
+def test_the_old_argument_names_still_run_with_a_warning_naming_optunas(tmp_path: Path) -> None:
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
+    study = _study(tmp_path, guard)
+    with pytest.warns(FutureWarning) as caught:
+        omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=2, n_workers=2,
+                     progress=False, host=_ledger(tmp_path))
+    assert sorted(str(w.message) for w in caught) == [
+        "optimize(n_workers=) is renamed n_jobs= (Optuna's name); n_workers= goes in the next release.",
+        "optimize(progress=) is renamed show_progress_bar= (Optuna's name); progress= goes in the next release."]
+    assert caught[0].filename == __file__  # the warning points at the caller's line
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2

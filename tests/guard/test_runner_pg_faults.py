@@ -46,7 +46,7 @@ def test_optimize_rides_out_a_postgresql_restart(postgres_cluster) -> None:
     restarter = threading.Thread(target=restart)
     restarter.start()
     try:
-        omp.optimize(study, nap, guard=guard, host=ledger, n_trials=8, n_workers=2, progress=False)
+        omp.optimize(study, nap, guard=guard, host=ledger, n_trials=8, n_jobs=2, show_progress_bar=False)
     finally:
         restarter.join()
     trials = optuna.load_study(storage=url, study_name="restart").trials
@@ -78,7 +78,7 @@ def test_a_waiting_trial_tries_a_full_postgresql_ledger_a_few_times_a_second_not
         assert ledger.try_admit(Request(ram=500 * MiB), "other", owner_pid=owner.pid) is not None
         threading.Timer(4.0, owner.kill).start()  # then its entry is reaped and the trial admitted
         CountingLedger.tries = 0
-        omp.optimize(study, nap, guard=guard, host=ledger, n_trials=1, progress=False)
+        omp.optimize(study, nap, guard=guard, host=ledger, n_trials=1, show_progress_bar=False)
     finally:
         owner.kill()
         owner.wait()
@@ -111,7 +111,7 @@ def _second_runner(url: str, ledger: Ledger) -> None:
     """A runner of study "s" on host "h" that runs no trial: it only ends the trials of dead runners."""
     guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="400MiB"))
     study = optuna.load_study(storage=url, study_name="s", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
-    omp.optimize(study, nap, guard=guard, host=ledger, n_trials=0, progress=False)
+    omp.optimize(study, nap, guard=guard, host=ledger, n_trials=0, show_progress_bar=False)
 
 
 def test_a_dead_runners_trial_already_being_failed_by_another_runner_keeps_one_reason(postgres_url: str,
@@ -157,7 +157,7 @@ def test_a_trial_process_killed_while_it_reads_its_payload_fails_that_trial_only
     killer = threading.Thread(target=kill_the_first_trial_process, daemon=True)
     killer.start()
     omp.optimize(study, objective, guard=guard, host=Ledger(HostCapacity(ram=2 * 2**30), url=postgres_url, host="h"),
-                 n_trials=2, progress=False)  # raised BrokenPipeError before
+                 n_trials=2, show_progress_bar=False)  # raised BrokenPipeError before
     killer.join(5)
     assert killed
     first, second = optuna.load_study(storage=postgres_url, study_name="started").trials
@@ -213,7 +213,7 @@ def test_the_server_going_away_during_a_trials_check_does_not_stop_the_run(postg
     study = optuna.create_study(storage=url, study_name="check", sampler=guard.wrap_sampler(sampler))
     try:
         omp.optimize(study, nap, guard=guard, host=Ledger(HostCapacity(ram=500 * MiB), url=url, host="h"),
-                     n_trials=2, progress=False)  # raised "the sampler failed: StorageInternalError" before
+                     n_trials=2, show_progress_bar=False)  # raised "the sampler failed: StorageInternalError" before
     finally:
         if sampler.restarts:
             sampler.restarts[0].join()

@@ -255,7 +255,7 @@ class _Injected:
             self.shadows[id(study)] = shared.study
         try:
             run_trials(shared.study, objective, guard=guard, n_trials=call["n_trials"], timeout=call["timeout"],
-                       n_workers=k, catch=call["catch"], callbacks=call["callbacks"])
+                       n_jobs=k, catch=call["catch"], callbacks=call["callbacks"])
         finally:
             numbers.update(t.number for t in shared.study.get_trials(deepcopy=False)[start:])
             _split.copy_back(shared, study)

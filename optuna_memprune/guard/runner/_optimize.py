@@ -7,7 +7,9 @@ progress bar, the fork server); the loop itself is ``_loop``'s, the trial's proc
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import optuna
@@ -35,15 +37,18 @@ def optimize(
     guard: MemoryGuard,
     n_trials: int | None = None,
     timeout: float | None = None,
-    n_workers: int = 1,
+    n_jobs: int = 1,
     catch: Iterable[type[Exception]] | type[Exception] = (),
     callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] | None = None,
+    show_progress_bar: bool | None = None,
     host: "HostBudget | Ledger | None" = None,
     on_host_full: str = "wait",
-    progress: bool | None = None,
     enforce: str = "auto",
+    n_workers: int | None = None,
+    progress: bool | None = None,
 ) -> None:
-    """Run ``study`` with each trial in its own child process, at most ``n_workers`` at a time.
+    """Run ``study`` with each trial in its own child process, at most ``n_jobs`` at a time: Optuna's
+    ``study.optimize`` arguments, with processes instead of threads.
 
     For every trial the parent asks the study, has the guarded sampler check the whole assignment before
     launch (rejected trials end PRUNED without starting a process), reserves the prediction times the
@@ -79,7 +84,7 @@ def optimize(
         n_trials: trials this call runs, rejected ones included (None: until ``timeout`` or
             ``study.stop()``).
         timeout: seconds after which no new trial starts (running ones finish).
-        n_workers: children running at the same time, >= 1.
+        n_jobs: children running at the same time, >= 1; -1 for this machine's CPU count (as Optuna's).
         catch: exception types of the objective that fail the trial and let the study go on; any other
             fails the trial and is raised once the running trials have finished. Running out of memory
             (``MemoryError``, torch's ``OutOfMemoryError``, the kernel's OOM killer) is neither: the trial
@@ -89,7 +94,7 @@ def optimize(
             all of the memory available now, less 10%) or a :class:`~optuna_memprune.ledger.Ledger`
             (another host id or ledger database).
         on_host_full: ``"wait"`` (default) until the reservation fits, or ``"reject"`` the trial.
-        progress: show a progress bar (default: when stderr is a terminal).
+        show_progress_bar: show a progress bar (default: when stderr is a terminal).
         enforce: how a trial is held to its RAM budget. ``"auto"`` (default): a cgroup per trial where
             one can be made below this process's own group, else polling; ``"cgroup"``: a cgroup per trial
             or RuntimeError before any trial; ``"polling"``: the watchdog alone. In a group with a memory
@@ -98,6 +103,8 @@ def optimize(
             limit ends PRUNED (stopped), "stopped by the kernel at its cgroup limit (N MiB)", with the
             group's exact peak. In a v2 group without one the tree is still killed whole. The watchdog
             polls in every mode (soft line, VRAM, threads); the record's ``enforcement`` says which applied.
+        n_workers, progress: the old names of ``n_jobs`` and ``show_progress_bar``, kept for one release
+            (a FutureWarning says so).
 
     Raises:
         ValueError: before any trial, for a bad argument, or a per-trial RAM budget over this machine's
@@ -115,9 +122,14 @@ def optimize(
     if isinstance(_internals.storage_of(study), optuna.storages.InMemoryStorage):
         raise ValueError("optimize() runs each trial in its own process, which cannot open an in-memory "
                          "study: create the study with a storage URL (sqlite:///file.db, postgresql+psycopg://...).")
+    n_jobs = _renamed("n_workers", n_workers, "n_jobs", n_jobs, 1)
+    show_progress_bar = _renamed("progress", progress, "show_progress_bar", show_progress_bar, None)
     check_int(n_trials, "n_trials", minimum=0, optional=True)
     check_number(timeout, "timeout", minimum=0, optional=True)
-    check_int(n_workers, "n_workers", minimum=1)
+    check_int(n_jobs, "n_jobs", minimum=-1)
+    if n_jobs == 0:
+        raise ValueError("n_jobs must be a positive int or -1 (this machine's CPU count), but got 0.")
+    n_jobs = (os.cpu_count() or 1) if n_jobs == -1 else n_jobs
     if on_host_full not in ("wait", "reject"):
         raise ValueError(f"on_host_full must be 'wait' or 'reject', but got {on_host_full!r}.")
     catch = (catch,) if isinstance(catch, type) else tuple(catch)
@@ -146,9 +158,9 @@ def optimize(
     from ...ledger import describe
 
     _logger.info("Host %s: trials may reserve %s; %s.", ledger.host, describe(ledger.capacity), enforcement.describe())
-    runner = Runner(study, objective, guard, ledger, n_trials=n_trials, timeout=timeout, n_workers=n_workers,
+    runner = Runner(study, objective, guard, ledger, n_trials=n_trials, timeout=timeout, n_workers=n_jobs,
                      catch=catch, callbacks=callbacks, on_host_full=on_host_full, enforcement=enforcement)
-    show = sys.stderr.isatty() if progress is None else bool(progress)
+    show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
     try:
         if show:
             with Progress(runner.status, n_trials) as bar:
@@ -174,3 +186,15 @@ def _check_callbacks(callbacks: Any) -> list:
             raise TypeError(f"callbacks must be a list of functions callback(study, frozen_trial), but "
                             f"callbacks[{i}] is {type(callback).__name__} {callback!r}.")
     return callbacks
+
+
+def _renamed(old: str, old_value: Any, new: str, new_value: Any, default: Any) -> Any:
+    """The value of an argument renamed to Optuna's name: the new one, or the old one with a FutureWarning
+    (kept for one release); both given is a TypeError."""
+    if old_value is None:
+        return new_value
+    if new_value != default:
+        raise TypeError(f"optimize() got both {new}= and {old}=, its old name: give {new}= only.")
+    warnings.warn(f"optimize({old}=) is renamed {new}= (Optuna's name); {old}= goes in the next release.",
+                  FutureWarning, stacklevel=3)
+    return old_value
