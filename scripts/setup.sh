@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything on a fresh machine with only Python 3.10+ present: a virtualenv in .venv with the
-# CPU build of torch (pinned: a looser requirement pulls a multi-GB CUDA build), the package, the RL
-# extras and the test tools. Idempotent: a second run only checks.
+# CPU build of torch (pinned: a looser requirement pulls a multi-GB CUDA build), the package with all its
+# extras, the test tools and the docs tools. Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -15,5 +15,5 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[all,test]"
+.venv/bin/python -m pip install -q -e ".[all,test,docs]"
 echo "$want" > "$stamp"

@@ -5,7 +5,7 @@ Owns the allocator's rules and replays timelines of byte sizes; must not know ne
 The rules are read from ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, default configuration: no
 ``expandable_segments``, no ``max_split_size_mb``, no ``roundup_power2_divisions``, one stream, no
 ``empty_cache()``). Unit-tested against the rules as the source states them; checked on one H200 by
-``scripts/gpu_check.py`` (README: within 1.4% of ``max_memory_allocated`` at the median, reserved bytes
+``scripts/gpu_check.py`` (docs/gpus.md: within 1.4% of ``max_memory_allocated`` at the median, reserved bytes
 under where cuDNN workspaces open segments of their own).
 
 Known limitations:

@@ -26,7 +26,7 @@ __all__ = [
 
 
 def render_json(data: ReportData) -> str:
-    """The report as JSON text: ``data.to_json_dict()`` with stable keys (README: "Reviewing a study"), and
+    """The report as JSON text: ``data.to_json_dict()`` with stable keys (docs/report.md), and
     ``learned`` (its rows and quality) when some trial has a learned prediction."""
     out = data.to_json_dict()
     learned = _learned.json_dict(data)

@@ -163,7 +163,7 @@ class ReportData:
         return next(t for t in self.trials if t.number == number)
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data with stable keys (README: "Reviewing a study")."""
+        """The report as JSON-ready data with stable keys (docs/report.md)."""
         largest = None
         if self.largest_admitted is not None:
             t = self.trial(self.largest_admitted)

@@ -211,13 +211,13 @@ def short_line(limit: int = 200) -> Post:
 
 
 def checked_or_documented(r: Result) -> str | None:
-    """trial #0 checked before launch, or the README's guard example passes search_space="""
+    """trial #0 checked before launch, or the docs' guard example (Getting started) passes search_space="""
     t = next((t for t in r.trials() if t.number == 0), None)
     if t is not None and t.attrs.get("memprune:decision") not in (None, "unchecked"):
         return None
-    readme = (ROOT / "README.md").read_text()
-    example = readme.split("## In your study", 1)[-1].split("```", 2)[1] if "## In your study" in readme else ""
-    return None if "search_space=" in example else "trial #0 ran unchecked and the README example omits search_space="
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    example = page.split("## In your study", 1)[-1].split("```", 2)[1] if "## In your study" in page else ""
+    return None if "search_space=" in example else "trial #0 ran unchecked and the docs' example omits search_space="
 
 
 def no_running(db: str = "study.db") -> Post:

@@ -73,8 +73,10 @@ def replay_buffer(
     ``sample()``: the numpy fancy-index copies and their torch copies (on ``device``).
 
     Args:
-        obs_shape, obs_dtype: The observation space's shape and dtype; None for both with ``dict_obs``.
-        action_shape, action_dtype: See :func:`sb3_replay_layout`.
+        obs_shape: The observation space's shape; None with ``dict_obs``.
+        obs_dtype: The observation space's dtype; None with ``dict_obs``.
+        action_shape: The action space's shape (see ``sb3_replay_layout``).
+        action_dtype: The action space's dtype.
         buffer_size: Transitions in all envs together; >= 1.
         n_envs: Parallel envs; >= 1. Default 1.
         optimize_memory_usage: Default False. Needs ``handle_timeout_termination=False`` (as in SB3).
@@ -142,7 +144,10 @@ def rollout_buffer(
     that allocator slack is not counted here.
 
     Args:
-        obs_shape, obs_dtype, action_shape, action_dtype: See :func:`sb3_rollout_layout`.
+        obs_shape: The observation space's shape (see ``sb3_rollout_layout``).
+        obs_dtype: The observation space's dtype.
+        action_shape: The action space's shape.
+        action_dtype: The action space's dtype.
         n_steps: Steps per env per rollout; >= 1.
         n_envs: Parallel envs; >= 1. Default 1.
         batch_size: The minibatch size given to ``get()`` (PPO's ``batch_size``); None: the whole buffer.
@@ -151,8 +156,8 @@ def rollout_buffer(
 
     Example:
         >>> fp = rollout_buffer((4, 84, 84), "uint8", (), "int64", n_steps=128, n_envs=8, batch_size=256)
-        >>> [c.name for c in fp.components]
-        ['rollout buffer', 'rollout buffer get() copies']
+        >>> print(" + ".join(c.name for c in fp.components))
+        rollout buffer + rollout buffer get() copies
     """
     fields = sb3_rollout_layout(obs_shape, obs_dtype, action_shape, action_dtype, n_steps=n_steps, n_envs=n_envs)
     n_steps, n_envs = fields[0].shape[0], fields[0].shape[1]

@@ -103,8 +103,8 @@ def optimize(
             limit ends PRUNED (stopped), "stopped by the kernel at its cgroup limit (N MiB)", with the
             group's exact peak. In a v2 group without one the tree is still killed whole. The watchdog
             polls in every mode (soft line, VRAM, threads); the record's ``enforcement`` says which applied.
-        n_workers, progress: the old names of ``n_jobs`` and ``show_progress_bar``, kept for one release
-            (a FutureWarning says so).
+        n_workers: the old name of ``n_jobs``, kept for one release (a FutureWarning says so).
+        progress: the old name of ``show_progress_bar``, kept for one release (a FutureWarning says so).
 
     Raises:
         ValueError: before any trial, for a bad argument, or a per-trial RAM budget over this machine's
