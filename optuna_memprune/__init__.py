@@ -11,9 +11,9 @@ import logging
 from typing import Any
 
 from .budget import Budget
-from .units import format_bytes, parse_bytes
 from .estimate.footprint import Component, Footprint, Kind
 from .exceptions import CalibrationError, EnforcementError, EstimateError, MemPruneError
+from .units import format_bytes, parse_bytes
 
 logging.getLogger("optuna_memprune").addHandler(logging.NullHandler())
 

@@ -22,7 +22,7 @@ class Text:
         self.plain = text
 
     @classmethod
-    def assemble(cls, *parts: "str | tuple[str, str]") -> "Text":
+    def assemble(cls, *parts: str | tuple[str, str]) -> Text:
         return cls("".join(p[0] if isinstance(p, tuple) else p for p in parts))
 
     def __str__(self) -> str:
@@ -68,7 +68,7 @@ class Table:
         out = [] if self.title is None else [self.title]
         for line in lines:
             out.append("  ".join(c.rjust(w) if j == "right" else c.ljust(w)
-                                 for c, w, (_, j, _) in zip(line, widths, self._heads)).rstrip())
+                                 for c, w, (_, j, _) in zip(line, widths, self._heads, strict=True)).rstrip())
         return "\n".join(out)
 
 

@@ -39,7 +39,7 @@ class MissingExtra(MemPruneError, ImportError):
     """
 
     @classmethod
-    def of(cls, exc: ImportError, what: str) -> "MissingExtra | None":
+    def of(cls, exc: ImportError, what: str) -> MissingExtra | None:
         """The error to raise for ``exc`` (a failed import inside ``what``), or ``None`` where the module that
         failed to import belongs to no extra (a genuine error to raise as it is)."""
         top = (exc.name or "").split(".")[0]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import optuna
@@ -18,32 +19,32 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 
-def storage_of(study: "optuna.Study") -> "BaseStorage":
+def storage_of(study: optuna.Study) -> BaseStorage:
     """The study's storage: writes on a trial known only as a FrozenTrial go through it (Optuna has no public
     handle; ``Study._storage``, optuna/study/study.py)."""
     return study._storage
 
 
-def trial_id(trial: "optuna.Trial | FrozenTrial | Any") -> int:
+def trial_id(trial: optuna.Trial | FrozenTrial | Any) -> int:
     """The storage's id of a trial (``Trial._trial_id`` / ``FrozenTrial._trial_id``): the key every storage
     method takes, which the public API does not expose."""
     return trial._trial_id
 
 
-def study_id(study: "optuna.Study") -> int:
+def study_id(study: optuna.Study) -> int:
     """The storage's id of a study (``Study._study_id``): with the storage's identity it keys what the
     guarded sampler caches per study; the public API exposes only the name."""
     return study._study_id
 
 
-def cached_trials(study: "optuna.Study") -> "list[FrozenTrial]":
+def cached_trials(study: optuna.Study) -> list[FrozenTrial]:
     """The study's trials from the per-trial cache the built-in samplers read (``Study._get_trials(
     deepcopy=False, use_cache=True)``); ``study.get_trials`` has no ``use_cache`` and would query the
     storage again at every trial's start."""
     return study._get_trials(deepcopy=False, use_cache=True)
 
 
-def ask_marked(study: "optuna.Study", system_attrs: dict[str, Any]) -> "optuna.Trial":
+def ask_marked(study: optuna.Study, system_attrs: dict[str, Any]) -> optuna.Trial:
     """``study.ask()`` whose new trial carries ``system_attrs`` from the transaction that creates it.
 
     A runner killed between ``study.ask()`` and its next write leaves a RUNNING trial that nothing names:
@@ -72,7 +73,7 @@ def ask_marked(study: "optuna.Study", system_attrs: dict[str, Any]) -> "optuna.T
     return optuna.Trial(study, trial_id)
 
 
-def in_distribution(dist: "BaseDistribution", value: Any) -> bool:
+def in_distribution(dist: BaseDistribution, value: Any) -> bool:
     """Whether ``value`` lies in ``dist`` (range, step, choices): ``BaseDistribution._contains`` is the
     check Optuna applies to fixed params; no public method answers it. False for a value of another type."""
     try:
@@ -81,30 +82,30 @@ def in_distribution(dist: "BaseDistribution", value: Any) -> bool:
         return False
 
 
-def in_optimize_loop(study: "optuna.Study") -> bool:
+def in_optimize_loop(study: optuna.Study) -> bool:
     """Whether this thread runs an optimize loop of ``study`` (``Study._thread_local.in_optimize_loop``):
     ``Study.optimize`` refuses nested calls on it and ``study.stop()`` requires it; nothing public reads it."""
     return bool(study._thread_local.in_optimize_loop)
 
 
-def set_in_optimize_loop(study: "optuna.Study", value: bool) -> None:
+def set_in_optimize_loop(study: optuna.Study, value: bool) -> None:
     """Mark this thread as running (or no longer running) an optimize loop of ``study``, as
     ``Study.optimize`` does, so that ``study.stop()`` works in a loop that is not ``Study.optimize``'s."""
     study._thread_local.in_optimize_loop = value
 
 
-def stop_requested(study: "optuna.Study") -> bool:
+def stop_requested(study: optuna.Study) -> bool:
     """Whether ``study.stop()`` was called in the present loop (``Study._stop_flag``); Optuna sets the flag
     publicly but reads it only inside ``Study.optimize``."""
     return bool(study._stop_flag)
 
 
-def clear_stop(study: "optuna.Study") -> None:
+def clear_stop(study: optuna.Study) -> None:
     """Reset ``study.stop()``'s flag at the start of a loop, as ``Study.optimize`` does (``_stop_flag``)."""
     study._stop_flag = False
 
 
-def heartbeat_enabled(study: "optuna.Study") -> bool:
+def heartbeat_enabled(study: optuna.Study) -> bool:
     """Whether the study's storage records heartbeats (``optuna.storages._heartbeat``): a loop other than
     ``Study.optimize`` must then fail stale trials and beat for its running ones itself."""
     from optuna.storages import _heartbeat
@@ -112,7 +113,7 @@ def heartbeat_enabled(study: "optuna.Study") -> bool:
     return _heartbeat.is_heartbeat_enabled(study._storage)
 
 
-def heartbeat_thread(study: "optuna.Study", trial: int) -> Any:
+def heartbeat_thread(study: optuna.Study, trial: int) -> Any:
     """A not yet started thread that beats for trial id ``trial`` (``_heartbeat.get_heartbeat_thread``),
     the one ``Study.optimize`` runs beside each trial; ``join()`` stops it."""
     from optuna.storages import _heartbeat
@@ -120,7 +121,7 @@ def heartbeat_thread(study: "optuna.Study", trial: int) -> Any:
     return _heartbeat.get_heartbeat_thread(trial, study._storage)
 
 
-def storage_location(study: "optuna.Study") -> str | None:
+def storage_location(study: optuna.Study) -> str | None:
     """Where the study's storage keeps its data: an RDB storage's URL (``_CachedStorage._backend.url``)
     or a journal file's path (``JournalStorage._backend._file_path``); None otherwise (in memory).
     Storages expose no public name of their location, and the runner needs one to tell whether a

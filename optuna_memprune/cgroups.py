@@ -203,7 +203,7 @@ class TrialGroup:
         self.place, self.path = where, path
 
     @classmethod
-    def create(cls, where: Place, number: int) -> tuple["TrialGroup | None", str]:
+    def create(cls, where: Place, number: int) -> tuple[TrialGroup | None, str]:
         """A new group named ``memprune-<pid>-<start ticks>-<number>`` (its owner recognisable by pid and
         start time; ``<number>.<k>`` where another study of this process has one of that number), or
         ``(None, reason)``."""

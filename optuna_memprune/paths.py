@@ -39,7 +39,8 @@ def writable_dir(directory: Path | str | None = None) -> Path:
         >>> writable_dir("a-file/cache")
         Traceback (most recent call last):
         ...
-        optuna_memprune.paths.CacheDirError: cannot use 'a-file/cache' as the cache directory: a part of its path is a file, not a directory; set MEMPRUNE_CACHE_DIR to a writable directory.
+        optuna_memprune.paths.CacheDirError: cannot use 'a-file/cache' as the cache directory: a part of its
+        path is a file, not a directory; set MEMPRUNE_CACHE_DIR to a writable directory.
     """
     path = cache_dir() if directory is None else Path(directory)
     try:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from . import _internals
 from .budget import soft_line
@@ -75,8 +76,9 @@ class TrialRecord:
     own process (the process-per-trial runner) or on records written before the field existed.
     ``leftover`` is what earlier trials left in the process (its level at the last start with no trial
     running, above the first trial's start), per resource where it made the budget unreachable: the
-    trial's soft line and budget were raised by it, and the constraints count its peak less it. ``need`` is what admission compared with the soft line, where it compared more
-    than the prediction (a learned increment plus the usage it starts from).
+    trial's soft line and budget were raised by it, and the constraints count its peak less it. ``need`` is
+    what admission compared with the soft line, where it compared more than the prediction (a learned
+    increment plus the usage it starts from).
     """
 
     decision: Decision
@@ -184,7 +186,7 @@ def constraint_keys(resources: Iterable[str]) -> list[str]:
     return [_CONSTRAINT_PREFIX + r for r in resources]
 
 
-def write(trial: "optuna.Trial", record: TrialRecord) -> None:
+def write(trial: optuna.Trial, record: TrialRecord) -> None:
     """Write the record and its constraints on a running trial through the public Trial API."""
     for key, value in record.attrs().items():
         trial.set_user_attr(key, value)
@@ -192,7 +194,7 @@ def write(trial: "optuna.Trial", record: TrialRecord) -> None:
         trial.set_constraint(key, value)
 
 
-def write_frozen(study: "optuna.Study", trial_id: int, record: TrialRecord) -> None:
+def write_frozen(study: optuna.Study, trial_id: int, record: TrialRecord) -> None:
     """Write the record on a trial known only as a FrozenTrial (from ``sampler.after_trial``).
 
     The trial is still RUNNING there, so the storage accepts the writes; the storage handle comes from
@@ -250,7 +252,7 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
 OVERRIDES = PREFIX + "overrides"
 
 
-def write_overrides(study: "optuna.Study", trial_id: int, overrides: Mapping[str, tuple[Any, Any]]) -> None:
+def write_overrides(study: optuna.Study, trial_id: int, overrides: Mapping[str, tuple[Any, Any]]) -> None:
     """Write the fixed hyperparameters lowered for a trial (``{name: (was, ran)}``) on it, by its id."""
     value = json.dumps({k: [v[0], v[1]] for k, v in overrides.items()}, **_JSON)
     _internals.storage_of(study).set_trial_user_attr(trial_id, OVERRIDES, value)

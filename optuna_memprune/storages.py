@@ -32,7 +32,7 @@ def journal_path(url: str) -> str | None:
     return None
 
 
-def open_storage(url: str, *, existing: bool = False) -> "BaseStorage":
+def open_storage(url: str, *, existing: bool = False) -> BaseStorage:
     """The Optuna storage at ``url``: ``JournalStorage(JournalFileBackend(path))`` for a Journal file (as
     rl-zoo3 opens one), else what ``optuna.create_study(storage=url)`` would open.
 

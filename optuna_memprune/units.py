@@ -25,8 +25,8 @@ def parse_bytes(value: int | float | str, *, name: str = "size") -> int:
 
     Accepts ints, integral floats (``1e9``) and strings such as ``"6GiB"``, ``"512MB"``, ``"1.5 GB"`` or
     ``"1024"``. Decimal units (kB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB, and
-    PiB, EiB as numpy and torch print them) powers of 1024. Raises ``ValueError`` naming ``name`` and the text given when the value is not a size or is
-    negative.
+    PiB, EiB as numpy and torch print them) powers of 1024. Raises ``ValueError`` naming ``name`` and the
+    text given when the value is not a size or is negative.
     """
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a byte size such as '6GiB' or an int, but got {value!r}.")

@@ -12,7 +12,8 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .._extras import MissingExtra
 from ..exceptions import EstimateError, MemPruneError

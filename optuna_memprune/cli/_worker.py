@@ -19,6 +19,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import optuna
 
     import optuna_memprune as omp
+
     from ..guard.runner import check_budget_fits
     from ..ledger import HostBudget, Ledger, check_ledger_url
     from ..units import check_int, check_number
@@ -107,7 +108,7 @@ def _worker_study(args: argparse.Namespace, url: str, guard: Any, samplers: dict
         raise
     except (TypeError, ValueError, ImportError) as exc:
         raise MemPruneError(str(exc)) from exc
-    except Exception as exc:  # noqa: BLE001 - the storage's own errors (unreachable server, bad URL)
+    except Exception as exc:  # the storage's own errors (unreachable server, bad URL)
         raise MemPruneError(f"could not open study {args.study!r} in {url}: "
                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     return study

@@ -27,7 +27,7 @@ _LAZY = {
     "deque_buffer": "buffers",
     "array": "buffers",
     "process": "recipes",
-    "learned": "learn",  # footprints learned from observed trials (numpy only)  # with the recipes' stack names ("sb3", ...)
+    "learned": "learn",  # footprints learned from observed trials (numpy only)
 }
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -93,16 +94,16 @@ class Encoder:
         return [*self.numeric, *self.labels]
 
     @classmethod
-    def corrected(cls, resource: str, rows: list[Any]) -> "Encoder":
+    def corrected(cls, resource: str, rows: list[Any]) -> Encoder:
         enc = cls()
         enc.resource = resource
         enc.scale = max([float((o.predicted or {}).get(resource) or 0) for o in rows] + [1.0])
         return enc
 
     @classmethod
-    def of(cls, settings: Any, rows: list[Any], y: np.ndarray) -> "Encoder":
-        """Every param the trials (``learn.Observation``) vary, with its role (``settings``: ``learn.Learned``); numeric directions +1 unless declared or read from
-        the data (:func:`direction`)."""
+    def of(cls, settings: Any, rows: list[Any], y: np.ndarray) -> Encoder:
+        """Every param the trials (``learn.Observation``) vary, with its role (``settings``:
+        ``learn.Learned``); numeric directions +1 unless declared or read from the data (:func:`direction`)."""
         enc = cls()
         for name in sorted({n for o in rows for n in o.params}):
             values = [o.params.get(name) for o in rows]
@@ -115,7 +116,7 @@ class Encoder:
                 if len(labels) > 1:
                     enc.labels[name] = labels
                 continue
-            known = [(float(v), yy) for v, yy in zip(values, y) if v is not None]
+            known = [(float(v), yy) for v, yy in zip(values, y, strict=False) if v is not None]
             lo, hi = min(v for v, _ in known), max(v for v, _ in known)
             if hi <= lo:
                 continue  # one value seen: nothing to learn from it
@@ -125,7 +126,7 @@ class Encoder:
             enc.numeric[name] = (lo, hi, settings.monotone.get(name) or direction(known), use_log)
         return enc
 
-    def only(self, names: Iterable[str], products: bool | None = None) -> "Encoder":
+    def only(self, names: Iterable[str], products: bool | None = None) -> Encoder:
         """This encoder restricted to ``names`` (and with or without products)."""
         keep = set(names)
         other = Encoder()
@@ -135,7 +136,7 @@ class Encoder:
         other.products = self.products if products is None else products
         return other
 
-    def plus(self, full: "Encoder", name: str) -> "Encoder":
+    def plus(self, full: Encoder, name: str) -> Encoder:
         """This encoder with ``full``'s encoding of ``name`` added."""
         other = self.only(self.params)
         if name in full.numeric:
@@ -144,7 +145,7 @@ class Encoder:
             other.labels[name] = full.labels[name]
         return other
 
-    def flipped(self, name: str) -> "Encoder":
+    def flipped(self, name: str) -> Encoder:
         other = self.only(self.params)
         lo, hi, d, use_log = other.numeric[name]
         other.numeric[name] = (lo, hi, -d, use_log)

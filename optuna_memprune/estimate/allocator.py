@@ -28,7 +28,8 @@ Example:
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from ..exceptions import EstimateError
 from ..units import MiB

@@ -14,10 +14,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from ..exceptions import CalibrationError
 from .probes import MARK
@@ -70,7 +71,7 @@ def run_probes(name: str, specs: Sequence[dict[str, Any]], *, timeout: float = P
                             [sys.executable, "-m", f"{__package__}.probes.{name}", json.dumps(spec)],
                             stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True), out))
             results = []
-            for (proc, out), spec in zip(procs, specs):
+            for (proc, out), spec in zip(procs, specs, strict=False):
                 try:
                     proc.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:

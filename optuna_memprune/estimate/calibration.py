@@ -15,16 +15,25 @@ import platform
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 from ..exceptions import CalibrationError
 from ..paths import ENV_VAR, CacheDirError, cache_dir, writable_dir
 from . import recheck
-from .baselines import (KERNEL_CONVS, THREAD_POINTS, CpuKernels, CudaCosts, EnvProfile, StackBaseline, run_probe,
-                        run_probes)
+from .baselines import (
+    KERNEL_CONVS,
+    THREAD_POINTS,
+    CpuKernels,
+    CudaCosts,
+    EnvProfile,
+    StackBaseline,
+    run_probe,
+    run_probes,
+)
 
 T = TypeVar("T")
 
@@ -187,7 +196,7 @@ class Calibration:
         conditions, at = recheck.host(), time.time()
         todo = [n for n in points if first is None or n != 1]
         probes = dict(zip(todo, run_probes("stack", [{"imports": list(imports), "train": train, "threads": n}
-                                                     for n in todo]) if todo else []))
+                                                     for n in todo]) if todo else [], strict=True))
         if first is not None:
             probes[1] = first
         return {"points": [[n, probes[n]] for n in points], "measured_at": at, "host": conditions}

@@ -82,7 +82,8 @@ def check_count(value: object, name: str, kind: str, *, minimum: int = 1, option
         >>> check_count(10**99, "buffer_size", "items")
         Traceback (most recent call last):
         ...
-        optuna_memprune.exceptions.EstimateError: buffer_size must be an int in [1, 2**50], but got 1e+99: more items of a byte or more would fill over 1 PiB, more memory than any real machine has.
+        optuna_memprune.exceptions.EstimateError: buffer_size must be an int in [1, 2**50], but got 1e+99:
+        more items of a byte or more would fill over 1 PiB, more memory than any real machine has.
     """
     if isinstance(value, float) and value.is_integer():
         value = int(value)

@@ -5,9 +5,10 @@ Plain data with arithmetic and a breakdown table; knows nothing of how the parts
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any
 
 from ..units import format_bytes, parse_bytes
 from .checks import check_int
@@ -54,7 +55,7 @@ class Component:
         if not isinstance(self.kind, Kind):
             object.__setattr__(self, "kind", Kind(self.kind))
 
-    def scaled(self, factor: float) -> "Component":
+    def scaled(self, factor: float) -> Component:
         """The same component with RAM and VRAM multiplied by ``factor`` (counts unchanged)."""
         return replace(self, ram=int(round(self.ram * factor)), vram=int(round(self.vram * factor)))
 
@@ -90,7 +91,7 @@ class Footprint:
         processes: int = 0,
         name: str = "user formula",
         kind: Kind = Kind.USER,
-    ) -> "Footprint":
+    ) -> Footprint:
         """Wrap figures from the user's own formula; sizes may be human (``"1.5 GB"``)."""
         return cls((Component(
             name, Kind(kind), parse_bytes(ram, name="ram"), parse_bytes(vram, name="vram"), threads, processes
@@ -112,7 +113,7 @@ class Footprint:
     def processes(self) -> int:
         return sum(c.processes for c in self.components)
 
-    def __add__(self, other: "Footprint") -> "Footprint":
+    def __add__(self, other: Footprint) -> Footprint:
         if isinstance(other, int) and other == 0:  # lets sum() start from 0
             return self
         if not isinstance(other, Footprint):
@@ -121,7 +122,7 @@ class Footprint:
 
     __radd__ = __add__
 
-    def scaled(self, factor: float) -> "Footprint":
+    def scaled(self, factor: float) -> Footprint:
         return Footprint(tuple(c.scaled(factor) for c in self.components))
 
     def by_kind(self) -> dict[Kind, Component]:
@@ -143,7 +144,7 @@ class Footprint:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Footprint":
+    def from_dict(cls, data: dict[str, Any]) -> Footprint:
         return cls(tuple(Component(**{**c, "kind": Kind(c["kind"])}) for c in data["components"]))
 
     def rows(self) -> list[tuple[str, str, str, str, str, str]]:

@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["STEPS", "RETENTION", "mmap_threshold", "high_water", "retained"]
 

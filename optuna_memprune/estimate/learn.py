@@ -33,9 +33,10 @@ the core install is Optuna, psutil and numpy only.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +87,7 @@ def learned(
     monotone: Mapping[str, int] | None = None,
     categorical: Iterable[str] = (),
     log: Iterable[str] = (),
-) -> "Learned":
+) -> Learned:
     """The settings of a learned footprint (what ``MemoryGuard(None, budget, learn=...)`` takes).
 
     Args:
@@ -135,7 +136,7 @@ class Learned:
     def __repr__(self) -> str:
         return f"learned(miss_rate={self.miss_rate:g}, warmup={self.warmup})"
 
-    def fit(self, observations: Iterable[Observation], *, corrected: bool = False) -> "Model":
+    def fit(self, observations: Iterable[Observation], *, corrected: bool = False) -> Model:
         """The model of these observations. ``corrected``: learn ``peak ~ a + b * predicted`` from each
         observation's ``predicted`` figures (a footprint function's correction) instead of the params."""
         return Model(self, [o for o in observations if isinstance(o, Observation)], corrected)
@@ -213,7 +214,8 @@ class Model:
         else:
             preds = _loo(x, y, censored) if len(y) > 1 else np.full(len(y), np.nan)
         z = [(yy - p) / max(_scale(resource, p, fit.base), 1.0)  # at least a byte, a thread
-             for yy, p, c in zip(y[-len(preds):], preds, censored[-len(preds):]) if math.isfinite(p) and (not c or yy > p)]
+             for yy, p, c in zip(y[-len(preds):], preds, censored[-len(preds):], strict=False)
+             if math.isfinite(p) and (not c or yy > p)]
         fit.m = len(z)
         rms = math.sqrt((PRIOR_TRIALS * PRIOR_Z ** 2 + sum(v * v for v in z)) / (PRIOR_TRIALS + fit.m))
         fit.q = _t_quantile(1 - self.settings.miss_rate, PRIOR_TRIALS + fit.m) * rms

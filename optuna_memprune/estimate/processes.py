@@ -5,7 +5,8 @@ Owns how calibrated figures become Footprint components; knows nothing of Optuna
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from ..exceptions import EstimateError
 from .baselines import EnvProfile

@@ -7,10 +7,11 @@ process of its own. The trial record's names live in ``optuna_memprune.records``
 
 from __future__ import annotations
 
+from ..records import Decision, TrialRecord
+from ..records import read as read_record
 from ._guard import MemoryGuard
 from ._objective import GuardedObjective, MemoryBudgetExceeded
 from ._pruner import GuardedPruner
-from ..records import Decision, TrialRecord, read as read_record
 from ._sampler import GuardedSampler
 from .runner import optimize
 

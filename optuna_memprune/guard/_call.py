@@ -13,7 +13,8 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import procfs
 
@@ -140,7 +141,7 @@ class _Worker:
         self._lock = threading.Lock()
         self.alive = False
 
-    def submit(self, run: "_Run") -> None:
+    def submit(self, run: _Run) -> None:
         with self._lock:
             self._jobs.put(run)
             if not self.alive:

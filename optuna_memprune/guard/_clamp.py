@@ -10,7 +10,8 @@ fit's noise), so a param without that evidence removes no excess and is never ra
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from optuna.distributions import (
     BaseDistribution,
@@ -47,8 +48,8 @@ class ClampSearch:
         {'n': 100}
     """
 
-    def __init__(self, predict: Callable[[dict[str, Any]], "Footprint"],
-                 excess: Callable[["Footprint"], dict[str, int]], limits: Mapping[str, int]) -> None:
+    def __init__(self, predict: Callable[[dict[str, Any]], Footprint],
+                 excess: Callable[[Footprint], dict[str, int]], limits: Mapping[str, int]) -> None:
         self._predict = predict
         self._excess = excess
         self._limits = dict(limits)
@@ -58,8 +59,8 @@ class ClampSearch:
         assignment: dict[str, Any],
         space: dict[str, BaseDistribution],
         names: list[str],
-        footprint: "Footprint",
-    ) -> tuple[dict[str, Any], "Footprint"] | None:
+        footprint: Footprint,
+    ) -> tuple[dict[str, Any], Footprint] | None:
         """The nearest assignment that fits, lowering ``names`` only; ``None`` when none fits.
 
         Params are lowered one at a time, the one whose lowering removes the most excess per unit of its
@@ -89,12 +90,12 @@ class ClampSearch:
 
     def lower_one(
         self, assignment: dict[str, Any], name: str, dist: BaseDistribution
-    ) -> tuple[Any, "Footprint", bool]:
+    ) -> tuple[Any, Footprint, bool]:
         """The highest value of ``name`` at or below its current one that fits (and its footprint, True),
         or its lowest-footprint value (and False)."""
         current = assignment[name]
 
-        def fp(value: Any) -> "Footprint":
+        def fp(value: Any) -> Footprint:
             return self._predict({**assignment, name: value})
 
         if isinstance(dist, CategoricalDistribution):
@@ -168,10 +169,10 @@ class ClampSearch:
         lower = [i for i in load if load[i] < here and choices[i] != current]
         return [choices[i] for i in sorted(lower, key=lambda i: -load[i])]
 
-    def _excess_score(self, footprint: "Footprint") -> float:
+    def _excess_score(self, footprint: Footprint) -> float:
         return sum(over / max(self._limits[r], 1) for r, over in self._excess(footprint).items())
 
-    def _load(self, footprint: "Footprint") -> float:
+    def _load(self, footprint: Footprint) -> float:
         return sum(getattr(footprint, r) / max(limit, 1) for r, limit in self._limits.items())
 
 

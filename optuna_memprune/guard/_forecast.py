@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..monitor import Forecast, forecast
 from ..units import format_bytes, is_int
@@ -43,7 +44,8 @@ def check_horizon(horizon: Any, name: str = "horizon") -> Any:
         >>> check_horizon(0)
         Traceback (most recent call last):
         ...
-        ValueError: horizon must be None, False, a positive int (the trial's last step), a param name or a callable params -> int, but got 0.
+        ValueError: horizon must be None, False, a positive int (the trial's last step), a param name or a
+        callable params -> int, but got 0.
     """
     if horizon is None or horizon is False or callable(horizon) or (isinstance(horizon, str) and horizon):
         return horizon
@@ -99,7 +101,8 @@ def describe(f: Forecast, limit: int) -> str:
     Example:
         >>> f = Forecast(120_000, 1_000_000, 2**30, 7208.0, 7000.0, int(7.9 * 2**30), 7 * 2**30, True, "", 60_000)
         >>> describe(f, 6 * 2**30)
-        'stopped on the forecast: projected 7.90 GiB at step 1,000,000 > 6.00 GiB; at step 120,000 now (RSS 1.00 GiB, +7.04 KiB a step)'
+        'stopped on the forecast: projected 7.90 GiB at step 1,000,000 > 6.00 GiB; at step 120,000 now
+        (RSS 1.00 GiB, +7.04 KiB a step)'
     """
     return (f"stopped on the forecast: projected {format_bytes(f.projected)} at step {f.horizon:,} > "
             f"{format_bytes(limit)}; at step {f.step:,} now (RSS {format_bytes(f.level)}, "
@@ -183,7 +186,7 @@ class StepForecast:
         return None
 
 
-def trial_forecast(guard: "Guard", storage: "BaseStorage", state: "TrialGuardState") -> StepForecast | None:
+def trial_forecast(guard: Guard, storage: BaseStorage, state: TrialGuardState) -> StepForecast | None:
     """The forecast of one trial, reading its step and params from ``storage`` (the trial's own in process,
     the study's in the runner's parent); ``None`` when there is none to make (no RAM budget,
     ``horizon=False``)."""

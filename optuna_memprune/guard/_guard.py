@@ -7,8 +7,9 @@ pruner and objective wrappers do the Optuna-facing work and know nothing of each
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from importlib.util import find_spec
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..budget import RAM_FLOOR, Budget
 from ..estimate.learn import Learned, learned
@@ -128,13 +129,13 @@ class MemoryGuard:
         *,
         on_infeasible: str = "clamp",
         clamp: Iterable[str] | None = None,
-        search_space: dict[str, "BaseDistribution"] | None = None,
+        search_space: dict[str, BaseDistribution] | None = None,
         monitor_interval: float = 0.1,
         soft: float = 0.9,
         footprint_timeout: float | None = 5.0,
         on_footprint_error: str = "warn",
         horizon: Any = None,
-        learn: "bool | Learned | None" = None,
+        learn: bool | Learned | None = None,
     ) -> None:
         from optuna.distributions import BaseDistribution
 
@@ -217,15 +218,15 @@ class MemoryGuard:
 
     # -- the wrappers -------------------------------------------------------------------------------
 
-    def wrap_sampler(self, sampler: "optuna.samplers.BaseSampler") -> GuardedSampler:
+    def wrap_sampler(self, sampler: optuna.samplers.BaseSampler) -> GuardedSampler:
         """``sampler`` with the pre-launch check; see :class:`GuardedSampler`."""
         return GuardedSampler(sampler, self)
 
-    def wrap_pruner(self, pruner: "optuna.pruners.BasePruner | None" = None) -> GuardedPruner:
+    def wrap_pruner(self, pruner: optuna.pruners.BasePruner | None = None) -> GuardedPruner:
         """``pruner`` (or none) that also answers True over the soft line; see :class:`GuardedPruner`."""
         return GuardedPruner(pruner, self)
 
-    def wrap_objective(self, objective: Callable[["optuna.Trial"], Any]) -> GuardedObjective:
+    def wrap_objective(self, objective: Callable[[optuna.Trial], Any]) -> GuardedObjective:
         """``objective`` run under the monitor, with rejection and the trial record; see GuardedObjective."""
         return GuardedObjective(objective, self)
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from .. import _internals, records
 from ..estimate.footprint import Component, Footprint, Kind
@@ -63,7 +64,7 @@ class Learning:
 
     # -- the records ----------------------------------------------------------------------------------
 
-    def refresh(self, study: "optuna.Study") -> Model:
+    def refresh(self, study: optuna.Study) -> Model:
         """Read the study's finished trials not read yet (a finished record never changes) and refit when
         any of them is an observation. Safe to call from several threads."""
         from optuna.trial import TrialState
@@ -221,7 +222,8 @@ def _corrected(raw: Footprint, bound: Mapping[str, int], note: str) -> Footprint
     """``raw``'s components scaled so RAM and VRAM total ``bound``'s, threads raised to it, and a component
     naming the correction."""
     factors = {r: (bound[r] / getattr(raw, r)) if getattr(raw, r) else 1.0 for r in ("ram", "vram")}
-    parts = [Component(c.name, c.kind, ram=int(round(c.ram * factors["ram"])), vram=int(round(c.vram * factors["vram"])),
+    parts = [Component(c.name, c.kind, ram=int(round(c.ram * factors["ram"])),
+                       vram=int(round(c.vram * factors["vram"])),
                        threads=c.threads, processes=c.processes, note=c.note) for c in raw.components]
     extra = {r: max(bound[r] - sum(getattr(c, r) for c in parts), 0) for r in RESOURCES}
     diff = bound["ram"] - raw.ram
@@ -232,7 +234,7 @@ def _corrected(raw: Footprint, bound: Mapping[str, int], note: str) -> Footprint
     return Footprint(tuple(parts))
 
 
-def learn(policy: Any, study: "optuna.Study") -> None:
+def learn(policy: Any, study: optuna.Study) -> None:
     """Refresh ``policy``'s learned model from ``study``'s records, if it learns; a failure to read them
     is logged and the model stays as it was (the guard's own failure never stops a study)."""
     learning = policy.learning
@@ -240,5 +242,5 @@ def learn(policy: Any, study: "optuna.Study") -> None:
         return
     try:
         learning.refresh(study)
-    except Exception:  # noqa: BLE001
+    except Exception:
         _logger.exception("memprune: reading the study's records for the learned footprint failed")

@@ -7,7 +7,7 @@ came from (the runner reads them from the study's trial records).
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 DEFAULT_MARGIN = 1.25   # before any evidence: a quarter on top of the prediction
 QUANTILE = 0.95         # the share of observed trials a learned margin covers

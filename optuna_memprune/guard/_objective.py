@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.distributions import (
@@ -52,7 +53,7 @@ class MemoryBudgetExceeded(optuna.TrialPruned):
     ``optuna.TrialPruned`` through.
     """
 
-    def __init__(self, message: str = "", reading: "Reading | None" = None) -> None:
+    def __init__(self, message: str = "", reading: Reading | None = None) -> None:
         super().__init__(message)
         self.reading = reading
 
@@ -109,7 +110,7 @@ class GuardedObjective:
         >>> study.optimize(guard.wrap_objective(lambda t: t.suggest_float("x", 0, 1)), n_trials=2)
     """
 
-    def __init__(self, objective: Callable[[optuna.Trial], Any], guard: "Guard") -> None:
+    def __init__(self, objective: Callable[[optuna.Trial], Any], guard: Guard) -> None:
         if not callable(objective):
             raise TypeError(f"objective must be callable, but got {type(objective).__name__}.")
         check_guard(guard)
@@ -123,12 +124,12 @@ class GuardedObjective:
         state.enforced = True
         _read_start(guard, state)
         try:
-            trial.relative_params  # the guarded sampler's lookahead, before any of the objective's code
+            _ = trial.relative_params  # the guarded sampler's lookahead, before any of the objective's code
         except Exception:
             try:
                 if state.sampled:  # the footprint's error with on_footprint_error="raise": say so on the trial
                     records.write(trial, guard.policy.record(state, trial.params, repredict=False))
-            except Exception:  # noqa: BLE001 - the original error matters more
+            except Exception:  # the original error matters more
                 _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
             guard.trials.close(state.trial_id)
             raise  # a configuration error (unknown clamp name), the footprint's, or the base sampler's own
@@ -187,7 +188,7 @@ class GuardedObjective:
             raise MemoryBudgetExceeded(f"memprune {reason}", state.hard_reading) from None
         except optuna.TrialPruned as pruned:
             soft_pruned = state.soft_answered
-            raise pruned.with_traceback(None)  # as above; Optuna logs a pruned trial's message only
+            raise pruned.with_traceback(None) from None  # as above; Optuna logs a pruned trial's message only
         except Exception as exc:
             oom = out_of_memory(exc)
             if oom is None:
@@ -212,7 +213,7 @@ class GuardedObjective:
                 if end.decision is Decision.FORECAST_STOPPED and live.forecast is not None:
                     record = dataclasses.replace(record, forecast=live.forecast.record())
                 records.write(trial, record)
-            except Exception:  # noqa: BLE001 - bookkeeping must not change how the trial ends
+            except Exception:  # bookkeeping must not change how the trial ends
                 _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
             finally:
                 guard.trials.exit_run(state)
@@ -222,7 +223,7 @@ class GuardedObjective:
                 watch.levels.ended(state.start, own)  # the next start gives back first where this trial left any
 
 
-def _read_start(guard: "Guard", state: TrialGuardState) -> None:
+def _read_start(guard: Guard, state: TrialGuardState) -> None:
     """The process's usage at the trial's start, after the give-back (``guard/_start.py``), on the trial's
     state before the guarded sampler checks it; a failure leaves the trial as if it had its own process."""
     try:
@@ -237,7 +238,7 @@ def _read_start(guard: "Guard", state: TrialGuardState) -> None:
     state.start, state.allowance = start.level, allowance(guard.policy, start)
 
 
-def store_rejection(guard: "Guard", trial: optuna.Trial, state: TrialGuardState, **record: Any) -> None:
+def store_rejection(guard: Guard, trial: optuna.Trial, state: TrialGuardState, **record: Any) -> None:
     """Store every param of the known space from the checked assignment (a PRUNED trial with a partial
     set shrinks TPE's joint search space) and the record of a trial that will not run; the caller ends
     it PRUNED. ``record`` overrides fields of the record (decision, reason)."""
@@ -252,7 +253,7 @@ def store_rejection(guard: "Guard", trial: optuna.Trial, state: TrialGuardState,
         guard.trials.close(state.trial_id)
 
 
-def _outcome(policy: "Policy", state: TrialGuardState, *, stopped: bool = False, soft_pruned: bool = False,
+def _outcome(policy: Policy, state: TrialGuardState, *, stopped: bool = False, soft_pruned: bool = False,
              out_of_memory: OutOfMemory | None = None, forecast: str | None = None) -> Outcome:
     """How an in-process trial ended: stopped by the interrupt (at the budget or on the forecast), out of
     memory, pruned at the soft line, or on its own."""
@@ -265,7 +266,7 @@ def _outcome(policy: "Policy", state: TrialGuardState, *, stopped: bool = False,
 class _Live:
     """The monitor's side of one trial: its readings, soft and hard crossings, the one interrupt."""
 
-    def __init__(self, guard: "Guard", state: TrialGuardState, thread_id: int,
+    def __init__(self, guard: Guard, state: TrialGuardState, thread_id: int,
                  forecast: StepForecast | None = None) -> None:
         self._policy = guard.policy
         self.forecast = forecast
@@ -408,17 +409,17 @@ class _Watch:
         for live in lives:
             try:
                 live.on_reading(reading)
-            except Exception:  # noqa: BLE001 - one trial's bookkeeping must not starve the others
+            except Exception:  # one trial's bookkeeping must not starve the others
                 _logger.exception("memprune: handling a reading failed")
 
 
 _WATCHES_LOCK = threading.Lock()
 # The guard's one Watch, kept beside its trial registry (both are per guard and per process) for as long as
 # the guard lives: an unpickled guard gets a registry, and so a Watch, of its own.
-_WATCHES: "weakref.WeakKeyDictionary[Any, _Watch]" = weakref.WeakKeyDictionary()
+_WATCHES: weakref.WeakKeyDictionary[Any, _Watch] = weakref.WeakKeyDictionary()
 
 
-def watch_of(guard: "Guard") -> _Watch:
+def watch_of(guard: Guard) -> _Watch:
     """The guard's shared monitor of this process (created on first use)."""
     with _WATCHES_LOCK:
         watch = _WATCHES.get(guard.trials)

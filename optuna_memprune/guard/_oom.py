@@ -74,7 +74,7 @@ class OutOfMemory:
             return f"{self.what}; no {label} budget, so no {key} constraint records it (ended PRUNED all the same)"
         return f"{self.what}; {key} counts it over the {label} budget"
 
-    def measured_here(self) -> "OutOfMemory":
+    def measured_here(self) -> OutOfMemory:
         """This one with ``in_use`` read from this process where the text did not give it (in process only)."""
         if self.in_use is not None:
             return self

@@ -21,19 +21,19 @@ class Outcome(NamedTuple):
 
     decision: Decision | None
     reason: str | None
-    breach: "Reading | None"
+    breach: Reading | None
 
 
 def trial_outcome(
-    policy: "Policy",
+    policy: Policy,
     launch_reason: str,
     *,
-    soft_reading: "Reading | None",
-    hard_reading: "Reading | None",
+    soft_reading: Reading | None,
+    hard_reading: Reading | None,
     stopped_by: str | None = None,
     soft_pruned: bool = False,
     failed: str | None = None,
-    out_of_memory: "OutOfMemory | None" = None,
+    out_of_memory: OutOfMemory | None = None,
     ended_first: str = "the objective ended first",
     forecast: str | None = None,
 ) -> Outcome:

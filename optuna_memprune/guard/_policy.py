@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..budget import Budget, soft_line
 from ..estimate.footprint import Footprint
@@ -20,9 +21,8 @@ from ._call import FootprintTimeout, LimitedCall, NoFootprint, NotAFootprint
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
-    from ._learning import Learning
-
     from ..monitor import Reading
+    from ._learning import Learning
     from ._trials import TrialGuardState, TrialRegistry
     from ._warn import OnceWarnings
 
@@ -51,9 +51,9 @@ class Policy:
 
     def __init__(self, footprint: Callable[[dict[str, Any]], Footprint] | None, budget: Budget, *,
                  on_infeasible: str, clamp: tuple[str, ...] | None,
-                 search_space: dict[str, "BaseDistribution"] | None, interval: float, soft: float,
+                 search_space: dict[str, BaseDistribution] | None, interval: float, soft: float,
                  footprint_timeout: float | None = None, on_footprint_error: str = "warn",
-                 learning: "Learning | None" = None) -> None:
+                 learning: Learning | None = None) -> None:
         self._footprint = footprint
         self._budget = budget
         self._on_infeasible = on_infeasible
@@ -97,7 +97,7 @@ class Policy:
         return self._clamp
 
     @property
-    def search_space(self) -> dict[str, "BaseDistribution"] | None:
+    def search_space(self) -> dict[str, BaseDistribution] | None:
         return self._search_space
 
     @property
@@ -121,7 +121,7 @@ class Policy:
         return self._on_footprint_error
 
     @property
-    def learning(self) -> "Learning | None":
+    def learning(self) -> Learning | None:
         """The learned model (``None``: the footprint function's figures are used as they are)."""
         return self._learning
 
@@ -303,7 +303,7 @@ class Policy:
 
     # -- while a trial runs ---------------------------------------------------------------------------
 
-    def over(self, reading: "Reading", fraction: float, allowance: Mapping[str, int] | None = None,
+    def over(self, reading: Reading, fraction: float, allowance: Mapping[str, int] | None = None,
              base: Mapping[str, int] | None = None) -> bool:
         """Whether ``reading`` crosses ``fraction`` of the budget in any budgeted resource, each line raised
         by ``allowance`` (what earlier trials left in a shared process, ``guard/_start.py``); with ``base``
@@ -312,7 +312,7 @@ class Policy:
         values = {"ram": reading.rss, "threads": reading.threads, "vram": reading.vram}
         return any(values[r] is not None and values[r] > line + a.get(r, 0) for r, line in lines.items())
 
-    def describe_breach(self, reading: "Reading | None", fraction: float) -> str:
+    def describe_breach(self, reading: Reading | None, fraction: float) -> str:
         """Which resource of ``reading`` crossed ``fraction`` of the budget, in words."""
         if reading is None:
             return "no reading"
@@ -330,14 +330,14 @@ class Policy:
 
     def record(
         self,
-        state: "TrialGuardState",
+        state: TrialGuardState,
         params: dict[str, Any],
         *,
         decision: Decision | None = None,
         reason: str | None = None,
         peaks: dict[str, int | None] | None = None,
         timeline: list[tuple[float, int, int, int | None]] | None = None,
-        breach: "Reading | None" = None,
+        breach: Reading | None = None,
         repredict: bool = True,
     ) -> TrialRecord:
         """The record of a finished trial. ``params`` are the params it ran with, ``peaks`` the highest
@@ -427,10 +427,10 @@ class Guard(Protocol):
     def policy(self) -> Policy: ...
 
     @property
-    def trials(self) -> "TrialRegistry": ...
+    def trials(self) -> TrialRegistry: ...
 
     @property
-    def warnings(self) -> "OnceWarnings": ...
+    def warnings(self) -> OnceWarnings: ...
 
 
 def check_guard(guard: object) -> None:

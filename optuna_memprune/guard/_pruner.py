@@ -41,7 +41,7 @@ class GuardedPruner(BasePruner):
         >>> pruner = guard.wrap_pruner(optuna.pruners.MedianPruner())
     """
 
-    def __init__(self, wrapped_pruner: BasePruner | None, guard: "Guard") -> None:
+    def __init__(self, wrapped_pruner: BasePruner | None, guard: Guard) -> None:
         if wrapped_pruner is not None and not isinstance(wrapped_pruner, BasePruner):
             raise TypeError(
                 f"wrapped_pruner must be an optuna BasePruner instance or None, but got {wrapped_pruner!r}."
@@ -64,7 +64,7 @@ class GuardedPruner(BasePruner):
         """The pruner this one delegates to (the process-per-trial runner gives it to each trial's process)."""
         return self._wrapped_pruner
 
-    def prune(self, study: "optuna.Study", trial: "optuna.trial.FrozenTrial") -> bool:
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         state = self._guard.trials.get(_internals.trial_id(trial))
         if state is not None and (state.soft_reading is not None or state.hard_reading is not None):
             state.soft_answered = True

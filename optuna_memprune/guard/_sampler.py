@@ -8,7 +8,8 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler
@@ -55,7 +56,7 @@ class GuardedSampler(BaseSampler):
         >>> sampler = guard.wrap_sampler(optuna.samplers.TPESampler(seed=0))
     """
 
-    def __init__(self, base_sampler: BaseSampler, guard: "Guard") -> None:
+    def __init__(self, base_sampler: BaseSampler, guard: Guard) -> None:
         if not isinstance(base_sampler, BaseSampler):
             raise TypeError(
                 f"base_sampler must be an optuna BaseSampler instance, but got {base_sampler!r} "
@@ -174,7 +175,7 @@ class GuardedSampler(BaseSampler):
     ) -> None:
         try:
             self._write_if_missing(study, trial)
-        except Exception:  # noqa: BLE001 - never let bookkeeping end the study
+        except Exception:  # never let bookkeeping end the study
             _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
         finally:
             self._base_sampler.after_trial(study, trial, state, values)
@@ -371,7 +372,7 @@ def _single_value(dist: BaseDistribution) -> Any:
     return int(dist.low) if isinstance(dist, IntDistribution) else float(dist.low)
 
 
-def _search(policy: "Policy", base: dict[str, int] | None = None) -> ClampSearch:
+def _search(policy: Policy, base: dict[str, int] | None = None) -> ClampSearch:
     """The clamp search under the policy's soft line, less ``base`` (``guard/_start.py``'s ``charged``). A learned
     footprint gives its bound for every candidate, below the observed range too (where it holds the low
     end's): only a trial as sampled is let run unchecked to explore there, a candidate of the search never."""

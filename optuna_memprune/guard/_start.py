@@ -29,7 +29,8 @@ import ctypes
 import gc
 import os
 import threading
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 from .. import procfs
 from ..monitor import auto_gpu_reader, read_tree
@@ -179,7 +180,7 @@ class ProcessLevels:
                 self._dirty = True
 
 
-def allowance(policy: "Policy", start: Start) -> dict[str, int]:
+def allowance(policy: Policy, start: Start) -> dict[str, int]:
     """What earlier trials left, per resource where it makes the budget unreachable: it is over
     ``LEFT_NOISE`` of the budget, and the start level plus ``start.least`` is over the soft line above that
     level (``Policy.line``: no trial that ran to the end here would fit beside it). Such a trial's soft line
@@ -197,7 +198,7 @@ def allowance(policy: "Policy", start: Start) -> dict[str, int]:
     return out
 
 
-def charged(policy: "Policy", state: "TrialGuardState") -> dict[str, int] | None:
+def charged(policy: Policy, state: TrialGuardState) -> dict[str, int] | None:
     """What admission adds to a trial's prediction, per budgeted resource: in a shared process, where the
     prediction is an increment (``policy.increments``), the process's usage at the trial's start, less what
     :func:`allowance` set aside. ``None`` where the trial has its own process (no start level) or where the
@@ -208,7 +209,7 @@ def charged(policy: "Policy", state: "TrialGuardState") -> dict[str, int] | None
             if v is not None and r in policy.budget.resources}
 
 
-def describe_allowance(policy: "Policy", state: "TrialGuardState") -> str:
+def describe_allowance(policy: Policy, state: TrialGuardState) -> str:
     """The words (warning and record) on a trial whose lines :func:`allowance` raised."""
     parts = []
     for r, left in state.allowance.items():

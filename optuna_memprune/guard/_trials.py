@@ -32,13 +32,13 @@ class TrialGuardState:
     reason: str = ("the search space was not known before launch (no earlier trial; pass search_space= to "
                    "MemoryGuard to check the first trial too)")
     assignment: dict[str, Any] = field(default_factory=dict)   # the checked (maybe clamped) params
-    space: dict[str, "BaseDistribution"] = field(default_factory=dict)
-    prediction: "Footprint | None" = None
+    space: dict[str, BaseDistribution] = field(default_factory=dict)
+    prediction: Footprint | None = None
     clamped_from: dict[str, Any] = field(default_factory=dict)
     enforced: bool = False          # run by guard.wrap_objective (rejection and the monitor apply)
     sampled: bool = False           # a GuardedSampler of this guard looked at the trial
-    soft_reading: "Reading | None" = None   # first reading over the soft line
-    hard_reading: "Reading | None" = None   # first reading over the budget
+    soft_reading: Reading | None = None   # first reading over the soft line
+    hard_reading: Reading | None = None   # first reading over the budget
     soft_answered: bool = False     # GuardedPruner answered True because of the soft line
     concurrent: bool = False        # other guarded trials ran in this process at the same time
     first_seen: str | None = None   # the param the footprint asked for that no earlier trial suggested

@@ -13,4 +13,4 @@ from ._ledger import Ledger, read_host
 from ._owners import owner_alive, start_of
 
 __all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Reaped", "Usage", "Ledger", "LedgerError", "owner_alive",
-           "start_of", "default_url", "read_host", "check_ledger_url", "available_ram", "physical_ram"]
+           "start_of", "default_url", "read_host", "check_ledger_url", "available_ram", "physical_ram", "describe"]

@@ -6,8 +6,9 @@ database, its transactions or process liveness.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import psutil
 
@@ -31,7 +32,8 @@ class HostCapacity:
     def __post_init__(self) -> None:
         if self.ram is not None:
             check_int(self.ram, "HostCapacity.ram", minimum=0)
-        object.__setattr__(self, "gpus", tuple(check_int(g, f"HostCapacity.gpus[{i}]", minimum=0) for i, g in enumerate(self.gpus)))
+        object.__setattr__(self, "gpus", tuple(check_int(g, f"HostCapacity.gpus[{i}]", minimum=0)
+                                               for i, g in enumerate(self.gpus)))
         check_int(self.threads, "HostCapacity.threads", minimum=1, optional=True)
 
 

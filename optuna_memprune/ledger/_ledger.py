@@ -11,7 +11,8 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
@@ -19,8 +20,23 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, Operation
 from ..paths import cache_dir
 from ..units import check_number, format_bytes, is_int
 from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
-from ._db import (SQLITE_BUSY_TIMEOUT_S, Entry, LedgerError, Reaped, cannot_open, check_ledger_url, default_url, entries_table, entry_of,
-                  hosts_table, metadata, open_engine, reaped_of, reaped_table, sqlite_path)
+from ._db import (
+    SQLITE_BUSY_TIMEOUT_S,
+    Entry,
+    LedgerError,
+    Reaped,
+    cannot_open,
+    check_ledger_url,
+    default_url,
+    entries_table,
+    entry_of,
+    hosts_table,
+    metadata,
+    open_engine,
+    reaped_of,
+    reaped_table,
+    sqlite_path,
+)
 from ._owners import owner_alive, start_of
 
 _logger = logging.getLogger("optuna_memprune.ledger")
@@ -95,7 +111,8 @@ class Ledger:
             try:
                 directory.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                what = "is a file, not a directory" if directory.is_file() else f"cannot be created ({exc.strerror or exc})"
+                what = ("is a file, not a directory" if directory.is_file()
+                        else f"cannot be created ({exc.strerror or exc})")
                 raise LedgerError(f"the cache directory {directory} of the host ledger {what}: set MEMPRUNE_CACHE_DIR "
                                   "to a writable directory") from None
             url = default_url(host)
@@ -281,7 +298,8 @@ class Ledger:
 
     def _reap(self, conn: sa.Connection) -> list[Entry]:
         self._lock_host(conn)
-        rows = conn.execute(entries_table.select().where(entries_table.c.host == self.host).order_by(entries_table.c.id))
+        rows = conn.execute(entries_table.select().where(entries_table.c.host == self.host)
+                            .order_by(entries_table.c.id))
         dead = [entry_of(r) for r in rows if not owner_alive(r.owner_pid, r.owner_start)]
         now = time.time()
         if dead:
@@ -290,7 +308,8 @@ class Ledger:
                 dict(entry_id=e.id, host=e.host, owner_pid=e.owner_pid, owner_start=e.owner_start, key=e.key,
                      ram=e.ram, vram=e.vram, gpu=e.gpu, threads=e.threads, created=e.created, reaped=now,
                      reaped_by=os.getpid()) for e in dead])
-        conn.execute(reaped_table.delete().where(reaped_table.c.host == self.host, reaped_table.c.reaped < now - _REAPED_KEPT_S))
+        conn.execute(reaped_table.delete().where(reaped_table.c.host == self.host,
+                                                 reaped_table.c.reaped < now - _REAPED_KEPT_S))
         if dead:
             _logger.info("Reaped %d entries of dead processes on host %s: %s",
                          len(dead), self.host, ", ".join(e.key for e in dead))
@@ -320,7 +339,8 @@ class Ledger:
             return False
         if request.vram == 0:
             return None
-        free = [(total - u, i) for i, (total, u) in enumerate(zip(cap.gpus, used.vram)) if total - u >= request.vram]
+        free = [(total - u, i) for i, (total, u) in enumerate(zip(cap.gpus, used.vram, strict=False))
+                if total - u >= request.vram]
         return min(free)[1] if free else False
 
     def misfit(self, request: Request) -> str:
@@ -360,7 +380,8 @@ def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Ent
             entries = [entry_of(r) for r in rows]
             reaped = []
             if reaped_table.name in tables:
-                rows = conn.execute(reaped_table.select().where(reaped_table.c.host == host).order_by(reaped_table.c.id))
+                rows = conn.execute(reaped_table.select().where(reaped_table.c.host == host)
+                                    .order_by(reaped_table.c.id))
                 reaped = [reaped_of(r) for r in rows]
             return entries, reaped
     except DBAPIError as exc:

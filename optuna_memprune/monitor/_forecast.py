@@ -6,8 +6,9 @@ Owns the fit and the rules that keep a plateau from being called growth; knows n
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from statistics import NormalDist
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from ..units import check_int, check_number
 
@@ -189,7 +190,7 @@ def _held(bins: list[tuple[float, float]], slope: float, slope_low: float, progr
         return f"parts of the window have no reading (only {len(bins)} of {BINS} spans have one)"
     if slope_low <= 0:
         return "the slope's lower bound is not positive (flat or noisy)"
-    rises = sum(b[1] > a[1] for a, b in zip(bins, bins[1:]))
+    rises = sum(b[1] > a[1] for a, b in zip(bins, bins[1:], strict=False))
     if rises < len(bins) - 1 - FALLS:
         return f"the RSS rose in only {rises} of {len(bins) - 1} spans of the window (noise, a step or a cycle)"
     half = len(bins) // 2

@@ -9,7 +9,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..units import check_int, check_number
 from ._nvml import resolve_gpu
@@ -253,7 +254,7 @@ class Monitor:
     def _call_back(self, reading: Reading) -> None:
         try:
             self.on_reading(reading)  # type: ignore[misc]
-        except Exception:  # noqa: BLE001 - the callback's errors are the callback's
+        except Exception:  # the callback's errors are the callback's
             self.callback_errors += 1
             if self.callback_errors == 1:
                 _logger.exception("on_reading raised; the monitor goes on (further errors logged at debug)")

@@ -9,7 +9,8 @@ import importlib
 import logging
 import os
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 _logger = logging.getLogger("optuna_memprune.monitor")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from .. import procfs
-from ..procfs import KiB, READ_SIZE, field, is_zombie, read_at
+from ..procfs import READ_SIZE, KiB, field, is_zombie, read_at
 from ..units import check_int
 from ._nvml import resolve_gpu
 from ._types import MonitorError, ProcessGone, Reading

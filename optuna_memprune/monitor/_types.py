@@ -17,8 +17,9 @@ class Reading(NamedTuple):
         t: ``time.monotonic()`` when the pass began.
         rss: Sum of the present resident set size (``VmRSS``) over the tree (root and descendants).
         hwm: Sum of each process's own peak RSS (``VmHWM`` in ``/proc/<pid>/status``). Exact per process
-            (to a few pages: the kernel batches its RSS counters per CPU), but the peaks of different processes may lie at different times, so this is an upper bound of
-            the tree's simultaneous peak. A process that exited before it was read is not in it.
+            (to a few pages: the kernel batches its RSS counters per CPU), but the peaks of different
+            processes may lie at different times, so this is an upper bound of the tree's simultaneous peak.
+            A process that exited before it was read is not in it.
         threads: Sum of the thread counts over the tree.
         processes: Number of live (not zombie) processes in the tree.
         pss: Sum of ``Pss`` from ``/proc/<pid>/smaps_rollup`` (shared pages divided fairly among the

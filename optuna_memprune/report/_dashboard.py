@@ -9,8 +9,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from ..records import Decision
 from .. import _internals
+from ..records import Decision
 from . import _format as fmt
 from ._data import GuardedTrial, ReportError, build
 
@@ -36,7 +36,7 @@ def trial_note(t: GuardedTrial) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_notes(study: "optuna.Study") -> int:
+def save_notes(study: optuna.Study) -> int:
     """Write (or refresh) an optuna-dashboard note on every guarded trial of ``study``; returns how many
     notes changed. A note already up to date is left alone, so running it twice writes nothing new.
 

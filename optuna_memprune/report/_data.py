@@ -188,7 +188,7 @@ class ReportData:
         return _finite(out)
 
 
-def load(url: str, study_name: str | None = None) -> "optuna.Study":
+def load(url: str, study_name: str | None = None) -> optuna.Study:
     """The study ``study_name`` in the storage at ``url`` (may be omitted when the storage holds one study).
 
     ``url`` is an RDB URL or a Journal file (``PATH.log``, ``journal:PATH``). Opens the storage read-only in
@@ -215,7 +215,7 @@ def load(url: str, study_name: str | None = None) -> "optuna.Study":
     return optuna.load_study(study_name=study_name, storage=storage)
 
 
-def build(study: "optuna.Study") -> ReportData:
+def build(study: optuna.Study) -> ReportData:
     """The report data of a study; raises ``ReportError`` when no trial of it carries a record."""
     from optuna.trial import TrialState
 
@@ -248,7 +248,7 @@ def build(study: "optuna.Study") -> ReportData:
     )
 
 
-def _running(study: "optuna.Study", frozen: list) -> list[RunningTrial]:
+def _running(study: optuna.Study, frozen: list) -> list[RunningTrial]:
     """The RUNNING trials, with what this host's ledger says of their runners."""
     if not frozen:
         return []

@@ -8,8 +8,9 @@ projection was fitted, and prints nothing. matplotlib (and rich, where installed
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..records import Decision
 from ..units import format_bytes
@@ -66,7 +67,7 @@ def forecast_stops(trials: Sequence[Any]) -> list[ForecastStop]:
     return out
 
 
-def table(stops: Sequence[ForecastStop]) -> "Table":
+def table(stops: Sequence[ForecastStop]) -> Table:
     """The forecast stops as a table (rich's where installed; one row each)."""
     from .._console import parts
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..units import format_bytes
 from ..records import Decision
+from ..units import format_bytes
 from ._data import GuardedTrial, Quality
 
 LABELS = {"ram": "RAM", "vram": "VRAM", "threads": "threads"}

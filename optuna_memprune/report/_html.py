@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision
+from . import _forecast, _learned
 from . import _format as fmt
-from . import _forecast
-from . import _learned
 from ._table import margin_line, running_word
 
 if TYPE_CHECKING:
@@ -37,7 +36,7 @@ _RC = {"svg.fonttype": "none", "svg.hashsalt": "memprune-report", "font.size": 9
 FAR = 3.0  # a budget more than this many times the largest figure is named, not drawn
 
 
-def render(data: "ReportData") -> str:
+def render(data: ReportData) -> str:
     """The report as one HTML document (str). Needs matplotlib (the ``report`` extra)."""
     try:
         import matplotlib
@@ -73,12 +72,12 @@ def render(data: "ReportData") -> str:
 # -- the plots: each returns (svg or None, caption or why there is nothing to draw). The gids of the drawn
 # data start with the plot's id ("pred-vs-peak-ram-points-COMPLETE"): _scoped keeps them, tests find them.
 
-def _pred_vs_peak(data: "ReportData") -> tuple[str | None, str]:
+def _pred_vs_peak(data: ReportData) -> tuple[str | None, str]:
     shown = [r for r in RESOURCES if any(_pair(t, r) for t in data.trials)]
     if not shown:
         return None, "No trial has both a prediction and an observed peak."
     fig = _figure(len(shown) * 4.0 + 1.4, 4.0, cols=len(shown))
-    for ax, r in zip(fig.axes, shown):
+    for ax, r in zip(fig.axes, shown, strict=True):
         pairs = [(t, *_pair(t, r)) for t in data.trials if _pair(t, r)]
         scale = _scale(r)
         for state in sorted({t.state for t, _, _ in pairs}):
@@ -115,14 +114,14 @@ def _pred_vs_peak(data: "ReportData") -> tuple[str | None, str]:
                        f"trial's final state (circle COMPLETE, square PRUNED).{note}")
 
 
-def _timelines(data: "ReportData") -> tuple[str | None, str]:
+def _timelines(data: ReportData) -> tuple[str | None, str]:
     trials = [data.trial(n) for n in data.timeline_trials]
     if not trials:
         return None, "No stopped or admitted trial has a recorded timeline."
     vram = any(p[3] is not None for t in trials for p in t.record.timeline)
     fig = _figure(9.0, 4.0 * (2 if vram else 1), rows=2 if vram else 1)
     reds, greens = _shades("Reds", trials, Decision.STOPPED), _shades("Greens", trials, Decision.ADMITTED)
-    for ax, (r, column) in zip(fig.axes, [("ram", 1), ("vram", 3)]):
+    for ax, (r, column) in zip(fig.axes, [("ram", 1), ("vram", 3)], strict=False):
         for t in trials:
             color = (reds if t.decision is Decision.STOPPED else greens).get(t.number, COLORS[t.decision])
             points = [p for p in t.record.timeline if p[column] is not None]
@@ -146,7 +145,7 @@ def _timelines(data: "ReportData") -> tuple[str | None, str]:
     return _svg(fig), f"{which}, as the monitor read the whole process (downsampled, maxima kept)."
 
 
-def _decisions(data: "ReportData") -> tuple[str | None, str]:
+def _decisions(data: ReportData) -> tuple[str | None, str]:
     fig = _figure(9.0, 3.2)
     ax = fig.axes[0]
     rows = list(Decision)
@@ -163,7 +162,7 @@ def _decisions(data: "ReportData") -> tuple[str | None, str]:
     return _svg(fig), f"{counts}. Marker shape is the trial's final state (circle COMPLETE, square PRUNED)."
 
 
-def _breakdown(data: "ReportData") -> tuple[str | None, str]:
+def _breakdown(data: ReportData) -> tuple[str | None, str]:
     if data.largest_admitted is None:
         return None, "No admitted trial with a recorded footprint."
     t = data.trial(data.largest_admitted)
@@ -172,13 +171,13 @@ def _breakdown(data: "ReportData") -> tuple[str | None, str]:
     if not shown:
         return None, f"Trial #{t.number}'s footprint predicts no memory."
     fig = _figure(9.0, 0.9 + 0.32 * (len(fp.components) + 2) * len(shown), rows=len(shown))
-    for ax, r in zip(fig.axes, shown):
+    for ax, r in zip(fig.axes, shown, strict=True):
         parts = [c for c in fp.components if getattr(c, r)]
         names = [c.name for c in parts] + ["predicted total", "observed peak"]
         sizes = [getattr(c, r) for c in parts] + [getattr(fp, r), t.figure("peak", r) or 0]
         colors = ["#74c0fc"] * len(parts) + [COLORS[Decision.ADMITTED], "#495057"]
         bars = ax.barh(range(len(names)), [s / MiB for s in sizes], color=colors)
-        for i, (bar, size) in enumerate(zip(bars, sizes)):
+        for i, (bar, size) in enumerate(zip(bars, sizes, strict=True)):
             bar.set_gid(f"breakdown-{r}-bar-{i}")
             ax.annotate(fmt.figure(r, size), (bar.get_width(), bar.get_y() + bar.get_height() / 2),
                         xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
@@ -198,7 +197,7 @@ def _breakdown(data: "ReportData") -> tuple[str | None, str]:
 
 # -- helpers ------------------------------------------------------------------------------------------------
 
-def _pair(t: "GuardedTrial", r: str) -> tuple[int, int] | None:
+def _pair(t: GuardedTrial, r: str) -> tuple[int, int] | None:
     """A trial's (predicted, observed) peak of ``r``; None where one is missing or, for a trial that ran out
     of memory, the peak is only the least it needed."""
     if t.decision is Decision.OUT_OF_MEMORY:
@@ -216,7 +215,7 @@ def _scale(r: str) -> float:
     return 1 if r == "threads" else MiB
 
 
-def _shades(cmap: str, trials: list["GuardedTrial"], decision: Decision) -> dict[int, Any]:
+def _shades(cmap: str, trials: list[GuardedTrial], decision: Decision) -> dict[int, Any]:
     from matplotlib import colormaps
 
     numbers = [t.number for t in trials if t.decision is decision]
@@ -260,7 +259,7 @@ def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _summary(data: "ReportData") -> str:
+def _summary(data: ReportData) -> str:
     budget = ", ".join(f"{fmt.LABELS[r]} {fmt.figure(r, v)}" for r, v in data.budget.items() if v is not None)
     counts = "".join(f'<tr><td><span class="dot" style="background:{COLORS[Decision(k)]}"></span>{_e(k)}</td>'
                      f'<td class="num">{v}</td></tr>' for k, v in data.counts.items())
@@ -275,7 +274,7 @@ def _summary(data: "ReportData") -> str:
     )
 
 
-def _notable(data: "ReportData") -> str:
+def _notable(data: ReportData) -> str:
     rows = "".join(
         f'<tr><td class="num">{t.number}</td><td>{t.state}</td>'
         f'<td class="nowrap"><span class="dot" style="background:{COLORS[t.decision]}"></span>{t.decision.value}</td>'
@@ -290,7 +289,7 @@ def _notable(data: "ReportData") -> str:
     )
 
 
-def _running(data: "ReportData") -> str:
+def _running(data: ReportData) -> str:
     """The trials still RUNNING, and whether their runner is alive (nothing when none is)."""
     if not data.running:
         return ""
@@ -300,7 +299,7 @@ def _running(data: "ReportData") -> str:
             f"<th>params</th><th>note</th></tr>{rows}</table></section>")
 
 
-def _figures(t: "GuardedTrial", kind: str) -> str:
+def _figures(t: GuardedTrial, kind: str) -> str:
     return "<br>".join(_e(f"{fmt.LABELS[r]} {fmt.figure(r, t.figure(kind, r))}") for r in fmt.resources(t))
 
 

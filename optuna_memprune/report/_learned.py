@@ -46,12 +46,12 @@ class LearnedRow:
                 "raw_ram": self.raw, "peak_ram": self.peak}
 
 
-def rows(data: "ReportData") -> list[LearnedRow]:
+def rows(data: ReportData) -> list[LearnedRow]:
     """The trials whose record carries a learned prediction, in number order."""
     return [_row(t) for t in data.trials if t.record.learned]
 
 
-def _row(t: "GuardedTrial") -> LearnedRow:
+def _row(t: GuardedTrial) -> LearnedRow:
     learned = t.record.learned
     peak = None if t.decision is Decision.OUT_OF_MEMORY else t.record.peak_ram
     if peak is not None and learned.get("mode") == "learned" and t.record.start_ram is not None:
@@ -62,7 +62,7 @@ def _row(t: "GuardedTrial") -> LearnedRow:
                       (learned.get("center") or {}).get("ram"), (learned.get("raw") or {}).get("ram"), peak)
 
 
-def quality(data: "ReportData") -> dict[str, Any] | None:
+def quality(data: ReportData) -> dict[str, Any] | None:
     """Median ``(peak - pred) / peak`` over the trials that ran to the end after the warm-up, for the bound,
     the fit and (corrected mode) the footprint function's own figure; ``None`` without learned trials."""
     learned = rows(data)
@@ -79,7 +79,7 @@ def quality(data: "ReportData") -> dict[str, Any] | None:
             "median_rel_error_raw": median("raw")}
 
 
-def json_dict(data: "ReportData") -> dict[str, Any] | None:
+def json_dict(data: ReportData) -> dict[str, Any] | None:
     """``{"rows": [...], "mode", "warmup_trials", "n", "median_rel_error_*"}``; ``None`` without learned trials."""
     learned = rows(data)
     if not learned:
@@ -89,7 +89,7 @@ def json_dict(data: "ReportData") -> dict[str, Any] | None:
             **{k: (None if isinstance(v, float) and v != v else v) for k, v in q.items()}}
 
 
-def lines(data: "ReportData") -> list[str]:
+def lines(data: ReportData) -> list[str]:
     """The learned footprint's quality in words (empty without learned trials)."""
     q = quality(data)
     if q is None:
@@ -101,7 +101,7 @@ def lines(data: "ReportData") -> list[str]:
             f"the {q['n']} trials that ran to the end after it: " + ", ".join(parts)]
 
 
-def table(data: "ReportData") -> "Table | None":
+def table(data: ReportData) -> Table | None:
     """The learned rows as a table (rich's where installed; ``None`` without learned trials)."""
     from .._console import parts
 
@@ -118,7 +118,7 @@ def table(data: "ReportData") -> "Table | None":
     return out
 
 
-def plot(data: "ReportData", figure: Any, to_svg: Any) -> tuple[str | None, str]:
+def plot(data: ReportData, figure: Any, to_svg: Any) -> tuple[str | None, str]:
     """Predicted (bound and fit) and observed peak RAM per trial number (``figure``/``to_svg``: the HTML
     module's helpers)."""
     learned = [r for r in rows(data) if r.peak is not None or r.bound is not None]

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from .._console import parts
 from ..records import RESOURCES, Decision
 from . import _format as fmt
+from . import _learned
 from ._forecast import forecast_stops
 from ._forecast import table as forecast_table
-from . import _learned
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 NO_MARGIN = "no learned margin (in-process study)"
 
 
-def render(data: "ReportData") -> "Group":
+def render(data: ReportData) -> Group:
     """The terminal report: header, counts by decision, the notable trials, the RUNNING ones (if any),
     prediction quality, margin."""
     ui = parts()
@@ -81,7 +81,7 @@ def render(data: "ReportData") -> "Group":
                  Text(margin_line(data)))
 
 
-def override_lines(data: "ReportData") -> list[str]:
+def override_lines(data: ReportData) -> list[str]:
     """One line per fixed hyperparameter ``memprune run --clamp-fixed`` lowered, with the -params that
     replays a trial as it ran."""
     return [f"fixed {name} lowered {was} -> {ran} by --clamp-fixed on {n} trials (the stored params plus this "
@@ -89,7 +89,7 @@ def override_lines(data: "ReportData") -> list[str]:
             for (name, was, ran), n in data.overrides.items()]
 
 
-def _running(data: "ReportData") -> "Table":
+def _running(data: ReportData) -> Table:
     """The trials still RUNNING in the storage, and whether their runner is alive."""
     table = parts().Table(title="running trials", title_justify="left", box=None, pad_edge=False)
     for head, justify in (("#", "right"), ("state", "left"), ("runner", "left"), ("params", "left"),
@@ -100,17 +100,17 @@ def _running(data: "ReportData") -> "Table":
     return table
 
 
-def running_word(t: "RunningTrial") -> str:
+def running_word(t: RunningTrial) -> str:
     """``alive``, ``dead`` or ``unknown``: the runner of a RUNNING trial, in one word."""
     return {True: "alive", False: "dead", None: "unknown"}[t.runner_alive]
 
 
-def margin_line(data: "ReportData") -> str:
+def margin_line(data: ReportData) -> str:
     if data.margin is None:
         return f"learned margin: {NO_MARGIN}"
     factors = ", ".join(f"{fmt.LABELS.get(r, r)} x{f:.3f}" for r, f in data.margin.factors.items())
     return f"learned margin (trial #{data.margin.trial}): {factors}"
 
 
-def _figures(t: "GuardedTrial", kind: str) -> str:
+def _figures(t: GuardedTrial, kind: str) -> str:
     return "\n".join(f"{fmt.LABELS[r]} {fmt.figure(r, t.figure(kind, r))}" for r in fmt.resources(t))

@@ -17,8 +17,14 @@ from __future__ import annotations
 from .deque import deque_buffer, deque_fill_curve, measure_object_overheads
 from .fill import FillCurve, Growth, replay_fill_curve
 from .layouts import (
-    ATARI_FRAME_DTYPE, ATARI_FRAME_SHAPE, Field, frame_stack, layout_nbytes, sb3_dict_replay_layout,
-    sb3_replay_layout, sb3_rollout_layout,
+    ATARI_FRAME_DTYPE,
+    ATARI_FRAME_SHAPE,
+    Field,
+    frame_stack,
+    layout_nbytes,
+    sb3_dict_replay_layout,
+    sb3_replay_layout,
+    sb3_rollout_layout,
 )
 from .sb3 import array, replay_buffer, rollout_buffer
 

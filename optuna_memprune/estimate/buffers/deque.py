@@ -11,9 +11,10 @@ import math
 import sys
 import threading
 import tracemalloc
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -6,8 +6,9 @@ Footprints, minibatch copies, the deque's object sizes, gymnasium, torch, psutil
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from ...exceptions import EstimateError
 from .layouts import PAGE_SIZE, Field, check_count, round_up, sb3_dict_replay_layout, sb3_replay_layout

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 

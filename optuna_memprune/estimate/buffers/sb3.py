@@ -7,7 +7,8 @@ Owns the buffers' components, their notes and the sample()/get() copy peaks (lay
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ...exceptions import EstimateError
 from ...units import format_bytes
@@ -15,7 +16,15 @@ from ..checks import check_number
 from ..footprint import Component, Footprint, Kind
 from .fill import FillCurve, replay_curve, replay_parts
 from .layouts import (
-    FLOAT32, PAGE_SIZE, Field, check_count, check_dtype, check_shape, check_steps, layout_nbytes, round_up,
+    FLOAT32,
+    PAGE_SIZE,
+    Field,
+    check_count,
+    check_dtype,
+    check_shape,
+    check_steps,
+    layout_nbytes,
+    round_up,
     sb3_rollout_layout,
 )
 

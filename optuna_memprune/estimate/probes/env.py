@@ -21,7 +21,7 @@ def load_stack(args: dict[str, Any]) -> None:
         importlib.import_module(mod)
     import gymnasium as gym
     import numpy  # noqa: F401
-    import stable_baselines3.common.env_util  # noqa: F401
+    import stable_baselines3.common.env_util
     import stable_baselines3.common.vec_env  # noqa: F401
 
     try:

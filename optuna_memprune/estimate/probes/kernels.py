@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ...procfs import reset_peak, status
 from . import emit, spec
@@ -87,7 +88,7 @@ def fit(torch: Any, n_rules: int, rows: list[dict[str, Any]]) -> list[float]:
                     if best is None or err < best[0]:
                         best = (err, subset, sol.tolist())
         if best is not None:
-            for k, c in zip(best[1], best[2]):
+            for k, c in zip(best[1], best[2], strict=False):
                 coef[k] = round(c, 4)
     return coef
 

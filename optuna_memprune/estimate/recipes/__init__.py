@@ -6,9 +6,9 @@ Owns the list of recipes and what is read across them (CLI, stack names, calibra
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from importlib.util import find_spec
 from types import ModuleType
-from typing import Iterable, Sequence
 
 from ...exceptions import EstimateError
 from ..baselines import EnvProfile
@@ -19,8 +19,8 @@ from ..processes import Stack
 from ..processes import process as _process
 from . import rlzoo3 as rlzoo3_recipe
 from . import sb3 as sb3_recipe
-from .sb3 import ALGOS as SB3_ALGOS
 from .rlzoo3 import rlzoo3
+from .sb3 import ALGOS as SB3_ALGOS
 from .sb3 import sb3
 
 __all__ = ["sb3", "rlzoo3", "SB3_ALGOS", "RECIPES", "process", "stacks", "calibrate"]

@@ -13,7 +13,8 @@ import inspect
 import json
 import math
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..._extras import MissingExtra
 from ...exceptions import EstimateError

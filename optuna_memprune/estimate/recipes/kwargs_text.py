@@ -8,7 +8,8 @@ nothing of SB3, rl-zoo3 or what any key means.
 from __future__ import annotations
 
 import ast
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ...exceptions import EstimateError
 
@@ -64,7 +65,7 @@ def _value(node: ast.AST, what: str, text: str) -> Any:
         items = [_value(e, what, text) for e in node.elts]
         return items if isinstance(node, ast.List) else tuple(items)
     if isinstance(node, ast.Dict) and None not in node.keys:
-        return {_value(k, what, text): _value(v, what, text) for k, v in zip(node.keys, node.values)}
+        return {_value(k, what, text): _value(v, what, text) for k, v in zip(node.keys, node.values, strict=True)}
     if isinstance(node, (ast.Name, ast.Attribute)):
         return _dotted(node, what, text)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" \

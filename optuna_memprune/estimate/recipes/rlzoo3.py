@@ -10,11 +10,12 @@ neither rl-zoo3 nor torch at import time.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ... import units
 from ...exceptions import EstimateError
@@ -99,7 +100,8 @@ def zoo_to_sb3(algo: str, sampled: Mapping[str, Any]) -> dict[str, Any]:
 
     Example:
         >>> zoo_to_sb3("ppo", {"batch_size_pow": 6, "n_steps_pow": 9, "net_arch": "tiny", "activation_fn": "relu"})
-        {'batch_size': 64, 'n_steps': 512, 'policy_kwargs': {'net_arch': {'pi': [64], 'vf': [64]}, 'activation_fn': 'relu'}}
+        {'batch_size': 64, 'n_steps': 512,
+         'policy_kwargs': {'net_arch': {'pi': [64], 'vf': [64]}, 'activation_fn': 'relu'}}
     """
     algo = _check_algo(algo)
     out = dict(sampled)

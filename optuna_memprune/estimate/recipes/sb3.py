@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ...exceptions import EstimateError
 from ..baselines import EnvProfile

@@ -33,7 +33,7 @@ class Structure:
     alloc_pos: np.ndarray       # per record: index of its alloc event
     free_pos: np.ndarray        # per record: index of its free event, len(events) if it outlives the step
 
-    def same_as(self, other: "Structure") -> bool:
+    def same_as(self, other: Structure) -> bool:
         """Same storages in the same order (sizes aside): the condition for a linear fit over batch sizes."""
         return (self.registered == other.registered and self.n_nets == other.n_nets
                 and self.prev_grad == other.prev_grad and self.new_grad == other.new_grad

@@ -7,7 +7,8 @@ CUDA allocator overheads); knows nothing of how a step is traced or cached, nor 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -296,7 +297,7 @@ def _split(result: Peak, spec: Spec, name: str) -> list[tuple[str, Category, int
     labels = [name] if spec.nets == ("",) else [f"{name} {net}" for net in spec.nets]
     parts = []
     for cat in persistent:
-        for label, row in zip(labels, result.final):
+        for label, row in zip(labels, result.final, strict=False):
             parts.append((label, cat, row[cat]))
         if result.final[-1][cat]:  # persistent storages of no network (rare: state a step created)
             parts.append((name, cat, result.final[-1][cat]))

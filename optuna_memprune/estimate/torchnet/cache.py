@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def _guarded_trace(run: Callable[[], Trace], spec: Spec) -> Trace:
                                 "data cannot know; give this footprint by hand, or leave it to the learned "
                                 "footprint (learn=estimate.learned()).") from e
         per_net = [shapes[0] if len(shapes) == 1 else list(shapes) for shapes in spec.input_shapes]
-        shown = per_net[0] if len(per_net) == 1 else dict(zip(spec.nets, per_net))
+        shown = per_net[0] if len(per_net) == 1 else dict(zip(spec.nets, per_net, strict=False))
         raise EstimateError(f"tracing the network's step on the meta device failed: {type(e).__name__}: "
                             f"{str(e).rstrip('.')}; check input_shape={shown!r} against the network's first "
                             "layer.") from e
@@ -91,7 +92,7 @@ def _fit(model: Any, spec: Spec) -> Entry:
         t1, t2, t3 = run()
     except EstimateError:
         raise
-    except Exception:  # e.g. a model that needs a larger batch: trace exact sizes only
+    except Exception:  # noqa: BLE001 - e.g. a model that needs a larger batch: trace exact sizes only
         return Entry(None, None, None, (model, spec))
     b1, b2 = _FIT_BATCHES
     if t1.structure.same_as(t2.structure) and t1.structure.same_as(t3.structure):

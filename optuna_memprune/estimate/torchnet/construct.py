@@ -16,7 +16,8 @@ counted as it runs, and past ``CPU_LIMIT_BYTES`` the build stops with an error.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -105,7 +106,7 @@ def call_factory(factory: Callable[[], Any], label: str) -> Any:
             return factory()
     except EstimateError:
         raise
-    except Exception as first:
+    except Exception as first:  # noqa: BLE001 - any factory that cannot build on meta: try CPU, then say both
         try:
             return _build_on_cpu_with_meta_weights(factory)
         except Exception as second:

@@ -20,7 +20,8 @@ Example:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ...exceptions import EstimateError
 

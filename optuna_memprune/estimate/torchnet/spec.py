@@ -6,8 +6,9 @@ Owns the accepted dtypes and devices and their error messages; the optimizer and
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ...exceptions import EstimateError
 from ..checks import check_count, check_int

@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch

@@ -7,7 +7,8 @@ of calibration or of footprints: it imports torch only.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 

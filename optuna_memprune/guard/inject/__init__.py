@@ -24,9 +24,10 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ...budget import Budget
 from .._call import MonitorOnly
@@ -79,7 +80,8 @@ def python_command(argv: Sequence[str]) -> Program:
         >>> python_command(["ls", "-l"])
         Traceback (most recent call last):
         ...
-        ValueError: COMMAND must be a Python program (python ..., python -m MODULE ..., a .py file or a script with a python shebang), but got 'ls': nothing was run.
+        ValueError: COMMAND must be a Python program (python ..., python -m MODULE ..., a .py file or a
+        script with a python shebang), but got 'ls': nothing was run.
     """
     if not argv:
         raise ValueError("give the command to run after --, e.g. memprune run --ram 4GiB -- python train.py")
@@ -179,7 +181,7 @@ class Options:
         return env
 
     @classmethod
-    def from_environment(cls, payload: dict[str, Any]) -> "Options":
+    def from_environment(cls, payload: dict[str, Any]) -> Options:
         kind, target, args = payload["program"]
         return cls(payload["ram"], payload["vram"], payload["threads"], payload["on_infeasible"],
                    payload["footprint"], Program((), kind, target, tuple(args)), int(payload.get("workers", 1)),

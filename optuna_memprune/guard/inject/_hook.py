@@ -28,7 +28,7 @@ from ...storages import shown
 from ...units import format_bytes
 from . import ENV_VAR, Choice, Options, _split, choose, fixed_message, overrides, recipe_args, rlzoo3_space
 
-_STATE: "_Injected | None" = None
+_STATE: _Injected | None = None
 
 
 def install() -> None:

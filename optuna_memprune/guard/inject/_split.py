@@ -29,9 +29,10 @@ import pickle
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ... import _internals
 from ...records import Decision
@@ -171,7 +172,7 @@ class Gate:
         self._base = 0  # the process's RSS when nothing ran, where predictions are increments
 
     def __call__(self, trial: Any) -> Any:
-        trial.relative_params  # Optuna samples at the first suggest: the guarded sampler checks the trial here
+        _ = trial.relative_params  # Optuna samples at the first suggest: the guarded sampler checks the trial here
         state = self._guard.trials.get(_internals.trial_id(trial))
         if state is not None and state.decision is Decision.REJECTED:
             return self._objective(trial)

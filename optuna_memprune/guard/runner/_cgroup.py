@@ -42,7 +42,7 @@ class Enforcement:
             reason is in the message).
     """
 
-    def __init__(self, enforce: str, budget: "Budget", soft: float) -> None:
+    def __init__(self, enforce: str, budget: Budget, soft: float) -> None:
         self.enforce = check_enforce(enforce)
         self.hard = budget.ram
         self.high = None if budget.ram is None else int(budget.ram * soft)
@@ -53,8 +53,9 @@ class Enforcement:
         self.place, self.reason = cgroups.place()
         if self.place is None:
             if enforce == "cgroup":
-                raise EnforcementError(f"enforce='cgroup', but no cgroup can be made for the trials here: {self.reason}. "
-                                       "Use enforce='auto' (polling where no group can be made) or 'polling'.")
+                raise EnforcementError(f"enforce='cgroup', but no cgroup can be made for the trials here: "
+                                       f"{self.reason}. Use enforce='auto' (polling where no group can be made) "
+                                       "or 'polling'.")
             _logger.info("Trials are watched by polling only: no cgroup can be made here (%s).", self.reason)
             return
         reaped = cgroups.reap(self.place)
@@ -69,7 +70,7 @@ class Enforcement:
             "polling, with a cgroup per trial for the tree kill")
         return f"trials are held to their RAM budget by {what} ({self.place.label} {self.place.name})"
 
-    def open(self, number: int) -> "TrialCgroup | None":
+    def open(self, number: int) -> TrialCgroup | None:
         """The cgroup of trial ``number``, limited, before its process starts; None for polling alone."""
         if self.place is None:
             return None

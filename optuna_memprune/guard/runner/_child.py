@@ -13,7 +13,8 @@ import logging
 import os
 import signal
 import traceback
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import optuna
 from optuna.samplers import BaseSampler

@@ -39,7 +39,7 @@ class Ending:
     failure: BaseException | None = None
 
 
-def judge(child: "TrialProcess", catch: tuple) -> Ending:
+def judge(child: TrialProcess, catch: tuple) -> Ending:
     """Judge a trial process that has ended (its result read, its tree gone)."""
     result = child.result if child.result and child.result[0] != "lost" else None
     peak = child.monitor.peak if child.monitor is not None else None

@@ -16,8 +16,9 @@ import importlib.util
 import logging
 import multiprocessing
 import sys
+from collections.abc import Callable
 from multiprocessing.context import ForkServerContext, ForkServerProcess
-from typing import Any, Callable
+from typing import Any
 
 from ... import _internals
 
@@ -73,5 +74,5 @@ def stop_fork_server() -> None:
     if _SERVERS.pop("ctx", None) is not None:
         try:
             _internals.stop_fork_server()
-        except Exception:  # noqa: BLE001 - already gone
+        except Exception:  # already gone
             _logger.debug("stopping the fork server failed", exc_info=True)

@@ -14,8 +14,9 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from multiprocessing.connection import wait as wait_any
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.samplers import BaseSampler
@@ -56,10 +57,10 @@ class _Waiting:
 
     trial: optuna.Trial
     state: TrialGuardState
-    request: "Request"
+    request: Request
     margins: dict[str, float]
     since: float
-    hold: "Entry | None"  # the empty entry that names the trial on the ledger until its reservation does
+    hold: Entry | None  # the empty entry that names the trial on the ledger until its reservation does
     due: float = 0.0      # when to try the ledger again (``next_try``)
 
 
@@ -83,9 +84,9 @@ def _why(exc: BaseException) -> str:
 class Runner:
     """The parent's loop of ``optimize``: ask, check, reserve, launch, watch, reap, tell."""
 
-    def __init__(self, study: optuna.Study, objective: Callable, guard: "Guard", ledger: "Ledger", *,
+    def __init__(self, study: optuna.Study, objective: Callable, guard: Guard, ledger: Ledger, *,
                  n_trials: int | None, timeout: float | None, n_workers: int, catch: tuple,
-                 callbacks: list, on_host_full: str, enforcement: "Enforcement") -> None:
+                 callbacks: list, on_host_full: str, enforcement: Enforcement) -> None:
         self.study, self.objective, self.guard, self.ledger = study, objective, guard, ledger
         self.policy = guard.policy
         self.n_trials, self.n_workers, self.catch = n_trials, n_workers, catch
@@ -222,21 +223,21 @@ class Runner:
         return TrialKey(self.storage_id, self.study.study_name, _internals.trial_id(trial), trial.number,
                         decision.value, phase).dumps()
 
-    def _hold(self, trial: optuna.Trial) -> "Entry | None":
+    def _hold(self, trial: optuna.Trial) -> Entry | None:
         """An empty entry naming the trial on the ledger while it is checked and waits for its reservation."""
         from ...ledger import Request
 
         try:
             return self.ledger.try_admit(Request(), self._key(trial, Decision.UNCHECKED, ASKED))
-        except Exception:  # noqa: BLE001 - only a dead runner's trial depends on it
+        except Exception:  # only a dead runner's trial depends on it
             _logger.warning("Trial %d: could not be named on the host ledger", trial.number, exc_info=True)
             return None
 
-    def _release(self, entry: "Entry | None") -> None:
+    def _release(self, entry: Entry | None) -> None:
         if entry is not None:
             try:
                 self.ledger.release(entry)
-            except Exception:  # noqa: BLE001 - the entry is reaped once this runner is gone
+            except Exception:  # the entry is reaped once this runner is gone
                 _logger.warning("Releasing ledger entry %d failed", entry.id, exc_info=True)
 
     def _admit(self) -> None:
@@ -274,7 +275,7 @@ class Runner:
         finally:
             self._release(waiting.hold)  # the reservation names the trial now
 
-    def _launch(self, waiting: _Waiting, entry: "Entry") -> None:
+    def _launch(self, waiting: _Waiting, entry: Entry) -> None:
         trial, state = waiting.trial, waiting.state
         cgroup = self.enforcement.open(trial.number)
         payload = Payload(
@@ -377,7 +378,7 @@ class Runner:
         """Write the record, then the final state, then run the callbacks."""
         try:
             _retry("writing the record", lambda: records.write_frozen(self.study, state.trial_id, record))
-        except Exception:  # noqa: BLE001 - the final state matters more than the record
+        except Exception:  # the final state matters more than the record
             _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
         finally:
             self.guard.trials.close(state.trial_id)
@@ -400,7 +401,7 @@ class Runner:
             state.decision, state.reason = Decision.REJECTED, reason
         try:
             store_rejection(self.guard, trial, state, decision=Decision.REJECTED, reason=state.reason)
-        except Exception:  # noqa: BLE001 - the trial still ends PRUNED
+        except Exception:  # the trial still ends PRUNED
             _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
         _retry("telling the result", lambda: self.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True))
         self.counts["rejected"] += 1
@@ -425,7 +426,7 @@ class Runner:
                 record = self.policy.record(child.state, {}, reason=f"{child.state.reason}; {why} while the "
                                             "trial ran")
                 self._end(child.trial, child.state, record, TrialState.FAIL)
-            except Exception:  # noqa: BLE001 - best effort: the next runner reaps what is left
+            except Exception:  # best effort: the next runner reaps what is left
                 _logger.exception("Trial %d: could not be failed", child.trial.number)
             finally:
                 child.close()
@@ -435,7 +436,7 @@ class Runner:
             try:
                 self._fail_before_launch(self.waiting.trial, self.waiting.state,
                                          f"{why} while the trial waited for its reservation")
-            except Exception:  # noqa: BLE001
+            except Exception:
                 _logger.exception("Trial %d: could not be failed", self.waiting.trial.number)
             self._release(self.waiting.hold)
             self.waiting = None

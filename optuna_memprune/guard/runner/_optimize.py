@@ -10,7 +10,8 @@ import logging
 import os
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -41,7 +42,7 @@ def optimize(
     catch: Iterable[type[Exception]] | type[Exception] = (),
     callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] | None = None,
     show_progress_bar: bool | None = None,
-    host: "HostBudget | Ledger | None" = None,
+    host: HostBudget | Ledger | None = None,
     on_host_full: str = "wait",
     enforce: str = "auto",
     n_workers: int | None = None,
@@ -108,8 +109,9 @@ def optimize(
 
     Raises:
         ValueError: before any trial, for a bad argument, or a per-trial RAM budget over this machine's
-            RAM (or its cgroup's limit). A budget within the machine but over the host's capacity is warned about: a trial
-            unchecked at launch, which reserves its whole budget, reserves the host's capacity instead.
+            RAM (or its cgroup's limit). A budget within the machine but over the host's capacity is warned
+            about: a trial unchecked at launch, which reserves its whole budget, reserves the host's capacity
+            instead.
         LedgerError: the host ledger's database cannot be opened (the message names the file).
         RuntimeError: ``enforce="cgroup"`` where no cgroup can be made (the message says why).
     """

@@ -72,12 +72,12 @@ def parse_key(text: str) -> TrialKey | None:
         return None
 
 
-def _died(entry: "Entry", phase: str) -> str:
+def _died(entry: Entry, phase: str) -> str:
     when = "while the trial ran" if phase == LAUNCHED else "before the trial's process started"
     return f"its runner (pid {entry.owner_pid} on host {entry.host}) died {when}"
 
 
-def _reaper_at_work(reaped: "Reaped") -> bool:
+def _reaper_at_work(reaped: Reaped) -> bool:
     """Whether another live process reaped the entry less than ``_REAPER_S`` ago: a runner that reaps an
     entry fails its trial next, and two runners failing one trial interleave the writes of its record."""
     if reaped.reaped_by == os.getpid() or time.time() - reaped.reaped > _REAPER_S:
@@ -93,7 +93,7 @@ class DeadRunners:
     reaped entries; those of other storages are left to their own runners (a warning says so once), and
     an entry another live runner reaped in the last 30 s is left to that runner."""
 
-    def __init__(self, study: "optuna.Study", ledger: "Ledger", budget: "Budget") -> None:
+    def __init__(self, study: optuna.Study, ledger: Ledger, budget: Budget) -> None:
         self._study, self._ledger, self._budget = study, ledger, budget
         self._storage = storage_id(study)
         self._warned: set[int] = set()
@@ -106,7 +106,7 @@ class DeadRunners:
             self._looked = time.monotonic()
             try:
                 self._end_unnamed()
-            except Exception:  # noqa: BLE001 - looked for again in a few seconds; the study goes on
+            except Exception:  # looked for again in a few seconds; the study goes on
                 _logger.exception("Looking for trials of dead runners that the ledger does not name failed")
         for reaped in self._ledger.reaped():
             key = parse_key(reaped.entry.key)
@@ -124,7 +124,7 @@ class DeadRunners:
                 continue
             try:
                 self._fail(reaped, key)
-            except Exception:  # noqa: BLE001 - tried again at the next trial; the study goes on
+            except Exception:  # tried again at the next trial; the study goes on
                 _logger.exception("Trial %d of study %r: could not be failed after its runner died",
                                   key.number, key.study)
                 continue
@@ -151,7 +151,7 @@ class DeadRunners:
                 why = f"its runner (pid {mark['pid']} on host {host}) died before it named the trial on the host ledger"
                 self._fail_trial(_internals.trial_id(t), Decision.UNCHECKED.value, why, why, host, None)
 
-    def _fail(self, reaped: "Reaped", key: TrialKey) -> None:
+    def _fail(self, reaped: Reaped, key: TrialKey) -> None:
         entry = reaped.entry
         self._fail_trial(key.trial_id, key.decision, _died(entry, key.phase),
                          f"{_died(entry, key.phase)}; reaped by pid {reaped.reaped_by}", entry.host, entry.gpu)
@@ -209,7 +209,7 @@ class RunnerState(NamedTuple):
     note: str
 
 
-def runner_states(study: "optuna.Study", *, url: str | None = None, host: str | None = None) -> dict[int, RunnerState]:
+def runner_states(study: optuna.Study, *, url: str | None = None, host: str | None = None) -> dict[int, RunnerState]:
     """The runners of the study's trials that this host's ledger (default: its file in the cache dir) holds,
     by trial number: alive, dead and not yet reaped, or dead and reaped by a runner of another storage.
 

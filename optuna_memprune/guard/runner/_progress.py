@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from ...units import format_bytes
 
@@ -43,7 +44,8 @@ class Progress:
         self._bar: Any = None
         try:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
         except ImportError:
             self._every, self._start = _PLAIN_EVERY_S, time.monotonic()
             return
@@ -52,7 +54,7 @@ class Progress:
                         TextColumn("{task.description}"), console=Console(stderr=True), transient=False)
         self._task = self._bar.add_task("", total=total)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self._bar is not None:
             self._bar.start()
         return self

@@ -38,7 +38,7 @@ def next_try(waited: float) -> float:
 class Reservations:
     """The reservations of one study's trials on one host's ledger."""
 
-    def __init__(self, study: "optuna.Study", budget: "Budget", ledger: "Ledger") -> None:
+    def __init__(self, study: optuna.Study, budget: Budget, ledger: Ledger) -> None:
         self._study, self._budget, self._ledger = study, budget, ledger
         self._pairs: dict[int, dict[str, tuple[int, int]]] = {}  # finished trial -> (peak, pred) per resource
         self._learned = False  # a finished record's prediction was learned: reserved as it is
@@ -64,7 +64,7 @@ class Reservations:
             return {r: 1.0 for r in RESOURCES}
         return {r: learned_margin(p[r] for p in self._pairs.values() if r in p) for r in RESOURCES}
 
-    def request(self, prediction: "Footprint | None", margins: dict[str, float]) -> "Request":
+    def request(self, prediction: Footprint | None, margins: dict[str, float]) -> Request:
         """What a trial reserves: prediction x margin, never more than the per-trial budget (the
         watchdog stops a tree that crosses it), and the budget itself when unchecked (no prediction), capped
         at the host's capacity."""
@@ -89,7 +89,7 @@ class Reservations:
         return Request(ram=figures["ram"], vram=figures["vram"], threads=figures["threads"])
 
 
-def check_budget_fits(budget: "Budget", ledger: "Ledger") -> str:
+def check_budget_fits(budget: Budget, ledger: Ledger) -> str:
     """ValueError when the per-trial RAM budget is more than this machine has; else the warning to give
     (``""`` for none) when the budget is more than the host's capacity in the ledger.
 

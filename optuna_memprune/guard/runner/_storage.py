@@ -10,7 +10,8 @@ import hashlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ... import _internals
 
@@ -47,7 +48,7 @@ def retry(what: str, call: Callable[[], Any]) -> Any:
             delay = min(2 * delay, 2.0)
 
 
-def storage_id(study: "optuna.Study") -> str | None:
+def storage_id(study: optuna.Study) -> str | None:
     """A short fingerprint of where the study's storage keeps its data, the same from any process of this
     host: a SQLite or Journal file by its real path, another database by its URL without the password
     (a ledger entry names its storage without holding its URL, which may carry a password). None where
