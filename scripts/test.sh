@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # Two test processes (pytest-xdist): most tests wait on real subprocesses, servers and monitors, so two
 # share 2 cores well (17 min against 35 in one); MEMPRUNE_TEST_JOBS=0 runs them in this process.
+# `bash scripts/test.sh --quick`: the edit-test loop, without the tests over 2 s (tests/durations.json).
 exec .venv/bin/python -m pytest -q -n "${MEMPRUNE_TEST_JOBS:-2}" "$@"

@@ -24,6 +24,30 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: Per test, the seconds it took in a full run (setup + call + teardown), written by
+#: ``python scripts/test_durations.py JUNIT_XML``; ``--quick`` leaves out those over ``QUICK_MAX_S``.
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+QUICK_MAX_S = 2.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help=f"the edit-test loop: leave out the tests that took over {QUICK_MAX_S:g} s in the full run "
+                          "recorded in tests/durations.json (new tests run)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--quick"):
+        return
+    import json
+
+    took = json.loads(DURATIONS.read_text())
+    slow = [item for item in items if took.get(item.nodeid, 0.0) > QUICK_MAX_S]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if took.get(item.nodeid, 0.0) <= QUICK_MAX_S]
+
+
 def _pg_bin(name: str) -> str | None:
     found = shutil.which(name)
     if found:
