@@ -28,6 +28,16 @@ def test_the_site_builds_strict_with_the_api_reference(tmp_path: Path) -> None:
     for name in ("MemoryGuard", "wrap_objective", "optimize", "n_jobs", "show_progress_bar", "TrialRecord"):
         assert name in guard, name
     assert "Keeps Optuna trials inside a per-process memory and thread budget." in guard  # the docstring itself
+    api = "".join(p.read_text() for p in (tmp_path / "site" / "api").rglob("*.html"))
+    import optuna_memprune as omp
+
+    # each documented object's heading carries its full path as its id; omp.read_record is records.read, and
+    # omp.estimate is the Estimators page
+    ids = set(re.findall(r'id="optuna_memprune\.[\w.]*?\.?(\w+)"', api))
+    alias = {"read_record": "read"}
+    missing = [n for n in omp.__all__ if n != "estimate" and alias.get(n, n) not in ids]
+    assert missing == [], f"names of optuna_memprune.__all__ without an API page: {missing}"
+    assert (tmp_path / "site" / "api" / "estimate" / "index.html").exists()
     home = (tmp_path / "site" / "index.html").read_text()
     assert "Headline figures" in home and "API reference" in home
 
