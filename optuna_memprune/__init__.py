@@ -8,12 +8,28 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ._extras import MissingExtra
 from .budget import Budget
 from .estimate.footprint import Component, Footprint, Kind
 from .exceptions import CalibrationError, EnforcementError, EstimateError, MemPruneError
 from .units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:  # what the lazy names below are, for type checkers and IDEs (loaded on first use at run time)
+    from . import estimate
+    from .guard import (
+        Decision,
+        GuardedObjective,
+        GuardedPruner,
+        GuardedSampler,
+        MemoryBudgetExceeded,
+        MemoryGuard,
+        TrialRecord,
+        optimize,
+        read_record,
+    )
+    from .ledger import HostBudget, Ledger
 
 logging.getLogger("optuna_memprune").addHandler(logging.NullHandler())
 
@@ -22,13 +38,14 @@ __version__ = "0.1.0"
 __all__ = [
     "Budget", "Component", "Footprint", "Kind", "format_bytes", "parse_bytes",
     "MemPruneError", "EstimateError", "CalibrationError", "EnforcementError",
-    "MemoryGuard", "GuardedSampler", "GuardedPruner", "MemoryBudgetExceeded", "read_record",
-    "optimize", "HostBudget", "Ledger",
+    "MemoryGuard", "GuardedSampler", "GuardedPruner", "GuardedObjective", "MemoryBudgetExceeded",
+    "read_record", "TrialRecord", "Decision", "optimize", "HostBudget", "Ledger", "MissingExtra",
     "estimate",
 ]
 
 # Loaded on first use: the guard imports Optuna, which a user of the estimators alone need not pay for.
-_GUARD = ("MemoryGuard", "GuardedSampler", "GuardedPruner", "MemoryBudgetExceeded", "read_record", "optimize")
+_GUARD = ("MemoryGuard", "GuardedSampler", "GuardedPruner", "GuardedObjective", "MemoryBudgetExceeded", "read_record",
+          "TrialRecord", "Decision", "optimize")
 _LEDGER = ("HostBudget", "Ledger")
 
 
