@@ -63,7 +63,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,6 +77,7 @@ import optuna
 import psutil
 import sqlalchemy as sa
 
+from _pg import PostgresCluster  # scripts/_pg.py: the PostgreSQL helper the tests share
 from optuna_memprune.ledger import HostCapacity, Request
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -181,52 +181,13 @@ def worker(args: argparse.Namespace) -> int:
 
 # -- the PostgreSQL server -------------------------------------------------------------------------------
 
-def _pg_bin(name: str) -> str:
-    found = shutil.which(name) or (sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or [None])[-1]
-    if found is None:
-        raise SystemExit(f"PostgreSQL's {name} was not found (apt-get install postgresql)")
-    return found
-
-
-class Postgres:
-    """A throwaway cluster on 127.0.0.1 only; ``restart`` stops it and starts it again on the same port."""
+class Postgres(PostgresCluster):
+    """The drill's cluster (``scripts/_pg.py``): 800 connections for 64 workers, its commands without the
+    drill's token (the orphan count looks for it)."""
 
     def __init__(self, root: str) -> None:
-        self.root, self.data = root, os.path.join(root, "data")
-        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.env = {k: v for k, v in os.environ.items() if k != TOKEN}
-        self.started = False
-
-    def _run(self, *cmd: str, check: bool = True, timeout: float = 120) -> None:
-        subprocess.run([*self.as_user, *cmd], check=check, timeout=timeout, env=self.env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def init(self) -> None:
-        if self.as_user:
-            shutil.chown(self.root, "postgres", "postgres")
-        self._run(_pg_bin("initdb"), "-D", self.data, "-A", "trust", "-U", "postgres")
-
-    def start(self) -> None:
-        self.started = True
-        self._run(_pg_bin("pg_ctl"), "-D", self.data, "-w", "-t", "120", "-l", os.path.join(self.root, "log"), "-o",
-                  f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=800 "
-                  "-c fsync=off -c shared_buffers=64MB", "start", timeout=150)
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run(_pg_bin("pg_ctl"), "-D", self.data, "-m", mode, "-w", "-t", "60", "stop", check=False, timeout=90)
-
-    def url(self, db: str = "postgres") -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{db}"
-
-    def create_db(self, name: str) -> str:
-        engine = sa.create_engine(self.url(), isolation_level="AUTOCOMMIT")
-        with engine.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        engine.dispose()
-        return self.url(name)
+        super().__init__(root, max_connections=800, options="-c shared_buffers=64MB",
+                         env={k: v for k, v in os.environ.items() if k != TOKEN})
 
 
 # -- the independent reader ------------------------------------------------------------------------------
