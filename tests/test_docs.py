@@ -51,3 +51,22 @@ def test_readme_is_short_and_its_links_point_at_pages_that_exist() -> None:
     assert readme.splitlines()[first + 1:first + 3] == ["bash scripts/main.sh    # sets up .venv, then runs the guarded demo study "
                                          "(SQLite file, no server)",
                                          "bash scripts/test.sh    # sets up .venv, then runs the test suite"]
+
+
+def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
+    """README's example, copied out as a user would, runs in a fresh directory: 30 trials, each with a
+    record, in processes of their own, and none that ran to the end above the 1 GiB budget."""
+    import optuna
+
+    import optuna_memprune as omp
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("```python\n") + len("```python\n")
+    (tmp_path / "example.py").write_text(readme[start:readme.index("```", start)])
+    out = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    trials = optuna.load_study(study_name="rows", storage=f"sqlite:///{tmp_path / 'study.db'}").trials
+    records = [omp.read_record(t.user_attrs) for t in trials]
+    assert len(trials) == 30 and None not in records
+    assert {r.host for r in records} != {None}  # run by omp.optimize's runner, one process per trial
+    assert all(r.peak_ram <= 2**30 for t, r in zip(trials, records, strict=True) if t.state.name == "COMPLETE")
