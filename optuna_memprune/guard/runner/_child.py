@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import enum
 import logging
 import os
 import signal
@@ -23,6 +24,33 @@ from ... import _internals, cgroups
 from .._peak_rss import peak_rss
 
 SOFT_SIGNAL = signal.SIGUSR1   # runner -> child: the tree crossed the soft line; prune at should_prune()
+
+
+class Outcome(str, enum.Enum):
+    """How the objective ended in the trial's process (``LOST``: the runner could not read what it sent)."""
+
+    COMPLETE = "complete"
+    PRUNED = "pruned"
+    FAIL = "fail"
+    LOST = "lost"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildResult:
+    """What the trial's process sends the runner when the objective ended."""
+
+    outcome: Outcome
+    values: Any = None                      # COMPLETE: the value(s)
+    message: str = ""                       # PRUNED: the message; FAIL: ``Type: text`` of the exception
+    soft: bool = False                      # PRUNED: the soft line answered the pruner
+    error: BaseException | None = None      # FAIL: the exception, where it pickles
+    traceback: str = ""                     # FAIL
+    stop_asked: bool = False                # the objective called ``study.stop()``
+    peak_rss: int = 0                       # the process's own peak RSS (VmHWM), bytes
+
+
+#: What the runner records when the pipe gave nothing it could read.
+LOST = ChildResult(Outcome.LOST)
 
 
 @dataclasses.dataclass
@@ -76,11 +104,7 @@ class _Signalled(optuna.pruners.BasePruner):
 
 
 def child_main(payload: Payload, conn: Any) -> None:
-    """The trial's process: run the objective, then send ``(kind, ..., stop_asked, peak_rss)`` to the parent.
-
-    ``kind`` is ``"complete"`` (with the values), ``"pruned"`` (message, whether the soft line answered) or
-    ``"fail"`` (the exception if it pickles, its text, the traceback).
-    """
+    """The trial's process: run the objective, then send its :class:`ChildResult` to the parent."""
     _join(payload.cgroup)
     _die_with_parent()
     _own_session()
@@ -100,12 +124,13 @@ def child_main(payload: Payload, conn: Any) -> None:
     try:
         value = payload.objective(trial)
     except optuna.TrialPruned as exc:
-        message: tuple = ("pruned", str(exc), _Signalled.answered)
+        ended = ChildResult(Outcome.PRUNED, message=str(exc), soft=_Signalled.answered)
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-        message = ("fail", _picklable(exc), f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        ended = ChildResult(Outcome.FAIL, message=f"{type(exc).__name__}: {exc}", error=_picklable(exc),
+                            traceback=traceback.format_exc())
     else:
-        message = ("complete", _values(value))
-    conn.send((*message, _internals.stop_requested(study), peak_rss()))
+        ended = ChildResult(Outcome.COMPLETE, values=_values(value))
+    conn.send(dataclasses.replace(ended, stop_asked=_internals.stop_requested(study), peak_rss=peak_rss()))
     conn.close()
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from optuna.trial import TrialState
 
 from .._oom import OutOfMemory, killed_by_oom_killer, out_of_memory
+from ._child import Outcome
 
 if TYPE_CHECKING:
     from ._watchdog import TrialProcess
@@ -41,15 +42,15 @@ class Ending:
 
 def judge(child: TrialProcess, catch: tuple) -> Ending:
     """Judge a trial process that has ended (its result read, its tree gone)."""
-    result = child.result if child.result and child.result[0] != "lost" else None
+    result = child.result if child.result is not None and child.result.outcome is not Outcome.LOST else None
     peak = child.monitor.peak if child.monitor is not None else None
-    child_hwm = result[-1] if result else 0
+    child_hwm = result.peak_rss if result else 0
     peaks = {"ram": max(peak.rss if peak else 0, child_hwm) or None,
              "vram": peak.vram if peak else None, "threads": peak.threads if peak else None}
     peaks["ram"], kernel = child.kernel_verdict(peaks["ram"])  # kernel: why it killed at the cgroup limit
-    end = Ending(TrialState.FAIL, peaks, kernel=kernel, stop_asked=bool(result and result[-2]))
+    end = Ending(TrialState.FAIL, peaks, kernel=kernel, stop_asked=bool(result and result.stop_asked))
     stopped = child.hard_reading is not None or kernel is not None or child.forecast_reason() is not None
-    end.stopped = stopped and (result is None or result[0] != "complete")
+    end.stopped = stopped and (result is None or result.outcome is not Outcome.COMPLETE)
     if end.stopped:
         end.state = TrialState.PRUNED
     elif result is None:
@@ -61,12 +62,12 @@ def judge(child: TrialProcess, catch: tuple) -> Ending:
         end.oom = None if exact else killed_by_oom_killer(code, child.state.oom_kills)
         if code == -signal.SIGKILL and end.oom is None:
             end.failed += " (sent from outside the runner: the kernel's OOM killer sends SIGKILL)"
-    elif result[0] == "complete":
-        end.state, end.values = TrialState.COMPLETE, result[1]
-    elif result[0] == "pruned":
-        end.state, end.soft_pruned = TrialState.PRUNED, bool(result[2])
-    else:  # "fail"
-        exc, text, tb = result[1], result[2], result[3]
+    elif result.outcome is Outcome.COMPLETE:
+        end.state, end.values = TrialState.COMPLETE, result.values
+    elif result.outcome is Outcome.PRUNED:
+        end.state, end.soft_pruned = TrialState.PRUNED, result.soft
+    else:  # FAIL
+        exc, text, tb = result.error, result.message, result.traceback
         end.failed = f"the objective raised {text}"
         end.oom = out_of_memory(exc, text)  # infeasible: PRUNED, never a failure that stops the run
         caught = end.oom is not None or (exc is not None and isinstance(exc, catch))

@@ -30,7 +30,7 @@ from .._outcome import trial_outcome
 from .._pruner import GuardedPruner
 from .._sampler import GuardedSampler
 from .._trials import TrialGuardState
-from ._child import Payload, child_main
+from ._child import LOST, ChildResult, Outcome, Payload, child_main
 from ._ending import judge
 from ._forkserver import fork_server
 from ._owners import ASKED, LAUNCHED, RUNNER, DeadRunners, TrialKey, runner_mark
@@ -322,9 +322,9 @@ class Runner:
                 try:
                     child.result = child.conn.recv()
                 except (EOFError, OSError):
-                    child.result = ("lost",)
+                    child.result = LOST
                 except Exception as exc:  # noqa: BLE001 - an exception that does not unpickle
-                    child.result = ("fail", None, f"the trial's result could not be read: {exc}", "", False, 0)
+                    child.result = ChildResult(Outcome.FAIL, message=f"the trial's result could not be read: {exc}")
             if child.process.is_alive():
                 continue
             child.ended = time.monotonic()

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...monitor import Monitor, Reading
-from ._child import SOFT_SIGNAL
+from ._child import SOFT_SIGNAL, ChildResult
 
 if TYPE_CHECKING:
     import optuna
@@ -37,7 +37,7 @@ class TrialProcess:
         self.reserved_prediction = state.prediction is not None  # else it reserved the budget
         self.entry, self.process, self.conn = entry, process, conn
         self.policy = policy
-        self.result: tuple | None = None
+        self.result: ChildResult | None = None
         self.soft_reading: Reading | None = None
         self.hard_reading: Reading | None = None
         self.stopped_at: float | None = None
