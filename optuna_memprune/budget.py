@@ -24,7 +24,7 @@ _FLOORS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Budget:
     """Per-trial limits; a resource left as ``None`` is unlimited. All numbers are bytes or counts.
 
@@ -45,13 +45,16 @@ class Budget:
     vram: int | None = None
     threads: int | None = None
 
-    def __post_init__(self) -> None:
-        for name, (floor, why) in _FLOORS.items():
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, check_bytes(value, f"Budget.{name}", minimum=floor, why_minimum=why))
-        check_int(self.threads, "Budget.threads", minimum=1, maximum=MAX_THREADS, optional=True,
+    # Written out (not the dataclass's) so that type checkers take the sizes in human form too.
+    def __init__(self, ram: int | float | str | None = None, vram: int | float | str | None = None,
+                 threads: int | None = None) -> None:
+        for name, value in (("ram", ram), ("vram", vram)):
+            floor, why = _FLOORS[name]
+            object.__setattr__(self, name, None if value is None else
+                               check_bytes(value, f"Budget.{name}", minimum=floor, why_minimum=why))
+        check_int(threads, "Budget.threads", minimum=1, maximum=MAX_THREADS, optional=True,
                   expected=f"an int in [1, {MAX_THREADS}] (Linux runs no more threads)")
+        object.__setattr__(self, "threads", threads)
 
     @property
     def resources(self) -> dict[str, int]:
