@@ -47,6 +47,3 @@ class MissingExtra(MemPruneError, ImportError):
             return None
         extra, dist = EXTRAS[top]
         return cls(f'{what} needs {dist}, which is not installed: pip install "optuna-memprune[{extra}]"')
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), self.args)

@@ -29,7 +29,8 @@ def nodeid(case: ET.Element) -> str:
 def main(xml: str) -> int:
     took: dict[str, float] = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
-        took[nodeid(case)] = round(took.get(nodeid(case), 0.0) + float(case.get("time", 0.0)), 3)
+        node = nodeid(case)
+        took[node] = round(took.get(node, 0.0) + float(case.get("time", 0.0)), 3)
     OUT.write_text(json.dumps(dict(sorted(took.items())), indent=0) + "\n")
     quick = [t for t in took.values() if t <= QUICK_MAX_S]
     print(f"DURATIONS tests={len(took)} total_s={sum(took.values()):.0f} quick={len(quick)} quick_s={sum(quick):.0f}")

@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if took.get(item.nodeid, 0.0) <= QUICK_MAX_S]
 
 
-def _pg_bins() -> None:
+def _need_postgres() -> None:
     """PostgreSQL's ``initdb`` and ``pg_ctl`` with psycopg 3, or a skip saying which is missing (a failure in
     CI, whose ``.ci/run`` installs them)."""
     if pg_bin("initdb") is None or pg_bin("pg_ctl") is None:
@@ -66,7 +66,7 @@ def postgres_server() -> Iterator[PostgresCluster]:
     Needs PostgreSQL's server binaries (``initdb``, ``pg_ctl``; ``.ci/run`` installs them) and psycopg 3.
     Skipped with the reason where the binaries are missing, except in CI (``CI`` set), where that is a failure.
     """
-    _pg_bins()
+    _need_postgres()
     cluster = PostgresCluster(tempfile.mkdtemp(prefix="memprune-pg-")).init().start()
     try:
         yield cluster
@@ -84,7 +84,7 @@ def postgres_url(postgres_server: PostgresCluster) -> str:
 @pytest.fixture
 def postgres_cluster() -> Iterator[PostgresCluster]:
     """A started cluster of this test alone (``postgres_server``'s requirements and skips), to restart."""
-    _pg_bins()
+    _need_postgres()
     cluster = PostgresCluster(tempfile.mkdtemp(prefix="memprune-pg-")).init().start()
     try:
         yield cluster

@@ -105,6 +105,7 @@ class Runner:
         self.heartbeats = _internals.heartbeat_enabled(study)
         self.storage_id = storage_id(study)
         self.dead_runners = DeadRunners(study, ledger, guard.policy.budget)
+        self.mark = runner_mark(ledger.host)  # each trial names this runner from its creation on
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -194,8 +195,7 @@ class Runner:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 _retry("failing stale trials", lambda: optuna.storages.fail_stale_trials(study))
-        mark = runner_mark(self.ledger.host)  # the trial names this runner from its creation on
-        trial = _retry("asking for a trial", lambda: _internals.ask_marked(study, {RUNNER: mark}))
+        trial = _retry("asking for a trial", lambda: _internals.ask_marked(study, {RUNNER: self.mark}))
         self.asked += 1
         hold = self._hold(trial)  # from here a runner that finds this one dead fails the trial
         self.dead_runners.end_trials()
