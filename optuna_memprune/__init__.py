@@ -26,10 +26,10 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and IDEs (
         MemoryBudgetExceeded,
         MemoryGuard,
         TrialRecord,
-        optimize,
         read_record,
     )
     from .ledger import HostBudget, Ledger
+    from .runner import optimize
 
 logging.getLogger("optuna_memprune").addHandler(logging.NullHandler())
 
@@ -45,7 +45,7 @@ __all__ = [
 
 # Loaded on first use: the guard imports Optuna, which a user of the estimators alone need not pay for.
 _GUARD = ("MemoryGuard", "GuardedSampler", "GuardedPruner", "GuardedObjective", "MemoryBudgetExceeded", "read_record",
-          "TrialRecord", "Decision", "optimize")
+          "TrialRecord", "Decision")
 _LEDGER = ("HostBudget", "Ledger")
 
 
@@ -54,6 +54,8 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(".estimate", __name__)
     if name in _GUARD:
         return getattr(importlib.import_module(".guard", __name__), name)
+    if name == "optimize":
+        return importlib.import_module(".runner", __name__).optimize
     if name in _LEDGER:
         return getattr(importlib.import_module(".ledger", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

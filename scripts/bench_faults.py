@@ -486,8 +486,8 @@ class Drill:
         until the host is full, and dies (SIGKILL)."""
         import optuna_memprune as omp
         # the drill plays a runner: its entries carry the runner's own keys (storage, study, trial)
-        from optuna_memprune.guard.runner._owners import TrialKey
-        from optuna_memprune.guard.runner._storage import storage_id
+        from optuna_memprune.runner._owners import TrialKey
+        from optuna_memprune.runner._storage import storage_id
 
         owner = subprocess.Popen(["sleep", "600"], env=dict(os.environ, **{TOKEN: self.token}))
         self.procs.append(owner)

@@ -73,7 +73,7 @@ import optuna_memprune as omp  # noqa: E402
 from optuna_memprune import cgroups  # noqa: E402
 from optuna_memprune.guard._call import MonitorOnly  # noqa: E402
 from optuna_memprune.guard._oom import out_of_memory  # noqa: E402
-from optuna_memprune.guard.runner._forkserver import fork_server, stop_fork_server  # noqa: E402
+from optuna_memprune.runner._forkserver import fork_server, stop_fork_server  # noqa: E402
 from optuna_memprune.monitor import Monitor  # noqa: E402
 from optuna_memprune.ledger import HostBudget, Ledger  # noqa: E402
 from optuna_memprune.estimate.learn import Role, role  # noqa: E402

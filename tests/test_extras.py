@@ -11,7 +11,7 @@ import pytest
 
 from optuna_memprune._console import Table
 from optuna_memprune._extras import MissingExtra
-from optuna_memprune.guard.runner._progress import Progress, Status
+from optuna_memprune.runner._progress import Progress, Status
 
 
 def _blocked(modules: list[str], code: str) -> subprocess.CompletedProcess[str]:

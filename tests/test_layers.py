@@ -21,7 +21,8 @@ LAYERS = (
     ("estimate", "monitor"),
     ("ledger", "records", "storages", "_internals"),
     ("guard",),
-    ("report",),
+    ("runner",),
+    ("run", "report"),
     ("cli",),
 )
 # The one module allowed to touch Optuna's and multiprocessing's private names.

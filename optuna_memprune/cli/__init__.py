@@ -97,8 +97,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     """Check the command and options, then become the program (``exec``) with the guard injected; returns
-    only for ``--dry-run``. How the injection works: ``optuna_memprune.guard.inject``."""
-    from ..guard import inject
+    only for ``--dry-run``. How the injection works: ``optuna_memprune.run``."""
+    from .. import run as inject
 
     url = args.storage or os.environ.get(ENV_VAR) or None
     try:

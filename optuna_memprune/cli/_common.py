@@ -20,7 +20,7 @@ class UsageError(MemPruneError):
 
 def load(spec: str, what: str) -> Any:
     """``module:attr`` (a module on sys.path or the current directory) -> the object."""
-    from ..guard.inject import import_object
+    from ..run import import_object
 
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:

@@ -20,8 +20,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     import optuna_memprune as omp
 
-    from ..guard.runner import check_budget_fits
     from ..ledger import HostBudget, Ledger, check_ledger_url
+    from ..runner import check_budget_fits
     from ..units import check_int, check_number
 
     # Everything is checked before the study is created: a bad command line leaves nothing in the storage.

@@ -1,8 +1,9 @@
 """The guard: the only layer that touches Optuna's sampler, pruner and trial machinery.
 
 ``MemoryGuard`` holds the footprint, budget and choices (its ``Policy``); its ``wrap_sampler``,
-``wrap_pruner`` and ``wrap_objective`` return the pieces below, and ``runner.optimize`` runs each trial in a
-process of its own. The trial record's names live in ``optuna_memprune.records`` only.
+``wrap_pruner`` and ``wrap_objective`` return the pieces below. Backends that run trials elsewhere (the
+process-per-trial runner, ``memprune run``) sit above this package and take what they need from
+``guard.backend``. The trial record's names live in ``optuna_memprune.records`` only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from ._guard import MemoryGuard
 from ._objective import GuardedObjective, MemoryBudgetExceeded
 from ._pruner import GuardedPruner
 from ._sampler import GuardedSampler
-from .runner import optimize
 
 __all__ = [
     "MemoryGuard",
@@ -24,5 +24,4 @@ __all__ = [
     "Decision",
     "TrialRecord",
     "read_record",
-    "optimize",
 ]

@@ -1,7 +1,7 @@
 """Study -> ReportData: the plain data every report renderer draws (counts, trials, prediction quality).
 
 Reads trials through Optuna's public API, records through ``records.read`` only and the runners of
-RUNNING trials through ``guard.runner.runner_states`` (this host's ledger, read only); knows nothing of
+RUNNING trials through ``runner.runner_states`` (this host's ledger, read only); knows nothing of
 tables, HTML or plots, and prints nothing.
 """
 
@@ -252,8 +252,8 @@ def _running(study: optuna.Study, frozen: list) -> list[RunningTrial]:
     """The RUNNING trials, with what this host's ledger says of their runners."""
     if not frozen:
         return []
-    from ..guard.runner import runner_states
     from ..ledger import LedgerError
+    from ..runner import runner_states
 
     try:
         states, unread = runner_states(study), ""

@@ -281,7 +281,7 @@ def test_a_runner_killed_during_a_slow_footprint_leaves_no_trial_running(tmp_pat
 
 def test_a_runner_killed_before_it_named_its_trial_on_the_ledger_leaves_no_trial_running(tmp_path: Path) -> None:
     from optuna_memprune import _internals
-    from optuna_memprune.guard.runner._owners import RUNNER, runner_mark
+    from optuna_memprune.runner._owners import RUNNER, runner_mark
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     optuna.create_study(study_name="s", storage=url)
@@ -289,7 +289,7 @@ def test_a_runner_killed_before_it_named_its_trial_on_the_ledger_leaves_no_trial
     # killed before its next write: the window between the ask and the ledger's entry naming the trial.
     code = ("import os, optuna\n"
             "from optuna_memprune import _internals\n"
-            "from optuna_memprune.guard.runner._owners import RUNNER, runner_mark\n"
+            "from optuna_memprune.runner._owners import RUNNER, runner_mark\n"
             f"study = optuna.load_study(study_name='s', storage={url!r})\n"
             f"_internals.ask_marked(study, {{RUNNER: runner_mark({HOST!r})}})\n"
             "print(os.getpid(), flush=True)\n"

@@ -268,7 +268,7 @@ def test_trials_pruned_by_the_studys_pruner_count_toward_the_warmup(tmp_path) ->
 
 def test_the_runner_reserves_a_learned_bound_as_it_is(tmp_path) -> None:
     # the bound is already at the stated miss rate: a margin on top would count the error twice
-    from optuna_memprune.guard.runner._reserve import Reservations
+    from optuna_memprune.runner._reserve import Reservations
 
     guard = omp.MemoryGuard(None, omp.Budget(ram="2GiB"), search_space=SPACE)
     study = _study(f"sqlite:///{tmp_path / 'study.db'}", guard)

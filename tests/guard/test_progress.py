@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optuna_memprune.guard.runner._progress import Status, describe
+from optuna_memprune.runner._progress import Status, describe
 
 GiB = 2**30
 

@@ -10,7 +10,7 @@ import optuna
 from optuna.distributions import IntDistribution
 
 import optuna_memprune as omp
-from optuna_memprune.guard.inject._split import Gate
+from optuna_memprune.run._split import Gate
 
 MiB = 2**20
 

@@ -8,7 +8,7 @@ import sys
 import optuna
 import pytest
 
-from optuna_memprune.guard.inject import _split
+from optuna_memprune.run import _split
 
 
 def _square(trial: optuna.Trial) -> float:

@@ -22,10 +22,10 @@ import threading
 import time
 from typing import Any
 
-from ... import records
-from ...records import Decision, read
-from ...storages import shown
-from ...units import format_bytes
+from .. import records
+from ..records import Decision, read
+from ..storages import shown
+from ..units import format_bytes
 from . import ENV_VAR, Choice, Options, _split, choose, fixed_message, overrides, recipe_args, rlzoo3_space
 
 _STATE: _Injected | None = None
@@ -128,7 +128,7 @@ class _Injected:
         try:
             with self.lock:
                 if self.storage is None:
-                    from ...storages import open_storage
+                    from ..storages import open_storage
 
                     self.storage = open_storage(url)
         except Exception as exc:  # noqa: BLE001 - the program runs on, with its study in memory
@@ -149,7 +149,7 @@ class _Injected:
 
     def guard_study(self, study: Any) -> Any:
         """The study with a guarded sampler and pruner (once; a program's own guard is left alone)."""
-        from .. import GuardedSampler, MemoryGuard
+        from ..guard import GuardedSampler, MemoryGuard
 
         with self.lock:
             if id(study) in self.guards or isinstance(study.sampler, GuardedSampler):
@@ -241,7 +241,7 @@ class _Injected:
         if objective is None:
             self.threads_why[id(study)] = f"n_jobs={k} ran as threads ({why})"
             return self._threads(entry, func, k, call, why or "")
-        from ...paths import cache_dir, writable_dir
+        from ..paths import cache_dir, writable_dir
         from ..runner import optimize as run_trials
 
         shared = _split.shared_study(study, writable_dir(cache_dir() / "runs"))
@@ -349,7 +349,7 @@ class _Counted:
 
 
 def _location(study: Any) -> str | None:
-    from ... import _internals
+    from .. import _internals
 
     where = _internals.storage_location(study)
     if where is None:

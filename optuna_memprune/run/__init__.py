@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...budget import Budget
-from .._call import MonitorOnly
+from ..budget import Budget
+from ..guard.backend import MonitorOnly
 
 #: The environment variable that carries the guard's options to the hook (removed by the hook at once).
 ENV_VAR = "MEMPRUNE_RUN"
@@ -201,8 +201,8 @@ def prepare(command: Sequence[str], *, ram: Any = None, vram: Any = None, thread
         >>> options.program.target, options.ram, label
         ('train.py', 4294967296, 'none: trials run unchecked under the monitor alone')
     """
-    from ...units import check_int
-    from .._guard import MemoryGuard
+    from ..guard import MemoryGuard
+    from ..units import check_int
 
     program = python_command(command)
     budget = Budget(ram=ram, vram=vram, threads=threads)
@@ -308,7 +308,7 @@ class Choice:
 def recipe(name: str) -> Any | None:
     """The recipe module ``name`` of ``estimate.recipes.RECIPES`` when it can guard a command (it defines
     ``for_command(args) -> (title, footprint)``), else ``None``."""
-    from ...estimate.recipes import RECIPES
+    from ..estimate.recipes import RECIPES
 
     module = RECIPES.get(name)
     return module if module is not None and callable(getattr(module, "for_command", None)) else None
@@ -331,7 +331,7 @@ def check_choice(spec: str, program: Program) -> str:
                     "run unchecked under the monitor alone")
         return f"auto: the program's own {DECLARED}(params) if its main module defines one, else {_LEARNED}"
     if ":" not in spec:
-        from ...estimate.recipes import RECIPES
+        from ..estimate.recipes import RECIPES
 
         if spec in RECIPES:
             if recipe(spec) is None:

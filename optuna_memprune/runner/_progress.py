@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ...units import format_bytes
+from ..units import format_bytes
 
 _REFRESH_S = 0.25
 _PLAIN_EVERY_S = 10.0  # without rich: a line that scrolls, not one redrawn in place

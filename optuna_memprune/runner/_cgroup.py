@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ... import cgroups
-from ...exceptions import EnforcementError
-from ...units import MiB
+from .. import cgroups
+from ..exceptions import EnforcementError
+from ..units import MiB
 
 if TYPE_CHECKING:
-    from ...budget import Budget
+    from ..budget import Budget
 
 _logger = logging.getLogger("optuna_memprune.guard")
 

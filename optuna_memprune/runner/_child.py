@@ -20,8 +20,8 @@ from typing import Any
 import optuna
 from optuna.samplers import BaseSampler
 
-from ... import _internals, cgroups
-from .._peak_rss import peak_rss
+from .. import _internals, cgroups
+from ..guard.backend import peak_rss
 
 SOFT_SIGNAL = signal.SIGUSR1   # runner -> child: the tree crossed the soft line; prune at should_prune()
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ... import _internals
+from .. import _internals
 
 if TYPE_CHECKING:
     import optuna

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 
-from ... import _internals, records
-from ...records import RESOURCES, Decision
-from .._margin import margin as learned_margin
+from .. import _internals, records
+from ..guard.backend import learned_margin
+from ..records import RESOURCES, Decision
 
 if TYPE_CHECKING:
     import optuna
 
-    from ...budget import Budget
-    from ...estimate.footprint import Footprint
-    from ...ledger import Ledger, Request
+    from ..budget import Budget
+    from ..estimate.footprint import Footprint
+    from ..ledger import Ledger, Request
 
 
 def next_try(waited: float) -> float:
@@ -68,7 +68,7 @@ class Reservations:
         """What a trial reserves: prediction x margin, never more than the per-trial budget (the
         watchdog stops a tree that crosses it), and the budget itself when unchecked (no prediction), capped
         at the host's capacity."""
-        from ...ledger import Request
+        from ..ledger import Request
 
         figures = {}
         for r in RESOURCES:
@@ -100,8 +100,8 @@ def check_budget_fits(budget: Budget, ledger: Ledger) -> str:
     was given is capped: an unchecked trial reserves the whole capacity (it runs alone), and the warning
     says so.
     """
-    from ...ledger import Request, physical_ram
-    from ...units import format_bytes
+    from ..ledger import Request, physical_ram
+    from ..units import format_bytes
 
     total, source = physical_ram()
     if budget.ram is not None and budget.ram > total:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from optuna.trial import TrialState
 
-from .._oom import OutOfMemory, killed_by_oom_killer, out_of_memory
+from ..guard.backend import OutOfMemory, killed_by_oom_killer, out_of_memory
 from ._child import Outcome
 
 if TYPE_CHECKING:

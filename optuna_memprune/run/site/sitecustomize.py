@@ -1,7 +1,7 @@
 """``memprune run``'s startup hook: Python imports this module at startup from the directory ``memprune run``
 puts first on ``PYTHONPATH``.
 
-It installs the guard only where ``MEMPRUNE_RUN`` names this process (``optuna_memprune.guard.inject``
+It installs the guard only where ``MEMPRUNE_RUN`` names this process (``optuna_memprune.run``
 says why), then hands over to the next ``sitecustomize`` on the path, if any, as if this one were not there.
 Imported under any other name (a test collecting the package), it does nothing.
 """
@@ -13,13 +13,13 @@ if __name__ == "sitecustomize":
     _here = os.path.dirname(os.path.abspath(__file__))
     if os.environ.get("MEMPRUNE_RUN"):
         try:
-            from optuna_memprune.guard.inject import _hook
+            from optuna_memprune.run import _hook
         except ImportError:  # this interpreter does not have the package: use the CLI's copy
             import json
 
             try:
                 sys.path.append(json.loads(os.environ["MEMPRUNE_RUN"])["package"])
-                from optuna_memprune.guard.inject import _hook
+                from optuna_memprune.run import _hook
             except Exception as exc:  # noqa: BLE001 - the program runs, unguarded, and says so
                 _hook = None
                 print(f"memprune: the guard cannot be loaded in this interpreter ({type(exc).__name__}: "

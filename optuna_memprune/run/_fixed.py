@@ -12,7 +12,7 @@ from typing import Any
 
 from optuna.samplers import BaseSampler
 
-from ... import _internals, records
+from .. import _internals, records
 
 
 class Overriding(BaseSampler):
@@ -67,7 +67,7 @@ def replay(argv: tuple[str, ...], recipe_args: tuple[str, ...] | None,
         return None
     import optuna
 
-    from ...storages import open_storage
+    from ..storages import open_storage
 
     try:
         storage = open_storage(known.storage, existing=True)

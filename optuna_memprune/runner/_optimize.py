@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from ... import _internals
-from ...units import check_int, check_number
-from .._guard import MemoryGuard
+from .. import _internals
+from ..guard import MemoryGuard
+from ..units import check_int, check_number
 from ._cgroup import Enforcement
 from ._forkserver import stop_fork_server
 from ._loop import Runner
@@ -26,7 +26,7 @@ from ._progress import Progress
 from ._reserve import check_budget_fits
 
 if TYPE_CHECKING:
-    from ...ledger import HostBudget, Ledger
+    from ..ledger import HostBudget, Ledger
 
 
 _logger = logging.getLogger("optuna_memprune.guard")
@@ -139,7 +139,7 @@ def optimize(
         raise TypeError(f"catch must be exception types, but got {catch!r}.")
     callbacks = _check_callbacks(callbacks)
     enforcement = Enforcement(enforce, guard.budget, guard.policy.soft)
-    from ...ledger import HostBudget, Ledger
+    from ..ledger import HostBudget, Ledger
 
     if host is None:
         host = HostBudget()
@@ -157,7 +157,7 @@ def optimize(
         raise
     if over_host:
         guard.warnings.once("budget-over-host", over_host)
-    from ...ledger import describe
+    from ..ledger import describe
 
     _logger.info("Host %s: trials may reserve %s; %s.", ledger.host, describe(ledger.capacity), enforcement.describe())
     runner = Runner(study, objective, guard, ledger, n_trials=n_trials, timeout=timeout, n_workers=n_jobs,

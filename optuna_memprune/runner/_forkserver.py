@@ -20,7 +20,7 @@ from collections.abc import Callable
 from multiprocessing.context import ForkServerContext, ForkServerProcess
 from typing import Any
 
-from ... import _internals
+from .. import _internals
 
 _logger = logging.getLogger("optuna_memprune.guard")
 

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ... import _internals
-from ...records import Decision
-from ...units import format_bytes
-from .._start import rss
+from .. import _internals
+from ..guard.backend import rss
+from ..records import Decision
+from ..units import format_bytes
 
 
 def jobs(n_jobs: Any, workers: int) -> int:

@@ -22,14 +22,10 @@ import optuna
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
-from ... import _internals, procfs, records
-from ...records import Decision
-from .._forecast import trial_forecast
-from .._objective import store_rejection
-from .._outcome import trial_outcome
-from .._pruner import GuardedPruner
-from .._sampler import GuardedSampler
-from .._trials import TrialGuardState
+from .. import _internals, procfs, records
+from ..guard import GuardedPruner, GuardedSampler
+from ..guard.backend import TrialGuardState, store_rejection, trial_forecast, trial_outcome
+from ..records import Decision
 from ._child import LOST, ChildResult, Outcome, Payload, child_main
 from ._ending import judge
 from ._forkserver import fork_server
@@ -41,8 +37,8 @@ from ._storage import storage_id
 from ._watchdog import TrialProcess
 
 if TYPE_CHECKING:
-    from ...ledger import Entry, Ledger, Request
-    from .._policy import Guard
+    from ..guard.backend import Guard
+    from ..ledger import Entry, Ledger, Request
     from ._cgroup import Enforcement
 
 _logger = logging.getLogger("optuna_memprune.guard")
@@ -225,7 +221,7 @@ class Runner:
 
     def _hold(self, trial: optuna.Trial) -> Entry | None:
         """An empty entry naming the trial on the ledger while it is checked and waits for its reservation."""
-        from ...ledger import Request
+        from ..ledger import Request
 
         try:
             return self.ledger.try_admit(Request(), self._key(trial, Decision.UNCHECKED, ASKED))
@@ -241,7 +237,7 @@ class Runner:
                 _logger.warning("Releasing ledger entry %d failed", entry.id, exc_info=True)
 
     def _admit(self) -> None:
-        from ...ledger import describe
+        from ..ledger import describe
 
         waiting = self.waiting
         assert waiting is not None

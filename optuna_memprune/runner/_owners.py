@@ -17,15 +17,15 @@ import psutil
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
-from ... import _internals, records
-from ...records import RESOURCES, Decision
+from .. import _internals, records
+from ..records import RESOURCES, Decision
 from ._storage import retry, storage_id
 
 if TYPE_CHECKING:
     import optuna
 
-    from ...budget import Budget
-    from ...ledger import Entry, Ledger, Reaped
+    from ..budget import Budget
+    from ..ledger import Entry, Ledger, Reaped
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
@@ -41,7 +41,7 @@ _UNNAMED_EVERY_S = 5.0
 
 def runner_mark(host: str) -> dict[str, object]:
     """What :data:`RUNNER` holds for a trial this process asks on ``host``."""
-    from ...ledger import start_of
+    from ..ledger import start_of
 
     return {"host": host, "pid": os.getpid(), "start": start_of(os.getpid())}
 
@@ -191,7 +191,7 @@ class DeadRunners:
 
 def _alive(pid: object, start: object) -> bool:
     """Whether the runner a :data:`RUNNER` mark names still runs (unknown marks count as alive)."""
-    from ...ledger import owner_alive
+    from ..ledger import owner_alive
 
     if not isinstance(pid, int) or isinstance(pid, bool):
         return True
@@ -216,7 +216,7 @@ def runner_states(study: optuna.Study, *, url: str | None = None, host: str | No
     Reads only; a trial run elsewhere (another host, another ledger, ``Study.optimize``) is not in it.
     Raises ``LedgerError`` when the ledger cannot be read.
     """
-    from ...ledger import owner_alive, read_host
+    from ..ledger import owner_alive, read_host
 
     entries, reaped = read_host(url, host)
     mine, out = storage_id(study), {}

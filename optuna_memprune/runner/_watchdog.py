@@ -12,16 +12,14 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...monitor import Monitor, Reading
+from ..monitor import Monitor, Reading
 from ._child import SOFT_SIGNAL, ChildResult
 
 if TYPE_CHECKING:
     import optuna
 
-    from ...ledger import Entry
-    from .._forecast import StepForecast
-    from .._policy import Policy
-    from .._trials import TrialGuardState
+    from ..guard.backend import Policy, StepForecast, TrialGuardState
+    from ..ledger import Entry
     from ._cgroup import TrialCgroup
 
 _logger = logging.getLogger("optuna_memprune.guard")

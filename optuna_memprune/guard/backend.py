@@ -1,0 +1,26 @@
+"""What a backend that runs trials outside the caller's thread takes from the guard.
+
+The process-per-trial runner (``optuna_memprune.runner``) and ``memprune run``'s split of ``n_jobs``
+(``optuna_memprune.run``) sit above the guard and use only the names here: the wrappers, one running
+trial's state, how a trial ended and what counts as running out of memory, the forecast stop, the learned
+margin of a reservation and this process's memory readings. Nothing here is new; each name is owned by
+the guard's private module it comes from.
+"""
+
+from __future__ import annotations
+
+from ._call import MonitorOnly
+from ._forecast import StepForecast, trial_forecast
+from ._margin import margin as learned_margin
+from ._objective import store_rejection
+from ._oom import OutOfMemory, killed_by_oom_killer, out_of_memory
+from ._outcome import trial_outcome
+from ._peak_rss import peak_rss
+from ._policy import Guard, Policy
+from ._start import rss
+from ._trials import TrialGuardState
+
+__all__ = [
+    "Guard", "Policy", "TrialGuardState", "MonitorOnly", "StepForecast", "trial_forecast", "store_rejection",
+    "OutOfMemory", "out_of_memory", "killed_by_oom_killer", "trial_outcome", "learned_margin", "peak_rss", "rss",
+]
