@@ -36,16 +36,42 @@ logging.getLogger("optuna_memprune").addHandler(logging.NullHandler())
 __version__ = "0.1.0"
 
 __all__ = [
-    "Budget", "Component", "Footprint", "Kind", "format_bytes", "parse_bytes",
-    "MemPruneError", "EstimateError", "CalibrationError", "EnforcementError",
-    "MemoryGuard", "GuardedSampler", "GuardedPruner", "GuardedObjective", "MemoryBudgetExceeded",
-    "read_record", "TrialRecord", "Decision", "optimize", "HostBudget", "Ledger", "MissingExtra",
+    "Budget",
+    "Component",
+    "Footprint",
+    "Kind",
+    "format_bytes",
+    "parse_bytes",
+    "MemPruneError",
+    "EstimateError",
+    "CalibrationError",
+    "EnforcementError",
+    "MemoryGuard",
+    "GuardedSampler",
+    "GuardedPruner",
+    "GuardedObjective",
+    "MemoryBudgetExceeded",
+    "read_record",
+    "TrialRecord",
+    "Decision",
+    "optimize",
+    "HostBudget",
+    "Ledger",
+    "MissingExtra",
     "estimate",
 ]
 
 # Loaded on first use: the guard imports Optuna, which a user of the estimators alone need not pay for.
-_GUARD = ("MemoryGuard", "GuardedSampler", "GuardedPruner", "GuardedObjective", "MemoryBudgetExceeded", "read_record",
-          "TrialRecord", "Decision")
+_GUARD = (
+    "MemoryGuard",
+    "GuardedSampler",
+    "GuardedPruner",
+    "GuardedObjective",
+    "MemoryBudgetExceeded",
+    "read_record",
+    "TrialRecord",
+    "Decision",
+)
 _LEDGER = ("HostBudget", "Ledger")
 
 

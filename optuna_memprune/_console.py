@@ -67,8 +67,12 @@ class Table:
         widths = [max(len(line[i]) for line in lines) for i in range(len(self._heads))]
         out = [] if self.title is None else [self.title]
         for line in lines:
-            out.append("  ".join(c.rjust(w) if j == "right" else c.ljust(w)
-                                 for c, w, (_, j, _) in zip(line, widths, self._heads, strict=True)).rstrip())
+            out.append(
+                "  ".join(
+                    c.rjust(w) if j == "right" else c.ljust(w)
+                    for c, w, (_, j, _) in zip(line, widths, self._heads, strict=True)
+                ).rstrip()
+            )
         return "\n".join(out)
 
 

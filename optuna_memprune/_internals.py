@@ -62,10 +62,19 @@ def ask_marked(study: optuna.Study, system_attrs: dict[str, Any]) -> optuna.Tria
     study._thread_local.cached_all_trials = None  # as Study.ask: read the storage afresh for this trial
     trial_id = study._pop_waiting_trial_id()
     if trial_id is None:
-        template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None,
-                               datetime_start=datetime.datetime.now(), datetime_complete=None, params={},
-                               distributions={}, user_attrs={}, system_attrs=dict(system_attrs),
-                               intermediate_values={}, trial_id=-1)
+        template = FrozenTrial(
+            number=-1,
+            state=TrialState.RUNNING,
+            value=None,
+            datetime_start=datetime.datetime.now(),
+            datetime_complete=None,
+            params={},
+            distributions={},
+            user_attrs={},
+            system_attrs=dict(system_attrs),
+            intermediate_values={},
+            trial_id=-1,
+        )
         trial_id = storage.create_new_trial(study._study_id, template_trial=template)
     else:
         for key, value in system_attrs.items():
@@ -185,6 +194,7 @@ def main_module_left_out() -> Iterator[None]:
     with _INSTALL:
         original = spawn.get_preparation_data
         if not getattr(original, "memprune_wrapped", False):
+
             def get_preparation_data(name: str) -> dict:
                 data = original(name)
                 if getattr(_LEFT_OUT, "active", False):

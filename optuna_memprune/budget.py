@@ -46,14 +46,24 @@ class Budget:
     threads: int | None = None
 
     # Written out (not the dataclass's) so that type checkers take the sizes in human form too.
-    def __init__(self, ram: int | float | str | None = None, vram: int | float | str | None = None,
-                 threads: int | None = None) -> None:
+    def __init__(
+        self, ram: int | float | str | None = None, vram: int | float | str | None = None, threads: int | None = None
+    ) -> None:
         for name, value in (("ram", ram), ("vram", vram)):
             floor, why = _FLOORS[name]
-            object.__setattr__(self, name, None if value is None else
-                               check_bytes(value, f"Budget.{name}", minimum=floor, why_minimum=why))
-        check_int(threads, "Budget.threads", minimum=1, maximum=MAX_THREADS, optional=True,
-                  expected=f"an int in [1, {MAX_THREADS}] (Linux runs no more threads)")
+            object.__setattr__(
+                self,
+                name,
+                None if value is None else check_bytes(value, f"Budget.{name}", minimum=floor, why_minimum=why),
+            )
+        check_int(
+            threads,
+            "Budget.threads",
+            minimum=1,
+            maximum=MAX_THREADS,
+            optional=True,
+            expected=f"an int in [1, {MAX_THREADS}] (Linux runs no more threads)",
+        )
         object.__setattr__(self, "threads", threads)
 
     @property

@@ -23,8 +23,8 @@ PREFIX = "memprune-"
 #: cgroup v1 reports "no limit" as the largest page-aligned signed 64-bit value; anything this big is unlimited.
 _UNLIMITED = 1 << 62
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_KILL_S = 2.0     # killing a group's processes until none is left, at most this long
-_REMOVE_S = 1.0   # rmdir of a group whose last processes are still exiting, retried this long
+_KILL_S = 2.0  # killing a group's processes until none is left, at most this long
+_REMOVE_S = 1.0  # rmdir of a group whose last processes are still exiting, retried this long
 
 
 class Place(NamedTuple):
@@ -106,7 +106,7 @@ def _dir(mount: tuple[str, str, str, str], group: str) -> str | None:
     root, point = mount[0].rstrip("/"), mount[1]
     if group != root and not group.startswith(root + "/"):
         return None
-    return (point + group[len(root):]).rstrip("/") or "/"
+    return (point + group[len(root) :]).rstrip("/") or "/"
 
 
 def _owner_tag() -> str:
@@ -173,8 +173,10 @@ def _v2_memory(cand: Place) -> tuple[Place | None, str]:
                 _write(f"{path}/{_owner_tag()}runner/cgroup.procs", str(os.getpid()))
             _write(f"{path}/cgroup.subtree_control", "+memory")
     except (OSError, ValueError) as exc:
-        return None, (f"cgroup v2 {name}: the memory controller cannot be enabled for its sub-groups ({exc}); "
-                      "run the study alone in a delegated group")
+        return None, (
+            f"cgroup v2 {name}: the memory controller cannot be enabled for its sub-groups ({exc}); "
+            "run the study alone in a delegated group"
+        )
     return cand._replace(path=path, name=name, memory=True), ""
 
 
@@ -396,7 +398,7 @@ def reap(where: Place) -> list[str]:
     except OSError:
         return out
     for name in names:
-        parts = name[len(PREFIX):].split("-") if name.startswith(PREFIX) else []
+        parts = name[len(PREFIX) :].split("-") if name.startswith(PREFIX) else []
         if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
             continue
         if _alive(int(parts[0]), int(parts[1])):

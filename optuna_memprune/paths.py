@@ -48,8 +48,10 @@ def writable_dir(directory: Path | str | None = None) -> Path:
         with tempfile.TemporaryFile(dir=path, prefix=".write-check-"):
             pass
     except OSError as exc:
-        raise CacheDirError(f"cannot use {str(path)!r} as the cache directory: {_why(path, exc)}; "
-                            f"set {ENV_VAR} to a writable directory.") from None
+        raise CacheDirError(
+            f"cannot use {str(path)!r} as the cache directory: {_why(path, exc)}; "
+            f"set {ENV_VAR} to a writable directory."
+        ) from None
     return path
 
 

@@ -32,14 +32,14 @@ _JSON = {"separators": (",", ":"), "sort_keys": False}
 class Decision(str, Enum):
     """What the guard did with a trial; the values are what ``memprune:decision`` holds."""
 
-    ADMITTED = "admitted"        # checked before launch, fits the budget, ran as sampled
-    CLAMPED = "clamped"          # checked, did not fit, ran with lowered params (see clamped_from)
-    REJECTED = "rejected"        # checked, did not fit, ended PRUNED before the objective's code ran
+    ADMITTED = "admitted"  # checked before launch, fits the budget, ran as sampled
+    CLAMPED = "clamped"  # checked, did not fit, ran with lowered params (see clamped_from)
+    REJECTED = "rejected"  # checked, did not fit, ended PRUNED before the objective's code ran
     SOFT_PRUNED = "soft_pruned"  # crossed the soft line while running; the pruner answered True
-    STOPPED = "stopped"          # crossed the budget while running; interrupted and ended PRUNED
+    STOPPED = "stopped"  # crossed the budget while running; interrupted and ended PRUNED
     OUT_OF_MEMORY = "out_of_memory"  # ran out of memory while running (MemoryError, CUDA OOM, the OOM killer); PRUNED
     FORECAST_STOPPED = "forecast_stopped"  # projected over the budget at its last step; stopped early, PRUNED
-    UNCHECKED = "unchecked"      # could not be checked before launch; ran under the monitor only
+    UNCHECKED = "unchecked"  # could not be checked before launch; ran under the monitor only
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,8 @@ class TrialRecord:
     soft: float = 1.0  # the soft line as a fraction of the budget: what the constraints measure against
     concurrent: bool = False  # other trials shared the process: peaks are the process's (not written)
     margin: dict[str, float] = field(default_factory=dict)  # reservation = prediction x margin (per resource)
-    host: str | None = None   # the host id of the process-per-trial runner that ran the trial
-    gpu: int | None = None    # the GPU index the runner placed the trial on
+    host: str | None = None  # the host id of the process-per-trial runner that ran the trial
+    gpu: int | None = None  # the GPU index the runner placed the trial on
     enforcement: str | None = None  # how the runner held the trial to its RAM budget (above)
     forecast: dict[str, Any] = field(default_factory=dict)  # a forecast stop's fit and projection (below)
     learned: dict[str, Any] = field(default_factory=dict)  # a learned prediction: mode, phase, n, raw (see below)
@@ -128,8 +128,7 @@ class TrialRecord:
             figures = [getattr(self, f"pred_{r}"), (self.learned.get("bound") or {}).get(r), self.need.get(r)]
             peak = getattr(self, f"peak_{r}")
             if peak is not None and (not self.concurrent or self.decision is Decision.OUT_OF_MEMORY):
-                figures.append(peak - self.leftover.get(r, 0) if self.decision is not Decision.OUT_OF_MEMORY
-                               else peak)
+                figures.append(peak - self.leftover.get(r, 0) if self.decision is not Decision.OUT_OF_MEMORY else peak)
             if r == "ram" and self.decision is Decision.FORECAST_STOPPED:
                 figures.append(self.forecast.get("projected"))
             known = [f for f in figures if f is not None]

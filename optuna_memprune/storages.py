@@ -26,7 +26,7 @@ class StorageError(MemPruneError):
 def journal_path(url: str) -> str | None:
     """The file of a Journal storage (``journal:PATH``, or a path ending in ``.log``); None for an RDB URL."""
     if url.startswith(_JOURNAL):
-        return url[len(_JOURNAL):]
+        return url[len(_JOURNAL) :]
     if url.endswith(".log") and "://" not in url:
         return url
     return None
@@ -92,21 +92,28 @@ def check_writable(url: str) -> None:
             parsed = make_url(url)
         except Exception:  # noqa: BLE001 - not a URL: opening it reports that
             return
-        if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:") or \
-                parsed.database.startswith("file:"):
+        if (
+            parsed.get_backend_name() != "sqlite"
+            or parsed.database in (None, "", ":memory:")
+            or parsed.database.startswith("file:")
+        ):
             return
         path = parsed.database
     file = Path(path)
     directory = file.parent
     if file.exists() and not os.access(file, os.W_OK):
-        raise StorageError(f"the {kind} {path!r} is read-only (from {shown(url)}): make it writable, or copy "
-                           "it to a writable place and use the copy")
+        raise StorageError(
+            f"the {kind} {path!r} is read-only (from {shown(url)}): make it writable, or copy "
+            "it to a writable place and use the copy"
+        )
     if not directory.is_dir():
         raise StorageError(f"cannot create the {kind} {path!r} (from {shown(url)}): no directory {str(directory)!r}")
     if not os.access(directory, os.W_OK | os.X_OK):
         beside = "its journal" if kind == "SQLite file" else "its lock file"
-        raise StorageError(f"the directory of the {kind} {path!r} is read-only (from {shown(url)}): the storage "
-                           f"writes {beside} beside the file; make the directory writable, or use a copy elsewhere")
+        raise StorageError(
+            f"the directory of the {kind} {path!r} is read-only (from {shown(url)}): the storage "
+            f"writes {beside} beside the file; make the directory writable, or use a copy elsewhere"
+        )
 
 
 def shown(url: str) -> str:
@@ -123,6 +130,7 @@ def shown(url: str) -> str:
 
 def first_line(exc: BaseException) -> str:
     """``Type: first line of the message``, with the driver's own error when Optuna wrapped one."""
+
     def line(e: BaseException) -> str:
         text = str(e).strip().splitlines()
         return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -10,9 +10,23 @@ import math
 import re
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5, "eib": 1024**6, "bytes": 1,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+    "pib": 1024**5,
+    "eib": 1024**6,
+    "bytes": 1,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -38,9 +52,7 @@ def parse_bytes(value: int | float | str, *, name: str = "size") -> int:
         match = _SIZE_RE.match(value)
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
-            raise ValueError(
-                f"{name} must be a byte size such as '6GiB', '512MB' or '1.5 GB', but got {value!r}."
-            )
+            raise ValueError(f"{name} must be a byte size such as '6GiB', '512MB' or '1.5 GB', but got {value!r}.")
         number = int(round(float(match.group(1)) * _UNITS[unit]))
     else:
         raise ValueError(f"{name} must be a byte size such as '6GiB' or an int, but got {value!r}.")
@@ -80,8 +92,15 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(value: object, name: str, *, minimum: int | None = None, maximum: int | None = None,
-              optional: bool = False, expected: str | None = None) -> int | None:
+def check_int(
+    value: object,
+    name: str,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    optional: bool = False,
+    expected: str | None = None,
+) -> int | None:
     """Return ``value`` if it is an int (not a bool) within ``[minimum, maximum]``, else raise ``ValueError``.
 
     The one check of counts across the package; the message names ``name``, what was expected and what was
@@ -97,16 +116,23 @@ def check_int(value: object, name: str, *, minimum: int | None = None, maximum: 
     """
     if value is None and optional:
         return None
-    if (not is_int(value) or (minimum is not None and value < minimum)
-            or (maximum is not None and value > maximum)):
+    if not is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         expected = expected or _expected("int", minimum, maximum, False, False)
         raise ValueError(f"{name} must be {expected}{' or None' if optional else ''}, but got {value!r}.")
     return value
 
 
-def check_number(value: object, name: str, *, minimum: float | None = None, maximum: float | None = None,
-                 open_min: bool = False, open_max: bool = False, optional: bool = False,
-                 expected: str | None = None) -> float | None:
+def check_number(
+    value: object,
+    name: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    open_min: bool = False,
+    open_max: bool = False,
+    optional: bool = False,
+    expected: str | None = None,
+) -> float | None:
     """Return ``value`` if it is a finite real number (int or float, not a bool) within the given bounds.
 
     ``open_min``/``open_max`` exclude the bound itself. Raises ``ValueError`` naming ``name``, the range (or
@@ -138,8 +164,9 @@ def check_number(value: object, name: str, *, minimum: float | None = None, maxi
 MAX_BYTES = 2**60
 
 
-def check_bytes(value: int | float | str, name: str, *, minimum: int = 0, why_minimum: str = "",
-                maximum: int = MAX_BYTES) -> int:
+def check_bytes(
+    value: int | float | str, name: str, *, minimum: int = 0, why_minimum: str = "", maximum: int = MAX_BYTES
+) -> int:
     """``parse_bytes(value)`` within ``[minimum, maximum]``, else ``ValueError`` naming ``name``, the bound,
     ``why_minimum`` (the reason for the floor, in words) and the value given.
 
@@ -157,8 +184,7 @@ def check_bytes(value: int | float | str, name: str, *, minimum: int = 0, why_mi
         number = MAX_BYTES + 1
     given = repr(value) if is_int(value) else f"{value!r} ({_round_size(number)})"
     if number > maximum:
-        limit = ("1 EiB (2**60 bytes: no machine has more memory)" if maximum == MAX_BYTES
-                 else format_bytes(maximum))
+        limit = "1 EiB (2**60 bytes: no machine has more memory)" if maximum == MAX_BYTES else format_bytes(maximum)
         raise ValueError(f"{name} must be at most {limit}, but got {value!r}.")
     if number < minimum:
         why = f" ({why_minimum})" if why_minimum else ""

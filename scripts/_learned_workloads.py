@@ -45,7 +45,7 @@ SPACES = {
         "lr": Float(1e-4, 1e-2, log=True),
     },
 }
-FEATURES = 40     # LightGBM's columns
+FEATURES = 40  # LightGBM's columns
 OBS, ACTIONS = 4, 2
 
 
@@ -81,8 +81,13 @@ def keras_dqn(trial: optuna.Trial) -> float:
         nxt, reward, terminated, truncated, _ = env.step(action)
         memory.append((state, action, reward, nxt, terminated))
         state = nxt if not (terminated or truncated) else env.reset()[0]
-    net = tf.keras.Sequential([tf.keras.Input((OBS,)), *(tf.keras.layers.Dense(p["width"], activation="relu")
-                                                         for _ in range(3)), tf.keras.layers.Dense(ACTIONS)])
+    net = tf.keras.Sequential(
+        [
+            tf.keras.Input((OBS,)),
+            *(tf.keras.layers.Dense(p["width"], activation="relu") for _ in range(3)),
+            tf.keras.layers.Dense(ACTIONS),
+        ]
+    )
     net.compile(optimizer=tf.keras.optimizers.Adam(p["lr"]), loss="mse")
     loss = 0.0
     for _ in range(10):
@@ -107,9 +112,19 @@ def lightgbm(trial: optuna.Trial) -> float:
     x = rng.standard_normal((p["rows"], FEATURES)).astype(np.float32)
     y = x[:, :5].sum(1) + np.sin(x[:, 5] * 3) + 0.1 * rng.standard_normal(p["rows"])
     data = lgb.Dataset(x, y, params={"max_bin": p["max_bin"], "verbose": -1})
-    booster = lgb.train({"objective": "regression", "num_leaves": p["num_leaves"], "max_bin": p["max_bin"],
-                         "learning_rate": p["learning_rate"], "min_data_in_leaf": 5, "num_threads": 1,
-                         "verbose": -1}, data, num_boost_round=5)
+    booster = lgb.train(
+        {
+            "objective": "regression",
+            "num_leaves": p["num_leaves"],
+            "max_bin": p["max_bin"],
+            "learning_rate": p["learning_rate"],
+            "min_data_in_leaf": 5,
+            "num_threads": 1,
+            "verbose": -1,
+        },
+        data,
+        num_boost_round=5,
+    )
     return float(np.mean((booster.predict(x[:2000]) - y[:2000]) ** 2))
 
 

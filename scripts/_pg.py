@@ -30,8 +30,9 @@ class PostgresCluster:
     """A cluster in ``root`` (made by :meth:`init`), listening on a free local port with ``fsync=off``;
     ``options`` are more ``-c name=value`` server settings, ``env`` the environment of its commands."""
 
-    def __init__(self, root: str | Path, *, max_connections: int = 200, options: str = "",
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, root: str | Path, *, max_connections: int = 200, options: str = "", env: dict[str, str] | None = None
+    ) -> None:
         self.root, self.data = Path(root), Path(root) / "data"
         self.port, self.env = free_port(), env
         self.settings = f"-c listen_addresses=127.0.0.1 -c max_connections={max_connections} -c fsync=off {options}"
@@ -39,8 +40,14 @@ class PostgresCluster:
         self.started = False
 
     def _run(self, *cmd: str, check: bool = True, timeout: float = 120) -> None:
-        subprocess.run([*self.as_user, *cmd], check=check, timeout=timeout, env=self.env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [*self.as_user, *cmd],
+            check=check,
+            timeout=timeout,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def _bin(self, name: str) -> str:
         found = pg_bin(name)
@@ -56,13 +63,26 @@ class PostgresCluster:
 
     def start(self) -> "PostgresCluster":
         self.started = True
-        self._run(self._bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "120", "-l", str(self.root / "log"), "-o",
-                  f"-p {self.port} -k {self.root} {self.settings}", "start", timeout=150)
+        self._run(
+            self._bin("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-w",
+            "-t",
+            "120",
+            "-l",
+            str(self.root / "log"),
+            "-o",
+            f"-p {self.port} -k {self.root} {self.settings}",
+            "start",
+            timeout=150,
+        )
         return self
 
     def stop(self, mode: str = "fast") -> None:
-        self._run(self._bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop", check=False,
-                  timeout=90)
+        self._run(
+            self._bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop", check=False, timeout=90
+        )
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"

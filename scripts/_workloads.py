@@ -89,9 +89,18 @@ def _cnn(width: int):
     import torch.nn as nn
 
     return nn.Sequential(
-        nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(2 * width * 16 * 16, 256), nn.ReLU(), nn.Linear(256, 10),
+        nn.Conv2d(3, width, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(width, width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(2 * width * 16 * 16, 256),
+        nn.ReLU(),
+        nn.Linear(256, 10),
     )
 
 
@@ -130,8 +139,9 @@ def run_deque(cfg: dict) -> None:
         nxt = rng.integers(0, 255, shape, dtype=np.uint8)
         memory.append((obs, int(rng.integers(6)), float(rng.random()), nxt, bool(step % 100 == 99)))
         obs = nxt
-    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(shape)), 64), torch.nn.ReLU(),
-                              torch.nn.Linear(64, 6))
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(int(np.prod(shape)), 64), torch.nn.ReLU(), torch.nn.Linear(64, 6)
+    )
     opt = torch.optim.Adam(net.parameters())
     for _ in range(5):
         batch = random.sample(memory, cfg["batch_size"])

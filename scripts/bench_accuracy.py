@@ -41,29 +41,72 @@ def configs(smoke: bool) -> list[dict]:
     for buf in (10_000, 20_000):
         for omu in (False, True):
             for batch in (32, 256):
-                out.append({"kind": "sb3", "algo": "dqn", "env_id": ATARI, "frame_stack": 4, "n_envs": 1,
-                            "torch_threads": 1, "total_timesteps": buf + 200,
-                            "params": {"policy": "CnnPolicy", "buffer_size": buf, "batch_size": batch,
-                                       "optimize_memory_usage": omu, "learning_starts": buf - 200,
-                                       "train_freq": 4}})
+                out.append(
+                    {
+                        "kind": "sb3",
+                        "algo": "dqn",
+                        "env_id": ATARI,
+                        "frame_stack": 4,
+                        "n_envs": 1,
+                        "torch_threads": 1,
+                        "total_timesteps": buf + 200,
+                        "params": {
+                            "policy": "CnnPolicy",
+                            "buffer_size": buf,
+                            "batch_size": batch,
+                            "optimize_memory_usage": omu,
+                            "learning_starts": buf - 200,
+                            "train_freq": 4,
+                        },
+                    }
+                )
     # SB3 PPO on Atari: DummyVecEnv and SubprocVecEnv, 2 n_envs, 2 n_steps; two rollouts, one epoch each.
     for vec in ("dummy", "subproc"):
         for n_envs in (2, 4):
             for n_steps in (128, 256):
-                out.append({"kind": "sb3", "algo": "ppo", "env_id": ATARI, "frame_stack": 4, "n_envs": n_envs,
-                            "vec_env": vec, "torch_threads": 1, "total_timesteps": 2 * n_steps * n_envs,
-                            "params": {"policy": "CnnPolicy", "n_steps": n_steps, "batch_size": 256,
-                                       "n_epochs": 1}})
+                out.append(
+                    {
+                        "kind": "sb3",
+                        "algo": "ppo",
+                        "env_id": ATARI,
+                        "frame_stack": 4,
+                        "n_envs": n_envs,
+                        "vec_env": vec,
+                        "torch_threads": 1,
+                        "total_timesteps": 2 * n_steps * n_envs,
+                        "params": {"policy": "CnnPolicy", "n_steps": n_steps, "batch_size": 256, "n_epochs": 1},
+                    }
+                )
     # SB3 DQN MlpPolicy with a large buffer (partly filled: lazily mapped pages count only once touched).
-    out.append({"kind": "sb3", "algo": "dqn", "env_id": "CartPole-v1", "n_envs": 1, "torch_threads": 1,
-                "total_timesteps": 60_000,
-                "params": {"policy": "MlpPolicy", "buffer_size": 2_000_000, "batch_size": 128,
-                           "learning_starts": 59_000, "net_arch": [256, 256]}})
+    out.append(
+        {
+            "kind": "sb3",
+            "algo": "dqn",
+            "env_id": "CartPole-v1",
+            "n_envs": 1,
+            "torch_threads": 1,
+            "total_timesteps": 60_000,
+            "params": {
+                "policy": "MlpPolicy",
+                "buffer_size": 2_000_000,
+                "batch_size": 128,
+                "learning_starts": 59_000,
+                "net_arch": [256, 256],
+            },
+        }
+    )
     # Pure torch training with Adam: 2 widths x 2 batch sizes, 1-2 torch threads; a CNN at 2 sizes.
-    for arch, width, batch, threads in (("mlp", 1024, 256, 1), ("mlp", 4096, 2048, 2), ("mlp", 4096, 256, 1),
-                                        ("mlp", 1024, 2048, 2), ("cnn", 32, 64, 1), ("cnn", 64, 256, 2)):
-        out.append({"kind": "torch", "arch": arch, "width": width, "batch_size": batch, "torch_threads": threads,
-                    "steps": 4})
+    for arch, width, batch, threads in (
+        ("mlp", 1024, 256, 1),
+        ("mlp", 4096, 2048, 2),
+        ("mlp", 4096, 256, 1),
+        ("mlp", 1024, 2048, 2),
+        ("cnn", 32, 64, 1),
+        ("cnn", 64, 256, 2),
+    ):
+        out.append(
+            {"kind": "torch", "arch": arch, "width": width, "batch_size": batch, "torch_threads": threads, "steps": 4}
+        )
     # A deque-of-tuples replay buffer of Atari-sized frames (obs and next_obs stored separately).
     out.append({"kind": "deque", "obs_shape": [4, 84, 84], "maxlen": 15_000, "steps": 15_000, "batch_size": 32})
     if smoke:
@@ -95,28 +138,47 @@ def name(cfg: dict) -> str:
 
 # ---------------------------------------------------------------- predictions (ours and the peers')
 
+
 def predict(cfg: dict):
     """Our footprint for the config."""
     if cfg["kind"] == "sb3":
         params = {k: v for k, v in cfg["params"].items() if k != "policy"}
         params["total_timesteps"] = cfg["total_timesteps"]
         params["torch_threads"] = cfg["torch_threads"]
-        return recipes.sb3(cfg["algo"], cfg["env_id"], params, n_envs=cfg["n_envs"],
-                           frame_stack=cfg.get("frame_stack"), vec_env=cfg.get("vec_env", "dummy"))
+        return recipes.sb3(
+            cfg["algo"],
+            cfg["env_id"],
+            params,
+            n_envs=cfg["n_envs"],
+            frame_stack=cfg.get("frame_stack"),
+            vec_env=cfg.get("vec_env", "dummy"),
+        )
     if cfg["kind"] == "torch":
         from _workloads import TORCH_MODELS
 
         build, shape = TORCH_MODELS[cfg["arch"]]
         return process("torch", torch_threads=cfg["torch_threads"]) + torch_training(
-            lambda: build(cfg["width"]), shape, batch_size=cfg["batch_size"], optimizer="adam",
-            cache_key=("bench", cfg["arch"], cfg["width"]))
+            lambda: build(cfg["width"]),
+            shape,
+            batch_size=cfg["batch_size"],
+            optimizer="adam",
+            cache_key=("bench", cfg["arch"], cfg["width"]),
+        )
     shape = tuple(cfg["obs_shape"])
     # The tutorial loop does ``state = next_state``: next_obs is the next transition's obs (counted once).
     transition = [(shape, "uint8"), int, float, None, bool]
     steps = min(cfg["steps"], cfg["maxlen"])
-    return (process("torch", torch_threads=1) + deque_buffer(transition, maxlen=cfg["maxlen"], steps=steps)
-            + torch_training(lambda: _deque_net(shape), shape, batch_size=cfg["batch_size"], input_dtype="uint8",
-                             cache_key=("bench", "deque-net", shape)))
+    return (
+        process("torch", torch_threads=1)
+        + deque_buffer(transition, maxlen=cfg["maxlen"], steps=steps)
+        + torch_training(
+            lambda: _deque_net(shape),
+            shape,
+            batch_size=cfg["batch_size"],
+            input_dtype="uint8",
+            cache_key=("bench", "deque-net", shape),
+        )
+    )
 
 
 def _deque_net(shape):
@@ -175,12 +237,18 @@ def _torchinfo(cfg: dict) -> int | None:
 
 # ---------------------------------------------------------------- measurement
 
+
 def measure(cfg: dict) -> dict:
     env = dict(os.environ)
     if cfg.get("env_id", "").startswith("ALE/"):
         env["MEMPRUNE_BENCH_ATARI"] = "1"
-    child = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "_workloads.py"), json.dumps(cfg)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "_workloads.py"), json.dumps(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     hwm: dict[tuple[int, float], int] = {}
     peak_threads = 0
     stop = threading.Event()
@@ -232,6 +300,7 @@ def main() -> None:
     cfgs = configs(args.smoke)
     # Predict first (calibrating on first use), in this process, before any measurement runs.
     predictions = [predict(c) for c in cfgs]
+
     def measure_or_none(cfg: dict) -> dict | None:
         try:
             m = measure(cfg)
@@ -245,20 +314,33 @@ def main() -> None:
         measured = list(pool.map(measure_or_none, cfgs))
     failed = sum(m is None for m in measured)
     rows = []
-    print(f"{'configuration':58s} {'pred RAM':>11s} {'meas RAM':>11s} {'err':>7s} {'thr p/m':>8s}  "
-          f"{'x4 rule':>8s} {'torchinfo':>9s} {'sb3 chk':>8s}")
+    print(
+        f"{'configuration':58s} {'pred RAM':>11s} {'meas RAM':>11s} {'err':>7s} {'thr p/m':>8s}  "
+        f"{'x4 rule':>8s} {'torchinfo':>9s} {'sb3 chk':>8s}"
+    )
     for cfg, fp, m in zip(cfgs, predictions, measured):
         if m is None:
             continue
         err = (fp.ram - m["ram"]) / m["ram"] * 100
         peer = {k: (None if v is None else (v - m["ram"]) / m["ram"] * 100) for k, v in peers(cfg, fp).items()}
-        rows.append({"config": name(cfg), "pred_ram": fp.ram, "meas_ram": m["ram"], "err_pct": err,
-                     "pred_threads": fp.threads, "meas_threads": m["threads"], "seconds": m["seconds"],
-                     "peers_err_pct": peer})
+        rows.append(
+            {
+                "config": name(cfg),
+                "pred_ram": fp.ram,
+                "meas_ram": m["ram"],
+                "err_pct": err,
+                "pred_threads": fp.threads,
+                "meas_threads": m["threads"],
+                "seconds": m["seconds"],
+                "peers_err_pct": peer,
+            }
+        )
         fmt = lambda v: "-" if v is None else f"{v:+.0f}%"  # noqa: E731
-        print(f"{name(cfg):58s} {format_bytes(fp.ram):>11s} {format_bytes(m['ram']):>11s} {err:+6.1f}% "
-              f"{fp.threads:>3d}/{m['threads']:<4d}  {fmt(peer['x4_rule']):>8s} {fmt(peer['torchinfo']):>9s} "
-              f"{fmt(peer['sb3_check']):>8s}")
+        print(
+            f"{name(cfg):58s} {format_bytes(fp.ram):>11s} {format_bytes(m['ram']):>11s} {err:+6.1f}% "
+            f"{fp.threads:>3d}/{m['threads']:<4d}  {fmt(peer['x4_rule']):>8s} {fmt(peer['torchinfo']):>9s} "
+            f"{fmt(peer['sb3_check']):>8s}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     abs_err = sorted(abs(r["err_pct"]) for r in rows)
@@ -271,12 +353,16 @@ def main() -> None:
         vals = [abs(r["peers_err_pct"][k]) for r in rows if r["peers_err_pct"][k] is not None]
         if vals:
             peer_medians[k] = statistics.median(vals)
-    print(f"peer median abs errors over the configs each applies to: "
-          + ", ".join(f"{k}={v:.1f}%" for k, v in peer_medians.items()))
+    print(
+        f"peer median abs errors over the configs each applies to: "
+        + ", ".join(f"{k}={v:.1f}%" for k, v in peer_medians.items())
+    )
     print(f"wall time {time.perf_counter() - start:.0f} s, calibration file {calibration.load().path.name}")
-    print(f"ACCURACY n={n} ram_median_err={statistics.median(abs_err):.1f}% ram_p90_err={p90:.1f}% "
-          f"ram_max_err={abs_err[-1]:.1f}% ram_under5={under5} threads_within1={within1}/{n} "
-          f"best_peer_median_err={min(peer_medians.values()):.1f}%" + (f" failed={failed}" if failed else ""))
+    print(
+        f"ACCURACY n={n} ram_median_err={statistics.median(abs_err):.1f}% ram_p90_err={p90:.1f}% "
+        f"ram_max_err={abs_err[-1]:.1f}% ram_under5={under5} threads_within1={within1}/{n} "
+        f"best_peer_median_err={min(peer_medians.values()):.1f}%" + (f" failed={failed}" if failed else "")
+    )
     if failed:
         sys.exit(1)
 

@@ -103,11 +103,11 @@ MiB = 2**20
 #: its budget is from the space instead: weights, gradients and Adam's two moments, 16 B a parameter, over
 #: that level; ``(layers - 1) x width^2 x 16 B`` > 60 MiB holds for 29% of 200,000 draws of the space.
 BUDGETS = {
-    "plain_torch": "450MiB",          # 329 353 372 389 491 915 MiB
+    "plain_torch": "450MiB",  # 329 353 372 389 491 915 MiB
     "lightgbm_regression": "245MiB",  # 117 133 196 244 247 659 MiB
-    "hf_gpt2": "620MiB",              # 477 487 511 547 672 839 MiB
-    "lightning_mlp": "520MiB",        # 452 452 452 455 456 488 MiB (see above)
-    "keras_mlp": "780MiB",            # 655 657 660 687 899 1210 MiB
+    "hf_gpt2": "620MiB",  # 477 487 511 547 672 839 MiB
+    "lightning_mlp": "520MiB",  # 452 452 452 455 456 488 MiB (see above)
+    "keras_mlp": "780MiB",  # 655 657 660 687 899 1210 MiB
 }
 NEEDS = {
     "plain_torch": ("torch",),
@@ -168,8 +168,11 @@ class Run:
     @property
     def as_asked(self) -> bool:
         """Exactly the trials asked, failing only where the unguarded run failed, and no crash of its own."""
-        return (self.trials == self.asked and self.failed <= self.unguarded_failed
-                and (self.exit_code == 0 or self.unguarded_exit not in (0, None)))
+        return (
+            self.trials == self.asked
+            and self.failed <= self.unguarded_failed
+            and (self.exit_code == 0 or self.unguarded_exit not in (0, None))
+        )
 
 
 def own_peak(record: Any) -> int | None:
@@ -198,8 +201,10 @@ def score(run: Run, trials: Iterable[optuna.trial.FrozenTrial]) -> list[tuple[in
     clamped or rejected; all of them when none was); every later trial not rejected is a launch after it."""
     trials = sorted(trials, key=lambda t: t.number)
     run.trials = len(trials)
-    first = next((i for i, t in enumerate(trials)
-                  if (r := records.read(t.user_attrs)) is not None and r.decision in PREDICTED), len(trials))
+    first = next(
+        (i for i, t in enumerate(trials) if (r := records.read(t.user_attrs)) is not None and r.decision in PREDICTED),
+        len(trials),
+    )
     run.warmup = first
     rejected = []
     for i, t in enumerate(trials):
@@ -212,8 +217,11 @@ def score(run: Run, trials: Iterable[optuna.trial.FrozenTrial]) -> list[tuple[in
         over = record.decision in OVER
         if over:
             run.wasted += _seconds(t)
-        if record.decision is Decision.CLAMPED and record.clamped_from and all(
-                MEMORYLESS.search(name) for name in record.clamped_from):
+        if (
+            record.decision is Decision.CLAMPED
+            and record.clamped_from
+            and all(MEMORYLESS.search(name) for name in record.clamped_from)
+        ):
             run.memoryless_clamps += 1
         if i < first:
             continue
@@ -228,8 +236,10 @@ def score(run: Run, trials: Iterable[optuna.trial.FrozenTrial]) -> list[tuple[in
         center = _ram(record.learned.get("center"))
         bound = _ram(record.learned.get("bound")) or _ram(record.pred_ram)
         if t.state == optuna.trial.TrialState.COMPLETE and own and own > 0:
-            for figure, errors, errors_own in ((center, run.fit_errors, run.fit_errors_own),
-                                               (bound, run.bound_over, run.bound_over_own)):
+            for figure, errors, errors_own in (
+                (center, run.fit_errors, run.fit_errors_own),
+                (bound, run.bound_over, run.bound_over_own),
+            ):
                 if figure is None:
                     continue
                 absolute = errors is run.fit_errors  # the fit's error; the bound's excess is signed
@@ -258,32 +268,36 @@ class Totals:
             return f"{100 * statistics.median(values):.1f}%" if values else "-"
 
         ratio = f"{sum(r.wasted for r in runs) / wasted_u:.2f}" if wasted_u > 0 else "-"
-        return (f"CLIENTS_OWN fit_median_err={pct([e for r in runs for e in r.fit_errors_own])} "
-                f"bound_median_over={pct([e for r in runs for e in r.bound_over_own])} (on each trial's own "
-                f"increment in a shared process)\n"
-                f"CLIENTS programs={len(self.programs)} runs={len(runs)} "
-                f"trials_as_asked={sum(r.as_asked for r in runs)}/{len(runs)} "
-                f"warmup_max={max((r.warmup for r in runs), default=0)} fit_median_err={pct(fit)} "
-                f"bound_median_over={pct(bound)} "
-                f"over_budget_after_warmup={100 * over / launched if launched else 0.0:.1f}% "
-                f"false_rejects={100 * false / replayed if replayed else 0.0:.1f}% "
-                f"memoryless_clamps={sum(r.memoryless_clamps for r in runs)} lost={sum(r.lost for r in runs)} "
-                f"wasted_compute_ratio={ratio}")
+        return (
+            f"CLIENTS_OWN fit_median_err={pct([e for r in runs for e in r.fit_errors_own])} "
+            f"bound_median_over={pct([e for r in runs for e in r.bound_over_own])} (on each trial's own "
+            f"increment in a shared process)\n"
+            f"CLIENTS programs={len(self.programs)} runs={len(runs)} "
+            f"trials_as_asked={sum(r.as_asked for r in runs)}/{len(runs)} "
+            f"warmup_max={max((r.warmup for r in runs), default=0)} fit_median_err={pct(fit)} "
+            f"bound_median_over={pct(bound)} "
+            f"over_budget_after_warmup={100 * over / launched if launched else 0.0:.1f}% "
+            f"false_rejects={100 * false / replayed if replayed else 0.0:.1f}% "
+            f"memoryless_clamps={sum(r.memoryless_clamps for r in runs)} lost={sum(r.lost for r in runs)} "
+            f"wasted_compute_ratio={ratio}"
+        )
 
 
 def row(run: Run) -> str:
     def med(values: list[float]) -> str:
         return f"{100 * statistics.median(values):.1f}%" if values else "-"
 
-    return (f"{run.program} n_jobs={run.n_jobs} budget={run.budget // MiB}MiB: guarded {run.trials}/{run.asked} "
-            f"trials (exit {run.exit_code}, {run.failed} FAIL) {run.decisions}, warm-up {run.warmup}, fit err "
-            f"{med(run.fit_errors)}, bound over {med(run.bound_over)} (n={len(run.fit_errors)}), over budget after "
-            f"warm-up {run.over_after}/{run.launched_after}, false rejects {run.false_rejects}/{run.replayed} of "
-            f"{run.rejected} rejected, memoryless clamps {run.memoryless_clamps}, lost {run.lost}, wasted "
-            f"{run.wasted:.1f} s, {run.wall:.0f} s | unguarded {run.unguarded_trials} trials, "
-            f"{run.unguarded_killed} killed at the limit, {run.unguarded_failed} FAIL otherwise, "
-            f"{run.unguarded_restarts} restarts, wasted {run.wasted_unguarded:.1f} s, {run.wall_unguarded:.0f} s"
-            + "".join(f"; {n}" for n in run.notes))
+    return (
+        f"{run.program} n_jobs={run.n_jobs} budget={run.budget // MiB}MiB: guarded {run.trials}/{run.asked} "
+        f"trials (exit {run.exit_code}, {run.failed} FAIL) {run.decisions}, warm-up {run.warmup}, fit err "
+        f"{med(run.fit_errors)}, bound over {med(run.bound_over)} (n={len(run.fit_errors)}), over budget after "
+        f"warm-up {run.over_after}/{run.launched_after}, false rejects {run.false_rejects}/{run.replayed} of "
+        f"{run.rejected} rejected, memoryless clamps {run.memoryless_clamps}, lost {run.lost}, wasted "
+        f"{run.wasted:.1f} s, {run.wall:.0f} s | unguarded {run.unguarded_trials} trials, "
+        f"{run.unguarded_killed} killed at the limit, {run.unguarded_failed} FAIL otherwise, "
+        f"{run.unguarded_restarts} restarts, wasted {run.wasted_unguarded:.1f} s, {run.wall_unguarded:.0f} s"
+        + "".join(f"; {n}" for n in run.notes)
+    )
 
 
 class Limit:
@@ -306,6 +320,7 @@ class Limit:
         def enter() -> None:
             os.setsid()
             group.add(os.getpid())
+
         return enter
 
     def watch(self, proc: subprocess.Popen) -> None:
@@ -317,6 +332,7 @@ class Limit:
             if r.rss > self.hard and not self.crossed:
                 self.crossed = True
                 os.killpg(proc.pid, signal.SIGKILL)
+
         self.monitor = Monitor(proc.pid, interval=0.1, on_reading=reading).start()
 
     def killed(self) -> bool:
@@ -329,8 +345,14 @@ class Limit:
             self.group.remove()
 
 
-def launch(argv: list[str], env: dict[str, str], log: Path, timeout: float, limit: Limit | None = None,
-           runaway: Callable[[], str | None] | None = None) -> tuple[int, float, int]:
+def launch(
+    argv: list[str],
+    env: dict[str, str],
+    log: Path,
+    timeout: float,
+    limit: Limit | None = None,
+    runaway: Callable[[], str | None] | None = None,
+) -> tuple[int, float, int]:
     """Run ``argv`` with its output appended to ``log``; ``(exit code, seconds, max RSS of its largest
     process in bytes)``; a run past ``timeout``, or once ``runaway()`` (asked every 10 s) says why, has its
     process group killed (exit code -9, the reason in the log)."""
@@ -349,8 +371,9 @@ def launch(argv: list[str], env: dict[str, str], log: Path, timeout: float, limi
     with open(log, "a") as out:
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=limit.preexec() if limit else os.setsid)
+        proc = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=limit.preexec() if limit else os.setsid
+        )
         if limit:
             limit.watch(proc)
         watcher = threading.Thread(target=watch, args=(proc, out), daemon=True)
@@ -365,9 +388,14 @@ def launch(argv: list[str], env: dict[str, str], log: Path, timeout: float, limi
 
 def program_env(program: str, trials: int, n_jobs: int, seed: int, storage: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("OPTUNA_STORAGE", "STUDY_NAME")}
-    env.update(N_TRIALS=str(trials), N_JOBS=str(n_jobs), SEED=str(seed), STUDY_NAME=program,
-               PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-               TF_CPP_MIN_LOG_LEVEL="2")
+    env.update(
+        N_TRIALS=str(trials),
+        N_JOBS=str(n_jobs),
+        SEED=str(seed),
+        STUDY_NAME=program,
+        PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
     if storage:
         env["OPTUNA_STORAGE"] = storage
     return env
@@ -380,8 +408,12 @@ def load_trials(url: str) -> list[optuna.trial.FrozenTrial]:
 
 def has_storage_flag() -> bool:
     """Whether ``memprune run`` takes ``--storage`` (being added): then the program keeps its in-memory study."""
-    out = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "run", "--help"], capture_output=True,
-                         text=True, env=program_env("", 0, 1, 0, None))
+    out = subprocess.run(
+        [sys.executable, "-m", "optuna_memprune.cli", "run", "--help"],
+        capture_output=True,
+        text=True,
+        env=program_env("", 0, 1, 0, None),
+    )
     return "--storage" in out.stdout
 
 
@@ -395,8 +427,18 @@ def fresh(where: Path, name: str) -> str:
 def guarded(run: Run, args: argparse.Namespace, where: Path, storage_flag: bool) -> str:
     url = fresh(where, f"{run.program}-{run.n_jobs}-guarded.db")
     path = str(CLIENTS / f"{run.program}.py")
-    argv = [sys.executable, "-m", "optuna_memprune.cli", "run", "--ram", str(run.budget),
-            *(["--storage", url] if storage_flag else []), "--", sys.executable, path]
+    argv = [
+        sys.executable,
+        "-m",
+        "optuna_memprune.cli",
+        "run",
+        "--ram",
+        str(run.budget),
+        *(["--storage", url] if storage_flag else []),
+        "--",
+        sys.executable,
+        path,
+    ]
     env = program_env(run.program, args.trials, run.n_jobs, args.seed, None if storage_flag else url)
     log = Path(args.logs) / f"{run.program}-{run.n_jobs}-guarded.log"
 
@@ -426,8 +468,9 @@ def unguarded(run: Run, args: argparse.Namespace, where: Path, place: "cgroups.P
         limit = Limit(place, run.budget)
         env = program_env(run.program, args.trials - made, run.n_jobs, args.seed + attempt, url)
         try:
-            code, seconds, _ = launch([sys.executable, str(CLIENTS / f"{run.program}.py")], env, log,
-                                      SECONDS_PER_TRIAL * args.trials, limit)
+            code, seconds, _ = launch(
+                [sys.executable, str(CLIENTS / f"{run.program}.py")], env, log, SECONDS_PER_TRIAL * args.trials, limit
+            )
         finally:
             was_killed = limit.killed()
             limit.close()
@@ -447,15 +490,27 @@ def unguarded(run: Run, args: argparse.Namespace, where: Path, place: "cgroups.P
     run.wasted_unguarded = sum(_seconds(t) for t in trials if t.number in killed)
 
 
-def replay(program: str, params: dict[str, Any], seed: int, args: argparse.Namespace, place: Any, hard: int,
-           out: Path | None = None) -> tuple[int, int, bool]:
+def replay(
+    program: str,
+    params: dict[str, Any],
+    seed: int,
+    args: argparse.Namespace,
+    place: Any,
+    hard: int,
+    out: Path | None = None,
+) -> tuple[int, int, bool]:
     """The program alone for one trial with ``params`` (``{}``: its own first draw), unguarded, in a fresh
     process under a hard limit; ``(exit code, peak RSS bytes, killed at the limit)``."""
     limit = Limit(place, hard)
     argv = [sys.executable, str(CLIENTS / "_replay.py"), str(CLIENTS / f"{program}.py"), json.dumps(params)]
     try:
-        code, _, peak = launch(argv + ([str(out)] if out else []), program_env(program, 1, 1, seed, None),
-                               Path(args.logs) / f"{program}-replays.log", SECONDS_PER_TRIAL, limit)
+        code, _, peak = launch(
+            argv + ([str(out)] if out else []),
+            program_env(program, 1, 1, seed, None),
+            Path(args.logs) / f"{program}-replays.log",
+            SECONDS_PER_TRIAL,
+            limit,
+        )
     finally:
         killed = limit.killed()
         limit.close()
@@ -470,11 +525,16 @@ def measure(names: list[str], args: argparse.Namespace, place: Any) -> None:
             code, peak, killed = replay(name, {}, 1000 + k, args, place, 8 * 2**30, out)
             params = json.loads(out.read_text()) if out.exists() else None
             peaks.append(peak)
-            print(f"{name} draw {k}: exit {code}{' (killed)' if killed else ''}, peak {peak / MiB:.0f} MiB, {params}",
-                  flush=True)
+            print(
+                f"{name} draw {k}: exit {code}{' (killed)' if killed else ''}, peak {peak / MiB:.0f} MiB, {params}",
+                flush=True,
+            )
         ranked = sorted(peaks)
-        print(f"{name}: peaks {[round(p / MiB) for p in ranked]} MiB; a third exceed "
-              f"{ranked[len(ranked) - math.ceil(len(ranked) / 3) - 1] / MiB:.0f} MiB", flush=True)
+        print(
+            f"{name}: peaks {[round(p / MiB) for p in ranked]} MiB; a third exceed "
+            f"{ranked[len(ranked) - math.ceil(len(ranked) / 3) - 1] / MiB:.0f} MiB",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -499,10 +559,12 @@ def main() -> None:
     if place is not None and not place.memory:
         place, why = None, "the cgroup has no memory controller"
     storage_flag = has_storage_flag()
-    print(f"hard limit: {'cgroup v%d memory group per run' % place.version if place else 'watchdog: ' + why}; "
-          f"{args.trials} trials, seed {args.seed}; records through "
-          f"{'memprune run --storage' if storage_flag else 'the program OPTUNA_STORAGE'}; logs in {args.logs}",
-          flush=True)
+    print(
+        f"hard limit: {'cgroup v%d memory group per run' % place.version if place else 'watchdog: ' + why}; "
+        f"{args.trials} trials, seed {args.seed}; records through "
+        f"{'memprune run --storage' if storage_flag else 'the program OPTUNA_STORAGE'}; logs in {args.logs}",
+        flush=True,
+    )
     ready = []
     for name in names:
         missing = [m for m in NEEDS[name] if importlib.util.find_spec(m) is None]
@@ -535,8 +597,9 @@ def main() -> None:
             print(row(run), flush=True)
     line = totals.line()
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": [asdict(r) | {"as_asked": r.as_asked} for r in totals.runs],
-                                               "line": line}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"runs": [asdict(r) | {"as_asked": r.as_asked} for r in totals.runs], "line": line}, indent=1)
+        )
     print(line)
 
 

@@ -84,10 +84,10 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 warnings.filterwarnings("ignore", message="Heartbeat of storage")  # the drill asks trials only to fill a ledger
 
 MiB = 2**20
-BUDGET_MIB = 256         # per trial
-BASE_MIB = 100           # a trial's process forked from the runner's fork server, before the objective allocates
-OVER_MIB = 420           # where an "over" trial would stop growing if nobody stopped it
-BURST_MIB = BUDGET_MIB - BASE_MIB + 100   # touched at once: about 100 MiB over the budget
+BUDGET_MIB = 256  # per trial
+BASE_MIB = 100  # a trial's process forked from the runner's fork server, before the objective allocates
+OVER_MIB = 420  # where an "over" trial would stop growing if nobody stopped it
+BURST_MIB = BUDGET_MIB - BASE_MIB + 100  # touched at once: about 100 MiB over the budget
 TOKEN = "MEMPRUNE_FAULT_DRILL"
 STUDY = "faults"
 HEARTBEAT_S, GRACE_S = 2, 30
@@ -95,9 +95,11 @@ ABORTED = "memprune-drill: optimize() raised"
 
 
 # given to the guard: 64 workers starting at once would otherwise run their first trials unchecked
-SPACE = {"u": optuna.distributions.FloatDistribution(0.0, 1.0),
-         "mb": optuna.distributions.IntDistribution(16, 112, step=8),
-         "hold_s": optuna.distributions.FloatDistribution(0.2, 2.0)}
+SPACE = {
+    "u": optuna.distributions.FloatDistribution(0.0, 1.0),
+    "mb": optuna.distributions.IntDistribution(16, 112, step=8),
+    "hold_s": optuna.distributions.FloatDistribution(0.2, 2.0),
+}
 
 
 def kind_of(u: float) -> str:
@@ -133,6 +135,7 @@ def footprint(params: dict) -> object:
 
 # -- a worker (one OS process, one runner) ---------------------------------------------------------------
 
+
 def storage_of(url: str) -> optuna.storages.RDBStorage:
     return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
 
@@ -147,9 +150,12 @@ def worker(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         guard = omp.MemoryGuard(footprint, omp.Budget(ram=f"{BUDGET_MIB}MiB"), search_space=SPACE)
-        study = optuna.load_study(study_name=STUDY, storage=storage_of(args.storage),
-                                  sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()),
-                                  pruner=guard.wrap_pruner())
+        study = optuna.load_study(
+            study_name=STUDY,
+            storage=storage_of(args.storage),
+            sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()),
+            pruner=guard.wrap_pruner(),
+        )
         ledger = omp.Ledger(HostCapacity(ram=args.host_ram_mib * MiB), url=args.ledger_url, host=args.host)
         kwargs = {}
         if args.enforce and "enforce" in inspect.signature(omp.optimize).parameters:
@@ -169,8 +175,18 @@ def worker(args: argparse.Namespace) -> int:
         # storage errors inside a trial's process (the server restarting while it suggests) fail that trial
         # with the reason and let the study go on, as a user riding out database restarts would ask
         catch = (optuna.exceptions.StorageInternalError, sa.exc.OperationalError, sa.exc.InterfaceError)
-        omp.optimize(study, objective, guard=guard, host=ledger, n_jobs=1, n_trials=args.n_trials,
-                     timeout=timeout, catch=catch, show_progress_bar=False, **kwargs)
+        omp.optimize(
+            study,
+            objective,
+            guard=guard,
+            host=ledger,
+            n_jobs=1,
+            n_trials=args.n_trials,
+            timeout=timeout,
+            catch=catch,
+            show_progress_bar=False,
+            **kwargs,
+        )
     except BaseException:  # noqa: BLE001 - the drill counts it
         traceback.print_exc()
         print(ABORTED, flush=True)  # the drill may SIGKILL this worker while it exits: the log still says it
@@ -181,16 +197,22 @@ def worker(args: argparse.Namespace) -> int:
 
 # -- the PostgreSQL server -------------------------------------------------------------------------------
 
+
 class Postgres(PostgresCluster):
     """The drill's cluster (``scripts/_pg.py``): 800 connections for 64 workers, its commands without the
     drill's token (the orphan count looks for it)."""
 
     def __init__(self, root: str) -> None:
-        super().__init__(root, max_connections=800, options="-c shared_buffers=64MB",
-                         env={k: v for k, v in os.environ.items() if k != TOKEN})
+        super().__init__(
+            root,
+            max_connections=800,
+            options="-c shared_buffers=64MB",
+            env={k: v for k, v in os.environ.items() if k != TOKEN},
+        )
 
 
 # -- the independent reader ------------------------------------------------------------------------------
+
 
 class Reader(threading.Thread):
     """Every 100 ms: each host's reserved RAM against its capacity, and when each trial's reservation
@@ -202,7 +224,7 @@ class Reader(threading.Thread):
         self.engines = {u: sa.create_engine(u, pool_pre_ping=True) for u in set(urls.values())}
         self.samples = self.overcommit = self.gaps = 0
         self.peak = {h: 0 for h in urls}
-        self.admitted: dict[int, float] = {}   # trial id -> created of its reservation (first seen)
+        self.admitted: dict[int, float] = {}  # trial id -> created of its reservation (first seen)
         self.host_admits: dict[str, list[float]] = {h: [] for h in urls}
         self.loads: list[float] = []
         self.available = psutil.virtual_memory().available
@@ -255,6 +277,7 @@ class Reader(threading.Thread):
 
 
 # -- processes -------------------------------------------------------------------------------------------
+
 
 def marked(pid: int, token: str) -> bool:
     """Whether ``pid`` is one of the drill's: the token in its environment, or a trial process's name."""
@@ -336,6 +359,7 @@ def trial_processes(worker_pid: int, tree: dict[int, list[int]]) -> list[psutil.
 
 # -- the drill -------------------------------------------------------------------------------------------
 
+
 class Drill:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -346,23 +370,36 @@ class Drill:
         self.workers: list[tuple[str, subprocess.Popen]] = []
         self.pg = Postgres(self.tmp)
         self.notes: list[str] = []
-        self.timeline: list[str] = []   # each fault: when it began (s into the run) and how long it took
+        self.timeline: list[str] = []  # each fault: when it began (s into the run) and how long it took
         self.killed_workers: list[int] = []
-        self.helpers_at_kill = 0   # children of the killed workers' trials (helpers) when they were killed
+        self.helpers_at_kill = 0  # children of the killed workers' trials (helpers) when they were killed
         self.killed_trials: list[tuple[int, float]] = []
         self.filler: dict = {}
 
     def spawn(self, host: str, ledger_url: str, *, go: str | None, n_trials: int | None, log: str) -> subprocess.Popen:
         a = self.args
-        cmd = [sys.executable, os.path.abspath(__file__), "--role", "worker", "--storage", self.study_url,
-               "--ledger-url", ledger_url, "--host", host, "--host-ram-mib", str(a.host_ram_mib)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--role",
+            "worker",
+            "--storage",
+            self.study_url,
+            "--ledger-url",
+            ledger_url,
+            "--host",
+            host,
+            "--host-ram-mib",
+            str(a.host_ram_mib),
+        ]
         cmd += ["--go", go] if go else []
         cmd += ["--n-trials", str(n_trials)] if n_trials is not None else []
         cmd += ["--enforce", a.enforce] if a.enforce else []
         env = dict(os.environ, **{TOKEN: self.token})
         with open(log, "ab") as out:
-            p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         self.procs.append(p)
         return p
 
@@ -386,8 +423,18 @@ class Drill:
         started = time.monotonic()
         for i in range(a.hosts * a.workers_per_host):
             host = hosts[i % a.hosts]
-            self.workers.append((host, self.spawn(host, self.ledger_urls[host], go=go, n_trials=None,
-                                                  log=os.path.join(self.tmp, f"worker-{i}.log"))))
+            self.workers.append(
+                (
+                    host,
+                    self.spawn(
+                        host,
+                        self.ledger_urls[host],
+                        go=go,
+                        n_trials=None,
+                        log=os.path.join(self.tmp, f"worker-{i}.log"),
+                    ),
+                )
+            )
         n = len(self.workers)
         for _ in range(3000):
             ended = sum(p.poll() is not None for _, p in self.workers)
@@ -424,8 +471,10 @@ class Drill:
                 p.kill()
                 p.wait()
         ran_s = time.monotonic() - t0
-        finals = [self.spawn(h, self.ledger_urls[h], go=None, n_trials=0, log=os.path.join(self.tmp, f"final-{h}.log"))
-                  for h in hosts]
+        finals = [
+            self.spawn(h, self.ledger_urls[h], go=None, n_trials=0, log=os.path.join(self.tmp, f"final-{h}.log"))
+            for h in hosts
+        ]
         for p in finals:
             try:
                 p.wait(120)
@@ -478,13 +527,15 @@ class Drill:
         self.pg.stop(self.args.pg_stop)
         time.sleep(2.0)
         self.pg.start()
-        self.notes.append(f"PostgreSQL stopped ({self.args.pg_stop}) and started again: down "
-                          f"{time.monotonic() - t:.1f} s")
+        self.notes.append(
+            f"PostgreSQL stopped ({self.args.pg_stop}) and started again: down {time.monotonic() - t:.1f} s"
+        )
 
     def fill_ledger(self, hosts: list[str]) -> None:
         """Before the workers start: a runner admits RUNNING trials of the study on host 0, 128 MiB each,
         until the host is full, and dies (SIGKILL)."""
         import optuna_memprune as omp
+
         # the drill plays a runner: its entries carry the runner's own keys (storage, study, trial)
         from optuna_memprune.runner._owners import TrialKey
         from optuna_memprune.runner._storage import storage_id
@@ -492,8 +543,9 @@ class Drill:
         owner = subprocess.Popen(["sleep", "600"], env=dict(os.environ, **{TOKEN: self.token}))
         self.procs.append(owner)
         study = optuna.load_study(study_name=STUDY, storage=storage_of(self.study_url))
-        ledger = omp.Ledger(HostCapacity(ram=self.args.host_ram_mib * MiB), url=self.ledger_urls[hosts[0]],
-                            host=hosts[0])
+        ledger = omp.Ledger(
+            HostCapacity(ram=self.args.host_ram_mib * MiB), url=self.ledger_urls[hosts[0]], host=hosts[0]
+        )
         trials = []
         for _ in range(self.args.host_ram_mib // 128):
             trial = study.ask()
@@ -503,8 +555,13 @@ class Drill:
         ledger.close()
         owner.kill()
         owner.wait()
-        self.filler = {"host": hosts[0], "entries": len(trials), "mib": 128 * len(trials), "trials": trials,
-                       "died": time.time()}
+        self.filler = {
+            "host": hosts[0],
+            "entries": len(trials),
+            "mib": 128 * len(trials),
+            "trials": trials,
+            "died": time.time(),
+        }
 
     # -- the figures ---------------------------------------------------------------------------------
 
@@ -542,42 +599,66 @@ class Drill:
         logs = [os.path.join(self.tmp, f"worker-{i}.log") for i in range(len(self.workers))]
         logs += [os.path.join(self.tmp, f"final-{h}.log") for h in hosts]
         codes = [p.returncode for _, p in self.workers] + [p.returncode for p in finals]
-        aborted = [i for i, (code, log) in enumerate(zip(codes, logs)) if code not in (0, -signal.SIGKILL)
-                   or ABORTED in open(log, errors="replace").read()]
+        aborted = [
+            i
+            for i, (code, log) in enumerate(zip(codes, logs))
+            if code not in (0, -signal.SIGKILL) or ABORTED in open(log, errors="replace").read()
+        ]
         for i in aborted:
             with open(logs[i], errors="replace") as f:
                 print(f"-- {os.path.basename(logs[i])} (exit {codes[i]}) ends:\n" + f.read()[-3000:], flush=True)
         for t in lost[:10]:
             r = read_record(t.user_attrs)
             print(f"lost: trial {t.number} {t.state.name} record={'none' if r is None else repr(r.reason)}", flush=True)
-        signalled = [t for t in trials if (r := read_record(t.user_attrs)) is not None and "SIGKILL" in r.reason
-                     and "its runner (pid" not in r.reason]
-        print(f"trial processes SIGKILLed by the drill: {len(self.killed_trials)}; trials whose record names a "
-              f"SIGKILL: {len(signalled)} ({_tally(t.state.name for t in signalled)})", flush=True)
-        why = _tally(re.sub(r"\d+(\.\d+)?", "N", read_record(t.user_attrs).reason)[:110]
-                     for t in trials if t.state.name == "FAIL" and read_record(t.user_attrs) is not None)
+        signalled = [
+            t
+            for t in trials
+            if (r := read_record(t.user_attrs)) is not None
+            and "SIGKILL" in r.reason
+            and "its runner (pid" not in r.reason
+        ]
+        print(
+            f"trial processes SIGKILLed by the drill: {len(self.killed_trials)}; trials whose record names a "
+            f"SIGKILL: {len(signalled)} ({_tally(t.state.name for t in signalled)})",
+            flush=True,
+        )
+        why = _tally(
+            re.sub(r"\d+(\.\d+)?", "N", read_record(t.user_attrs).reason)[:110]
+            for t in trials
+            if t.state.name == "FAIL" and read_record(t.user_attrs) is not None
+        )
         print(f"FAIL reasons: {why}", flush=True)
         died = [t for t in trials if (r := read_record(t.user_attrs)) is not None and "its runner (pid" in r.reason]
-        print(f"trials of dead runners failed with the reason: {len(died)}; workers killed: {len(self.killed_workers)} "
-              f"(their trials had {self.helpers_at_kill} helper processes then)", flush=True)
+        print(
+            f"trials of dead runners failed with the reason: {len(died)}; workers killed: {len(self.killed_workers)} "
+            f"(their trials had {self.helpers_at_kill} helper processes then)",
+            flush=True,
+        )
         if self.filler:
+
             def first(host: str) -> str:
                 after = [c for c in self.reader.host_admits[host] if c > self.filler["died"]]
                 return f"{(min(after) - self.filler['died']) * 1000:.0f} ms" if after else "never"
 
-            print(f"dead runner on {self.filler['host']}: {self.filler['entries']} reservations "
-                  f"({self.filler['mib']} MiB, the whole host) of trials {self.filler['trials']}, then SIGKILL; "
-                  f"first admission on that host {first(hosts[0])} after its death (on the other hosts: "
-                  f"{', '.join(first(h) for h in hosts[1:]) or '-'})", flush=True)
+            print(
+                f"dead runner on {self.filler['host']}: {self.filler['entries']} reservations "
+                f"({self.filler['mib']} MiB, the whole host) of trials {self.filler['trials']}, then SIGKILL; "
+                f"first admission on that host {first(hosts[0])} after its death (on the other hosts: "
+                f"{', '.join(first(h) for h in hosts[1:]) or '-'})",
+                flush=True,
+            )
         for note in self.notes:
             print(note, flush=True)
         print("faults (start s + seconds taken): " + ", ".join(self.timeline), flush=True)
         pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
         print(f"states {states}; decisions {decisions}; by kind {kinds}", flush=True)
-        print(f"reader: {self.reader.samples} samples, {self.reader.gaps} gaps (server down), peak reserved per "
-              f"host (MiB) {[self.reader.peak[h] // MiB for h in hosts]} of {a.host_ram_mib}; admission measured "
-              f"on {len(admit)} trials; bursts {len(overshoot)}; worker exit codes "
-              f"{sorted(set(exits))}; hung {hung}", flush=True)
+        print(
+            f"reader: {self.reader.samples} samples, {self.reader.gaps} gaps (server down), peak reserved per "
+            f"host (MiB) {[self.reader.peak[h] // MiB for h in hosts]} of {a.host_ram_mib}; admission measured "
+            f"on {len(admit)} trials; bursts {len(overshoot)}; worker exit codes "
+            f"{sorted(set(exits))}; hung {hung}",
+            flush=True,
+        )
         if orphans:
             print("orphans: " + "; ".join(f"{pid} {_cmd(pid)}" for pid in orphans[:10]), flush=True)
         loads = self.reader.loads or [os.getloadavg()[0]]
@@ -587,16 +668,20 @@ class Drill:
         takes = "enforce" in inspect.signature(omp.optimize).parameters
         passed = f"enforce={a.enforce or '(default)'}" if takes else "this optimize has no enforce= keyword"
         n = len(self.workers)
-        print(f"LOAD load_avg_1m mean={np.mean(loads):.1f} max={max(loads):.1f} on {os.cpu_count()} CPUs, "
-              f"workers={n} ({a.hosts} hosts x {a.workers_per_host}), duration={a.duration:.0f} s "
-              f"(ran {ran_s:.0f} s), least memory available {self.reader.available / 2**30:.1f} GiB, "
-              f"ledger={a.ledger}; {passed}; enforcement in the records: {how or 'none'}",
-              flush=True)
-        return (f"FAULTS workers={n} trials={len(trials)} admit_p50_ms={pct(admit, 50):.0f} "
-                f"admit_p99_ms={pct(admit, 99):.0f} overcommit={self.reader.overcommit} "
-                f"burst_overshoot_max_pct={max(overshoot) if overshoot else float('nan'):.1f} "
-                f"running_left={running_left} orphans={len(orphans)} lost={len(lost)} "
-                f"study_aborted={int(bool(aborted))}")
+        print(
+            f"LOAD load_avg_1m mean={np.mean(loads):.1f} max={max(loads):.1f} on {os.cpu_count()} CPUs, "
+            f"workers={n} ({a.hosts} hosts x {a.workers_per_host}), duration={a.duration:.0f} s "
+            f"(ran {ran_s:.0f} s), least memory available {self.reader.available / 2**30:.1f} GiB, "
+            f"ledger={a.ledger}; {passed}; enforcement in the records: {how or 'none'}",
+            flush=True,
+        )
+        return (
+            f"FAULTS workers={n} trials={len(trials)} admit_p50_ms={pct(admit, 50):.0f} "
+            f"admit_p99_ms={pct(admit, 99):.0f} overcommit={self.reader.overcommit} "
+            f"burst_overshoot_max_pct={max(overshoot) if overshoot else float('nan'):.1f} "
+            f"running_left={running_left} orphans={len(orphans)} lost={len(lost)} "
+            f"study_aborted={int(bool(aborted))}"
+        )
 
     def close(self) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short

@@ -114,9 +114,18 @@ def objective(trial: optuna.Trial, obs_bytes: int, room: int) -> float:
             return True
 
     start = time.perf_counter()
-    model = DQN("MlpPolicy", make_env(obs_bytes), buffer_size=buffer_size, learning_starts=100, batch_size=8,
-                train_freq=16, policy_kwargs={"net_arch": [64], "features_extractor_class": head()}, device="cpu",
-                seed=trial.number, verbose=0)
+    model = DQN(
+        "MlpPolicy",
+        make_env(obs_bytes),
+        buffer_size=buffer_size,
+        learning_starts=100,
+        batch_size=8,
+        train_freq=16,
+        policy_kwargs={"net_arch": [64], "features_extractor_class": head()},
+        device="cpu",
+        seed=trial.number,
+        verbose=0,
+    )
     try:
         model.learn(steps, callback=Report())
     except optuna.TrialPruned:
@@ -130,8 +139,10 @@ def objective(trial: optuna.Trial, obs_bytes: int, room: int) -> float:
     return 0.0
 
 
-SPACE = {"kind": optuna.distributions.CategoricalDistribution(("grow",) + PLATEAUS),
-         "total_timesteps": optuna.distributions.IntDistribution(100, 10**7)}
+SPACE = {
+    "kind": optuna.distributions.CategoricalDistribution(("grow",) + PLATEAUS),
+    "total_timesteps": optuna.distributions.IntDistribution(100, 10**7),
+}
 
 
 def run(kind: str, steps: int, obs_bytes: int, room: int, horizon: object) -> dict:
@@ -160,16 +171,27 @@ def run(kind: str, steps: int, obs_bytes: int, room: int, horizon: object) -> di
 
 def _run_here(kind: str, steps: int, obs_bytes: int, room: int, horizon: object) -> dict:
     base = psutil.Process().memory_info().rss
-    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=base), omp.Budget(ram=base + room), monitor_interval=0.01,
-                            horizon=horizon, search_space=SPACE)
+    guard = omp.MemoryGuard(
+        lambda p: omp.Footprint.of(ram=base),
+        omp.Budget(ram=base + room),
+        monitor_interval=0.01,
+        horizon=horizon,
+        search_space=SPACE,
+    )
     study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
     study.enqueue_trial({"kind": kind, "total_timesteps": steps})
     study.optimize(guard.wrap_objective(lambda t: objective(t, obs_bytes, room)), n_trials=1)
     (trial,) = study.trials
     record = read_record(trial.user_attrs)
-    return {"decision": record.decision.value, "reason": record.reason, "peak": record.peak_ram,
-            "budget": record.budget_ram, "start": base, "step": trial.last_step,
-            "seconds": float(trial.user_attrs.get("elapsed_s", float("nan")))}
+    return {
+        "decision": record.decision.value,
+        "reason": record.reason,
+        "peak": record.peak_ram,
+        "budget": record.budget_ram,
+        "start": base,
+        "step": trial.last_step,
+        "seconds": float(trial.user_attrs.get("elapsed_s", float("nan"))),
+    }
 
 
 def main() -> None:
@@ -192,25 +214,39 @@ def main() -> None:
     # warm up here (imports, torch's first training step): every run is forked from this process
     from stable_baselines3 import DQN
 
-    warm = DQN("MlpPolicy", make_env(obs_bytes), buffer_size=200, learning_starts=100, batch_size=8,
-               policy_kwargs={"net_arch": [64], "features_extractor_class": head()}, device="cpu", verbose=0)
+    warm = DQN(
+        "MlpPolicy",
+        make_env(obs_bytes),
+        buffer_size=200,
+        learning_starts=100,
+        batch_size=8,
+        policy_kwargs={"net_arch": [64], "features_extractor_class": head()},
+        device="cpu",
+        verbose=0,
+    )
     warm.learn(300)
     del warm
     gc.collect()
     # calibrate the growth of a growing run under a budget it cannot reach
     cal = run("grow", args.steps, obs_bytes, 64 * 2**30, False)
     room = int(args.cross * (cal["peak"] - cal["start"]))
-    print(f"calibration: RSS {cal['start'] / MiB:.0f} -> {cal['peak'] / MiB:.0f} MiB over {args.steps:,} steps in "
-          f"{cal['seconds']:.1f} s; budget: a run's starting RSS + {room / MiB:.0f} MiB ({args.cross:.0%} of the "
-          "growth)", flush=True)
+    print(
+        f"calibration: RSS {cal['start'] / MiB:.0f} -> {cal['peak'] / MiB:.0f} MiB over {args.steps:,} steps in "
+        f"{cal['seconds']:.1f} s; budget: a run's starting RSS + {room / MiB:.0f} MiB ({args.cross:.0%} of the "
+        "growth)",
+        flush=True,
+    )
 
     def grow(label: str, n: int, horizon: object, wanted: Decision) -> tuple[list[float], list[int], int]:
         """``n`` growing runs: seconds and steps of those that ended ``wanted``, and how many did not."""
         seconds, steps = [], []
         for i in range(n):
             r = run("grow", args.steps, obs_bytes, room, horizon)
-            print(f"{label} {i}: {r['decision']} at step {r['step']} after {r['seconds']:.2f} s"
-                  + (f": {r['reason']}" if horizon is None else ""), flush=True)
+            print(
+                f"{label} {i}: {r['decision']} at step {r['step']} after {r['seconds']:.2f} s"
+                + (f": {r['reason']}" if horizon is None else ""),
+                flush=True,
+            )
             if r["decision"] == wanted.value:
                 seconds.append(r["seconds"])
                 steps.append(r["step"])
@@ -225,18 +261,25 @@ def main() -> None:
         r = run(kind, args.steps, obs_bytes, room, None)
         stopped = r["decision"] in (Decision.FORECAST_STOPPED.value, Decision.STOPPED.value)
         false_stops += r["decision"] == Decision.FORECAST_STOPPED.value
-        print(f"plateau {i} ({kind}): {r['decision']}, peak {r['peak'] / MiB:.0f} MiB of {r['budget'] / MiB:.0f}, "
-              f"{r['seconds']:.2f} s{': ' + r['reason'] if stopped else ''}", flush=True)
+        print(
+            f"plateau {i} ({kind}): {r['decision']}, peak {r['peak'] / MiB:.0f} MiB of {r['budget'] / MiB:.0f}, "
+            f"{r['seconds']:.2f} s{': ' + r['reason'] if stopped else ''}",
+            flush=True,
+        )
 
     ratio = statistics.median(stops) / statistics.median(breach) if stops and breach else float("nan")
     if missed:
         print(f"{missed} of {args.runs} growing runs were not stopped on the forecast")
-    print(f"breach median {statistics.median(breach) if breach else float('nan'):.2f} s over {len(breach)} runs; "
-          f"forecast stop median {statistics.median(stops) if stops else float('nan'):.2f} s over {len(stops)} runs")
+    print(
+        f"breach median {statistics.median(breach) if breach else float('nan'):.2f} s over {len(breach)} runs; "
+        f"forecast stop median {statistics.median(stops) if stops else float('nan'):.2f} s over {len(stops)} runs"
+    )
     if stops and breach:
-        print(f"in steps: forecast stop median {statistics.median(stop_steps):,.0f}, breach median "
-              f"{statistics.median(breach_steps):,.0f} of {args.steps:,} (ratio "
-              f"{statistics.median(stop_steps) / statistics.median(breach_steps):.3f})")
+        print(
+            f"in steps: forecast stop median {statistics.median(stop_steps):,.0f}, breach median "
+            f"{statistics.median(breach_steps):,.0f} of {args.steps:,} (ratio "
+            f"{statistics.median(stop_steps) / statistics.median(breach_steps):.3f})"
+        )
     print(f"FORECAST stop_time_ratio={ratio:.3f} false_stops={false_stops}/{args.runs}")
 
 

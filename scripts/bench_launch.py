@@ -35,18 +35,24 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram="600MiB"), omp.Budget(ram="2GiB"))
     with tempfile.TemporaryDirectory(prefix="memprune-bench-launch-") as tmp:
-        study = optuna.create_study(storage=f"sqlite:///{tmp}/launch.db",
-                                    sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+        study = optuna.create_study(
+            storage=f"sqlite:///{tmp}/launch.db", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0))
+        )
         ledger = omp.Ledger(omp.HostBudget(ram="4GiB", gpus=None), url=f"sqlite:///{tmp}/ledger.sqlite")
         t0 = time.time()
         omp.optimize(study, objective, guard=guard, n_trials=N_TRIALS, host=ledger, show_progress_bar=False)
         wall = time.time() - t0
         starts = [t.user_attrs["t_first_line"] - t.datetime_start.timestamp() for t in study.trials]
     later = np.array(starts[1:]) * 1000
-    print(f"{N_TRIALS} trials in {wall:.1f} s; ask -> objective's first line: first {starts[0]:.2f} s "
-          f"(starts the fork server), then median {np.median(later):.0f} ms", file=sys.stderr)
-    print(f"LAUNCH server_start_s={starts[0]:.2f} start_median_ms={np.median(later):.0f} "
-          f"start_p90_ms={np.percentile(later, 90):.0f} per_trial_ms={(wall - starts[0]) / (N_TRIALS - 1) * 1000:.0f}")
+    print(
+        f"{N_TRIALS} trials in {wall:.1f} s; ask -> objective's first line: first {starts[0]:.2f} s "
+        f"(starts the fork server), then median {np.median(later):.0f} ms",
+        file=sys.stderr,
+    )
+    print(
+        f"LAUNCH server_start_s={starts[0]:.2f} start_median_ms={np.median(later):.0f} "
+        f"start_p90_ms={np.percentile(later, 90):.0f} per_trial_ms={(wall - starts[0]) / (N_TRIALS - 1) * 1000:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -95,23 +95,35 @@ def run_one(name: str, guarded: bool, args: argparse.Namespace, where: Path, enf
     budget = omp.Budget(ram=BUDGETS[name])
     space = workloads.SPACES[name]
     if guarded:
-        guard = omp.MemoryGuard(None, budget, search_space=space,
-                                learn=omp.estimate.learned(miss_rate=args.miss_rate))
+        guard = omp.MemoryGuard(None, budget, search_space=space, learn=omp.estimate.learned(miss_rate=args.miss_rate))
     else:
-        guard = omp.MemoryGuard(MonitorOnly("unguarded baseline: every trial launches, held by the hard limit"),
-                                budget, search_space=space)
+        guard = omp.MemoryGuard(
+            MonitorOnly("unguarded baseline: every trial launches, held by the hard limit"), budget, search_space=space
+        )
     kind = "guarded" if guarded else "unguarded"
     study = optuna.create_study(
-        storage=f"sqlite:///{where / f'{name}-{kind}.db'}", study_name=name,
+        storage=f"sqlite:///{where / f'{name}-{kind}.db'}",
+        study_name=name,
         sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=args.seed, n_startup_trials=8)),
-        pruner=guard.wrap_pruner(None))
-    ledger = Ledger(HostBudget(ram="6GiB", headroom=0.0), url=f"sqlite:///{where / f'ledger-{name}-{kind}.db'}",
-                    host=f"bench-{name}-{kind}")
+        pruner=guard.wrap_pruner(None),
+    )
+    ledger = Ledger(
+        HostBudget(ram="6GiB", headroom=0.0),
+        url=f"sqlite:///{where / f'ledger-{name}-{kind}.db'}",
+        host=f"bench-{name}-{kind}",
+    )
     error = None
     start = time.monotonic()
     try:
-        omp.optimize(study, workloads.OBJECTIVES[name], guard=guard, n_trials=args.trials, host=ledger,
-                     enforce=enforce, show_progress_bar=False)
+        omp.optimize(
+            study,
+            workloads.OBJECTIVES[name],
+            guard=guard,
+            n_trials=args.trials,
+            host=ledger,
+            enforce=enforce,
+            show_progress_bar=False,
+        )
     except Exception as exc:  # noqa: BLE001 - a study that raised counts as lost
         error = f"{type(exc).__name__}: {exc}"
     wall = time.monotonic() - start
@@ -128,8 +140,11 @@ def run_plain(name: str, args: argparse.Namespace, where: Path, place: "cgroups.
     records a trial whose process died, and TPE leaves FAIL trials out of its model (it proposes the same
     sizes again, and they count to no startup trial)."""
     budget = omp.Budget(ram=BUDGETS[name])
-    study = optuna.create_study(storage=f"sqlite:///{where / f'{name}-plain.db'}", study_name=name,
-                                sampler=optuna.samplers.TPESampler(seed=args.seed, n_startup_trials=8))
+    study = optuna.create_study(
+        storage=f"sqlite:///{where / f'{name}-plain.db'}",
+        study_name=name,
+        sampler=optuna.samplers.TPESampler(seed=args.seed, n_startup_trials=8),
+    )
     ctx = fork_server(workloads.OBJECTIVES[name])
     start, error = time.monotonic(), None
     try:
@@ -139,8 +154,10 @@ def run_plain(name: str, args: argparse.Namespace, where: Path, place: "cgroups.
             if group is None:
                 raise RuntimeError(why)
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=workloads.plain_trial,
-                               args=(send, name, trial.params, trial.number, group.join_spec(budget.ram, None)))
+            proc = ctx.Process(
+                target=workloads.plain_trial,
+                args=(send, name, trial.params, trial.number, group.join_spec(budget.ram, None)),
+            )
             proc.start()
             send.close()
             crossed: list[int] = []
@@ -157,8 +174,11 @@ def run_plain(name: str, args: argparse.Namespace, where: Path, place: "cgroups.
                 result = None
             proc.join()
             monitor.stop()
-            over = bool(crossed) or group.oom_kills() > 0 or (
-                result is not None and result[0] != "complete" and out_of_memory(None, result[1]) is not None)
+            over = (
+                bool(crossed)
+                or group.oom_kills() > 0
+                or (result is not None and result[0] != "complete" and out_of_memory(None, result[1]) is not None)
+            )
             group.kill()
             group.remove()
             trial.set_user_attr("bench:over_budget", bool(over))
@@ -173,10 +193,18 @@ def run_plain(name: str, args: argparse.Namespace, where: Path, place: "cgroups.
     wall = time.monotonic() - start
     trials = study.trials
     over = [t for t in trials if t.user_attrs.get("bench:over_budget")]
-    return {"trials": len(trials), "lost": sum(not t.state.is_finished() for t in trials) + (error is not None),
-            "error": error, "stopped": len(over), "wall": wall,
-            "wasted": sum((t.datetime_complete - t.datetime_start).total_seconds() for t in over
-                          if t.datetime_start and t.datetime_complete)}
+    return {
+        "trials": len(trials),
+        "lost": sum(not t.state.is_finished() for t in trials) + (error is not None),
+        "error": error,
+        "stopped": len(over),
+        "wall": wall,
+        "wasted": sum(
+            (t.datetime_complete - t.datetime_start).total_seconds()
+            for t in over
+            if t.datetime_start and t.datetime_complete
+        ),
+    }
 
 
 def summarize(study: optuna.Study, budget: omp.Budget, guarded: bool, error: str | None, wall: float) -> dict:
@@ -206,10 +234,20 @@ def summarize(study: optuna.Study, budget: omp.Budget, guarded: bool, error: str
         record = omp.read_record(t.user_attrs)
         key = record.decision.value if record else "no record"
         decisions[key] = decisions.get(key, 0) + 1
-    return {"trials": len(trials), "lost": lost, "error": error, "wasted": wasted, "wasted_warm": wasted_warm,
-            "stopped": stopped,
-            "launched_after": launched_after, "over_after": over_after, "errors": errors, "wall": wall,
-            "decisions": decisions, "memoryless": memoryless}
+    return {
+        "trials": len(trials),
+        "lost": lost,
+        "error": error,
+        "wasted": wasted,
+        "wasted_warm": wasted_warm,
+        "stopped": stopped,
+        "launched_after": launched_after,
+        "over_after": over_after,
+        "errors": errors,
+        "wall": wall,
+        "decisions": decisions,
+        "memoryless": memoryless,
+    }
 
 
 def main() -> None:
@@ -219,17 +257,23 @@ def main() -> None:
     parser.add_argument("--studies", default=None, help="comma-separated: keras_dqn,lightgbm,torch_mlp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--miss-rate", type=float, default=0.2)
-    parser.add_argument("--baseline", choices=("plain", "monitor"), default="plain",
-                        help="the unguarded study: plain Optuna (FAIL, sampler unwrapped; the default) or the "
-                             "runner with a guard that predicts nothing (PRUNED, constraints told)")
+    parser.add_argument(
+        "--baseline",
+        choices=("plain", "monitor"),
+        default="plain",
+        help="the unguarded study: plain Optuna (FAIL, sampler unwrapped; the default) or the "
+        "runner with a guard that predicts nothing (PRUNED, constraints told)",
+    )
     args = parser.parse_args()
     args.trials = args.trials or (8 if args.smoke else 60)
     # torch is not loaded here: the runner's fork server, started at the first study, would preload it, and a
     # trial forked from a process holding torch starts ~180 MiB in (LightGBM's crossed a 171 MiB soft line at
     # start); each torch trial imports it itself
     order = ["lightgbm", "keras_dqn", "torch_mlp"]
-    names = sorted(args.studies.split(",") if args.studies else (["torch_mlp"] if args.smoke else order),
-                   key=lambda n: order.index(n) if n in order else -1)
+    names = sorted(
+        args.studies.split(",") if args.studies else (["torch_mlp"] if args.smoke else order),
+        key=lambda n: order.index(n) if n in order else -1,
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     place, why = cgroups.place()
@@ -237,11 +281,21 @@ def main() -> None:
     if enforce != "cgroup" and args.baseline == "plain":
         print(f"the plain baseline needs a cgroup memory controller ({why}): the monitor baseline instead")
         args.baseline = "monitor"
-    print(f"hard limit: {'cgroup v%d memory group per trial' % place.version if enforce == 'cgroup' else why}; "
-          f"{args.trials} trials per study, seed {args.seed}, miss rate {args.miss_rate:g} "
-          f"(warm-up {omp.estimate.learned(miss_rate=args.miss_rate).warmup}), {args.baseline} baseline")
-    totals = {"studies": 0, "lost": 0, "wasted_g": 0.0, "wasted_u": 0.0, "launched": 0, "over": 0, "errors": [],
-              "memoryless": 0}
+    print(
+        f"hard limit: {'cgroup v%d memory group per trial' % place.version if enforce == 'cgroup' else why}; "
+        f"{args.trials} trials per study, seed {args.seed}, miss rate {args.miss_rate:g} "
+        f"(warm-up {omp.estimate.learned(miss_rate=args.miss_rate).warmup}), {args.baseline} baseline"
+    )
+    totals = {
+        "studies": 0,
+        "lost": 0,
+        "wasted_g": 0.0,
+        "wasted_u": 0.0,
+        "launched": 0,
+        "over": 0,
+        "errors": [],
+        "memoryless": 0,
+    }
     with tempfile.TemporaryDirectory(prefix="bench-learned-") as tmp:
         for name in names:
             missing = [m for m in NEEDS[name] if importlib.util.find_spec(m) is None]
@@ -249,8 +303,11 @@ def main() -> None:
                 print(f"{name}: skipped, {', '.join(missing)} not installed (see this script's docstring)")
                 continue
             g = run_one(name, True, args, Path(tmp), enforce)
-            u = (run_plain(name, args, Path(tmp), place) if args.baseline == "plain"
-                 else run_one(name, False, args, Path(tmp), enforce))
+            u = (
+                run_plain(name, args, Path(tmp), place)
+                if args.baseline == "plain"
+                else run_one(name, False, args, Path(tmp), enforce)
+            )
             totals["studies"] += 1
             totals["lost"] += g["lost"] + u["lost"]
             totals["wasted_g"] += g["wasted"]
@@ -260,17 +317,21 @@ def main() -> None:
             totals["errors"] += g["errors"]
             totals["memoryless"] += g["memoryless"]
             med = f"{100 * statistics.median(g['errors']):+.1f}%" if g["errors"] else "-"
-            print(f"{name} (budget {BUDGETS[name]}): unguarded {u['stopped']}/{u['trials']} over budget, "
-                  f"wasted {u['wasted']:.1f} s, {u['wall']:.0f} s; guarded {g['decisions']}, over budget after "
-                  f"warm-up {g['over_after']}/{g['launched_after']} launches, wasted {g['wasted']:.1f} s "
-                  f"({g['wasted_warm']:.1f} s in the warm-up), median "
-                  f"error {med}, {g['wall']:.0f} s" + "".join(f"; {k} raised {r['error']}" for k, r in
-                                                              (("guarded", g), ("unguarded", u)) if r["error"]))
+            print(
+                f"{name} (budget {BUDGETS[name]}): unguarded {u['stopped']}/{u['trials']} over budget, "
+                f"wasted {u['wasted']:.1f} s, {u['wall']:.0f} s; guarded {g['decisions']}, over budget after "
+                f"warm-up {g['over_after']}/{g['launched_after']} launches, wasted {g['wasted']:.1f} s "
+                f"({g['wasted_warm']:.1f} s in the warm-up), median "
+                f"error {med}, {g['wall']:.0f} s"
+                + "".join(f"; {k} raised {r['error']}" for k, r in (("guarded", g), ("unguarded", u)) if r["error"])
+            )
     rate = 100 * totals["over"] / totals["launched"] if totals["launched"] else 0.0
     err = 100 * statistics.median(totals["errors"]) if totals["errors"] else float("nan")
-    print(f"LEARNED studies={totals['studies']} over_budget_launches_after_warmup={rate:.1f}% lost={totals['lost']} "
-          f"wasted_compute_guarded={totals['wasted_g']:.1f} wasted_compute_unguarded={totals['wasted_u']:.1f} "
-          f"learned_median_err={err:+.1f}% memoryless_clamps={totals['memoryless']}")
+    print(
+        f"LEARNED studies={totals['studies']} over_budget_launches_after_warmup={rate:.1f}% lost={totals['lost']} "
+        f"wasted_compute_guarded={totals['wasted_g']:.1f} wasted_compute_unguarded={totals['wasted_u']:.1f} "
+        f"learned_median_err={err:+.1f}% memoryless_clamps={totals['memoryless']}"
+    )
 
 
 if __name__ == "__main__":

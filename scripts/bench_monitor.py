@@ -72,11 +72,15 @@ def main() -> None:
             time.sleep(args.seconds)
         wall = time.monotonic() - t0
         peak = mon.peak
-        print(f"tree: processes={peak.processes} threads={peak.threads} peak_rss={peak.rss / MiB:.1f}MiB "
-              f"hwm={peak.hwm / MiB:.1f}MiB pss={None if peak.pss is None else round(peak.pss / MiB, 1)} "
-              f"vram={peak.vram} host_processes={len(psutil.pids())}")
-        print(f"monitor: {mon.readings} readings in {wall:.1f} s, thread cpu {mon.sampler_cpu_s * 1e3:.1f} ms, "
-              f"{mon.sampler_cpu_s / max(mon.readings, 1) * 1e6:.0f} us per reading")
+        print(
+            f"tree: processes={peak.processes} threads={peak.threads} peak_rss={peak.rss / MiB:.1f}MiB "
+            f"hwm={peak.hwm / MiB:.1f}MiB pss={None if peak.pss is None else round(peak.pss / MiB, 1)} "
+            f"vram={peak.vram} host_processes={len(psutil.pids())}"
+        )
+        print(
+            f"monitor: {mon.readings} readings in {wall:.1f} s, thread cpu {mon.sampler_cpu_s * 1e3:.1f} ms, "
+            f"{mon.sampler_cpu_s / max(mon.readings, 1) * 1e6:.0f} us per reading"
+        )
         print(f"psutil backend (children(recursive=True) + oneshot): {psutil_pass_us(proc.pid):.0f} us per reading")
         pct = 100.0 * mon.sampler_cpu_s / wall
         print(f"MONITOR cpu_pct_of_core={pct:.3f} interval_ms={args.interval * 1e3:g} readings={mon.readings}")

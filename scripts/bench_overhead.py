@@ -123,9 +123,11 @@ def sampler_ratio(n_trials: int, repeats: int = 5) -> float:
     rest = {g: statistics.median(total - t for total, t in rs) for g, rs in runs.items()}
     raw = statistics.median(x for x, _ in runs[True]) / statistics.median(x for x, _ in runs[False])
     ratio = (tpe + rest[True]) / (tpe + rest[False])
-    print(f"sampler: TPE {tpe * 1000:.2f} ms/trial; the rest {rest[False] * 1000:.2f} ms bare, "
-          f"{rest[True] * 1000:.2f} ms guarded (guard {1000 * (rest[True] - rest[False]):.2f} ms/trial); "
-          f"{n_trials} trials x {repeats}; ratio {ratio:.3f} (raw wall-time ratio {raw:.3f})")
+    print(
+        f"sampler: TPE {tpe * 1000:.2f} ms/trial; the rest {rest[False] * 1000:.2f} ms bare, "
+        f"{rest[True] * 1000:.2f} ms guarded (guard {1000 * (rest[True] - rest[False]):.2f} ms/trial); "
+        f"{n_trials} trials x {repeats}; ratio {ratio:.3f} (raw wall-time ratio {raw:.3f})"
+    )
     return ratio
 
 
@@ -141,10 +143,16 @@ def predict_warm_ms() -> tuple[float, str]:
 
         source = "formula"
     else:
+
         def footprint(p: dict) -> omp.Footprint:
             width = p["width"]
-            net = torch_training(lambda: nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10)),
-                                 (64,), batch_size=p["batch"], optimizer="adam", cache_key=("mlp", width))
+            net = torch_training(
+                lambda: nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10)),
+                (64,),
+                batch_size=p["batch"],
+                optimizer="adam",
+                cache_key=("mlp", width),
+            )
             return net + array((p["buffer"], 64), "float32", name="replay buffer") + process("torch", torch_threads=2)
 
         source = "torch_training+array+process"
@@ -158,8 +166,10 @@ def predict_warm_ms() -> tuple[float, str]:
         footprint(params)
         times.append((time.perf_counter() - start) * 1000)
     median = statistics.median(times)
-    print(f"predict: {source}, warm, new params: median {median:.3f} ms, "
-          f"p95 {sorted(times)[int(0.95 * len(times))]:.3f} ms over {len(times)} calls")
+    print(
+        f"predict: {source}, warm, new params: median {median:.3f} ms, "
+        f"p95 {sorted(times)[int(0.95 * len(times))]:.3f} ms over {len(times)} calls"
+    )
     return median, source
 
 
@@ -178,8 +188,10 @@ def monitor_cpu_pct(seconds: float = 5.0) -> float:
     watch.unsubscribe(live)
     live.disarm()
     pct = 100.0 * cpu / seconds
-    print(f"monitor: {monitor.readings} readings in {seconds:.0f} s, thread CPU {cpu * 1000:.1f} ms "
-          f"= {pct:.3f}% of one core")
+    print(
+        f"monitor: {monitor.readings} readings in {seconds:.0f} s, thread CPU {cpu * 1000:.1f} ms "
+        f"= {pct:.3f}% of one core"
+    )
     return pct
 
 
@@ -207,8 +219,10 @@ def breach_to_prune_ms(n: int) -> list[float]:
         study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
         study.optimize(guard.wrap_objective(objective), n_trials=1, callbacks=[done])
     delays.sort()
-    print(f"breach: {len(delays)}/{n} trials pruned; crossing to PRUNED stored: median {statistics.median(delays):.0f} ms, "
-          f"p95 {delays[int(0.95 * (len(delays) - 1))]:.0f} ms, max {delays[-1]:.0f} ms")
+    print(
+        f"breach: {len(delays)}/{n} trials pruned; crossing to PRUNED stored: median {statistics.median(delays):.0f} ms, "
+        f"p95 {delays[int(0.95 * (len(delays) - 1))]:.0f} ms, max {delays[-1]:.0f} ms"
+    )
     return delays
 
 
@@ -222,8 +236,10 @@ def main() -> None:
     cpu = monitor_cpu_pct()
     delays = breach_to_prune_ms(args.breaches)
     p95 = delays[int(0.95 * (len(delays) - 1))]
-    print(f"OVERHEAD sampler_ratio={ratio:.3f} predict_warm_ms={predict:.2f} monitor_cpu_pct={cpu:.3f} "
-          f"breach_to_prune_ms_p95={p95:.0f}")
+    print(
+        f"OVERHEAD sampler_ratio={ratio:.3f} predict_warm_ms={predict:.2f} monitor_cpu_pct={cpu:.3f} "
+        f"breach_to_prune_ms_p95={p95:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -44,11 +44,14 @@ def nature_dqn():
     return nn.Sequential(NatureCNN(space, features_dim=512), nn.Linear(512, 6))
 """
 
-_COLD = _SETUP + """
+_COLD = (
+    _SETUP
+    + """
 t = time.perf_counter()
 fp = torch_training(nature_dqn, (4, 84, 84), batch_size=32, input_dtype="uint8", optimizer="adam")
 print(json.dumps({{"cold_s": time.perf_counter() - t, "ram": fp.ram}}))
 """
+)
 
 
 def cold_trace(pre_import_dynamo: bool) -> float:
@@ -65,8 +68,7 @@ def cached(repeats: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {}
     for device in ("cpu", "cuda"):
         for keyed in (True, False):
-            kw = dict(input_dtype="uint8", optimizer="adam", device=device,
-                      cache_key="nature-dqn" if keyed else None)
+            kw = dict(input_dtype="uint8", optimizer="adam", device=device, cache_key="nature-dqn" if keyed else None)
             torch_training(nature_dqn, (4, 84, 84), batch_size=32, **kw)  # fills the cache
             label = f"{device} {'cache_key' if keyed else 'derived key'}"
             times[label] = []
@@ -86,17 +88,23 @@ def main() -> None:
 
     times = cached(args.repeats)
     for label, ts in times.items():
-        print(f"cached evaluation, {label:22s}: median {statistics.median(ts) * 1e3:7.3f} ms, "
-              f"p90 {sorted(ts)[int(0.9 * len(ts))] * 1e3:7.3f} ms over {len(ts)} calls")
+        print(
+            f"cached evaluation, {label:22s}: median {statistics.median(ts) * 1e3:7.3f} ms, "
+            f"p90 {sorted(ts)[int(0.9 * len(ts))] * 1e3:7.3f} ms over {len(ts)} calls"
+        )
     keyed = [t for label, ts in times.items() if "cache_key" in label for t in ts]
     cached_ms = statistics.median(keyed) * 1e3
 
     colds = [cold_trace(False) for _ in range(args.cold_runs)]
     warm_dynamo = [cold_trace(True) for _ in range(args.cold_runs)]
-    print(f"cold Nature-DQN trace (fresh interpreter, after import torch): median {statistics.median(colds):.3f} s "
-          f"of {[round(c, 3) for c in colds]}")
-    print(f"cold Nature-DQN trace with torch._dynamo imported beforehand: median "
-          f"{statistics.median(warm_dynamo):.3f} s of {[round(c, 3) for c in warm_dynamo]}")
+    print(
+        f"cold Nature-DQN trace (fresh interpreter, after import torch): median {statistics.median(colds):.3f} s "
+        f"of {[round(c, 3) for c in colds]}"
+    )
+    print(
+        f"cold Nature-DQN trace with torch._dynamo imported beforehand: median "
+        f"{statistics.median(warm_dynamo):.3f} s of {[round(c, 3) for c in warm_dynamo]}"
+    )
     print(f"PREDICT cached_median_ms={cached_ms:.3f} cold_trace_s={statistics.median(colds):.3f}")
 
 

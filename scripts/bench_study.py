@@ -37,13 +37,13 @@ import psutil
 from optuna_memprune.monitor import MonitorError, read_tree
 
 MiB = 2**20
-BUDGET_MIB = 700        # per trial
-HOST_MIB = 1600         # all trials of the host together
+BUDGET_MIB = 700  # per trial
+HOST_MIB = 1600  # all trials of the host together
 N_WORKERS = 4
-LEAK_MIB = 400          # what `leak` adds, unknown to the footprint
-BASE_MIB = 110          # a child's interpreter, optuna, numpy (measured here: about 95 MiB)
-STEP_MIB, STEP_S = 20, 0.1     # a trial grows at 200 MiB/s, as a replay buffer filling
-HOLD_S = 2.0         # then trains on what it holds
+LEAK_MIB = 400  # what `leak` adds, unknown to the footprint
+BASE_MIB = 110  # a child's interpreter, optuna, numpy (measured here: about 95 MiB)
+STEP_MIB, STEP_S = 20, 0.1  # a trial grows at 200 MiB/s, as a replay buffer filling
+HOLD_S = 2.0  # then trains on what it holds
 
 
 def objective(trial: optuna.Trial) -> float:
@@ -66,6 +66,7 @@ def footprint(params: dict) -> "object":
 
 
 # -- the OOM-killer stand-in -------------------------------------------------------------------------
+
 
 def _pss_of_tree(pid: int) -> int:
     try:
@@ -111,6 +112,7 @@ def watchdog(roots: "callable", until: float, victims: "callable") -> list[int]:
 
 # -- the two runs ----------------------------------------------------------------------------------
 
+
 def run_unguarded(storage: str, seconds: float, restart: bool) -> tuple[int, int]:
     optuna.create_study(storage=storage, study_name="plain", direction="maximize")
     cmd = [sys.executable, __file__, "--role", "plain-worker", "--storage", storage]
@@ -135,13 +137,26 @@ def run_unguarded(storage: str, seconds: float, restart: bool) -> tuple[int, int
 
 
 def run_guarded(storage: str, seconds: float, ledger_dir: str) -> tuple[int, int, int, list[float]]:
-    cmd = [sys.executable, __file__, "--role", "guarded", "--storage", storage, "--seconds", str(seconds),
-           "--ledger-dir", ledger_dir]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--role",
+        "guarded",
+        "--storage",
+        storage,
+        "--seconds",
+        str(seconds),
+        "--ledger-dir",
+        ledger_dir,
+    ]
     runner = subprocess.Popen(cmd)
     root = psutil.Process(runner.pid)
     # only trial processes are victims: the runner and its fork server are not what the kernel would pick
-    kills = watchdog(lambda: [root] if runner.poll() is None else [], time.monotonic() + seconds + 30,
-                     lambda procs: [p for p in procs if p.pid != root.pid and _is_trial(p)])
+    kills = watchdog(
+        lambda: [root] if runner.poll() is None else [],
+        time.monotonic() + seconds + 30,
+        lambda procs: [p for p in procs if p.pid != root.pid and _is_trial(p)],
+    )
     runner.wait(timeout=120)
     trials = optuna.load_study(storage=storage, study_name="guarded").trials
     from optuna_memprune.guard import read_record
@@ -149,22 +164,34 @@ def run_guarded(storage: str, seconds: float, ledger_dir: str) -> tuple[int, int
     records = [read_record(t.user_attrs) for t in trials]
     completed = sum(t.state is optuna.trial.TrialState.COMPLETE for t in trials)
     lost = sum(not t.state.is_finished() or r is None for t, r in zip(trials, records))
-    over = len(kills) + sum(1 for t, r in zip(trials, records) if r is not None and r.peak_ram is not None
-                            and t.state is optuna.trial.TrialState.COMPLETE and r.peak_ram > BUDGET_MIB * MiB)
+    over = len(kills) + sum(
+        1
+        for t, r in zip(trials, records)
+        if r is not None
+        and r.peak_ram is not None
+        and t.state is optuna.trial.TrialState.COMPLETE
+        and r.peak_ram > BUDGET_MIB * MiB
+    )
     latencies = [r.breach["stop_ms"] for r in records if r is not None and "stop_ms" in r.breach]
     decisions = {}
     for r in records:
         if r is not None:
             decisions[r.decision.value] = decisions.get(r.decision.value, 0) + 1
-    print(f"guarded: {len(trials)} trials, {completed} complete, {lost} lost, {len(kills)} OOM kills, "
-          f"decisions {decisions}", flush=True)
+    print(
+        f"guarded: {len(trials)} trials, {completed} complete, {lost} lost, {len(kills)} OOM kills, "
+        f"decisions {decisions}",
+        flush=True,
+    )
     return completed, lost, over, latencies
 
 
 def _is_trial(proc: psutil.Process) -> bool:
     try:
-        return proc.parent() is not None and "forkserver" in " ".join(proc.parent().cmdline()) \
+        return (
+            proc.parent() is not None
+            and "forkserver" in " ".join(proc.parent().cmdline())
             and "forkserver" in " ".join(proc.cmdline())
+        )
     except psutil.Error:
         return False
 
@@ -173,11 +200,18 @@ def _guarded_role(storage: str, seconds: float, ledger_dir: str) -> None:
     import optuna_memprune as omp
 
     guard = omp.MemoryGuard(footprint, omp.Budget(ram=f"{BUDGET_MIB}MiB"), on_infeasible="clamp", clamp=["mb"])
-    study = optuna.create_study(storage=storage, study_name="guarded", direction="maximize",
-                                sampler=guard.wrap_sampler(optuna.samplers.TPESampler()),
-                                pruner=guard.wrap_pruner())
-    ledger = omp.Ledger(omp.HostBudget(ram=f"{HOST_MIB}MiB", gpus=None, headroom=0.0),
-                        url=f"sqlite:///{ledger_dir}/ledger.sqlite", host="bench")
+    study = optuna.create_study(
+        storage=storage,
+        study_name="guarded",
+        direction="maximize",
+        sampler=guard.wrap_sampler(optuna.samplers.TPESampler()),
+        pruner=guard.wrap_pruner(),
+    )
+    ledger = omp.Ledger(
+        omp.HostBudget(ram=f"{HOST_MIB}MiB", gpus=None, headroom=0.0),
+        url=f"sqlite:///{ledger_dir}/ledger.sqlite",
+        host="bench",
+    )
     omp.optimize(study, objective, guard=guard, timeout=seconds, n_jobs=N_WORKERS, host=ledger, show_progress_bar=False)
 
 
@@ -185,8 +219,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="25 s per side instead of 120 s")
     parser.add_argument("--seconds", type=float, default=None)
-    parser.add_argument("--restart-killed", action="store_true",
-                        help="restart an unguarded worker the OOM stand-in killed (a supervisor)")
+    parser.add_argument(
+        "--restart-killed",
+        action="store_true",
+        help="restart an unguarded worker the OOM stand-in killed (a supervisor)",
+    )
     parser.add_argument("--role", choices=["plain-worker", "guarded"], help=argparse.SUPPRESS)
     parser.add_argument("--storage", help=argparse.SUPPRESS)
     parser.add_argument("--ledger-dir", help=argparse.SUPPRESS)
@@ -205,9 +242,11 @@ def main() -> None:
         guarded, lost, over, latencies = run_guarded(f"sqlite:///{tmp}/guarded.db", seconds, tmp)
     ratio = guarded / plain if plain else float("inf")
     p95 = float(np.percentile(latencies, 95)) if latencies else float("nan")
-    print(f"STUDY guarded_completed={guarded} unguarded_completed={plain} completed_ratio={ratio:.2f} "
-          f"guarded_over_budget={over} guarded_lost={lost} unguarded_lost={lost_plain} "
-          f"stop_latency_p95_ms={p95:.0f}")
+    print(
+        f"STUDY guarded_completed={guarded} unguarded_completed={plain} completed_ratio={ratio:.2f} "
+        f"guarded_over_budget={over} guarded_lost={lost} unguarded_lost={lost_plain} "
+        f"stop_latency_p95_ms={p95:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ DATA = sorted((ROOT / "scripts" / "data").glob("xmem_runs*.csv"))
 GB = 1e9
 SEQ_LEN = 128
 SMOKE_ROWS = 5
-os.environ.setdefault("HF_HUB_OFFLINE", "1")          # configs are built here: never reach a hub
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are built here: never reach a hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -118,9 +118,9 @@ def cnn_factory(model: str):
         "ResNet101": lambda: tvm.resnet101(weights=None),
         "ResNet152": lambda: tvm.resnet152(weights=None),
         "MobileNetV2": lambda: tvm.mobilenet_v2(weights=None),
-        "MobeNetV3Small": lambda: tvm.mobilenet_v3_small(num_classes=10),   # = MobileNetV3(small, 1024, 10)
-        "MobeNetV3Large": lambda: tvm.mobilenet_v3_large(num_classes=10),   # = MobileNetV3(large, 1280, 10)
-        "MnasNet": lambda: tvm.mnasnet1_0(num_classes=10),                  # = MNASNet(alpha=1.0, 10)
+        "MobeNetV3Small": lambda: tvm.mobilenet_v3_small(num_classes=10),  # = MobileNetV3(small, 1024, 10)
+        "MobeNetV3Large": lambda: tvm.mobilenet_v3_large(num_classes=10),  # = MobileNetV3(large, 1280, 10)
+        "MnasNet": lambda: tvm.mnasnet1_0(num_classes=10),  # = MNASNet(alpha=1.0, 10)
         "ConvNeXtTiny": lambda: tvm.convnext_tiny(weights=None),
         "ConvNeXtBase": lambda: tvm.convnext_base(weights=None),
         "RegNetX400MF": lambda: tvm.regnet_x_400mf(weights=None),
@@ -131,37 +131,86 @@ def cnn_factory(model: str):
 
 def lm_factory(model: str):
     """A Hugging Face model from a config with the named checkpoint's published sizes (random init)."""
-    _torchvision_models()      # transformers imports torchvision when it is installed: import it safely first
+    _torchvision_models()  # transformers imports torchvision when it is installed: import it safely first
     import transformers as hf
 
     causal, seq2seq = hf.AutoModelForCausalLM.from_config, hf.AutoModelForSeq2SeqLM.from_config
-    gpt2 = hf.GPT2Config     # defaults = gpt2 (124M): 12 layers, 768 wide, 12 heads, vocab 50257
+    gpt2 = hf.GPT2Config  # defaults = gpt2 (124M): 12 layers, 768 wide, 12 heads, vocab 50257
     table = {
         "openai-community/gpt2": lambda: causal(gpt2()),
         "distilbert/distilgpt2": lambda: causal(gpt2(n_layer=6)),
         "cerebras/Cerebras-GPT-111M": lambda: causal(gpt2(n_layer=10, n_positions=2048, n_inner=3072)),
-        "EleutherAI/gpt-neo-125M": lambda: causal(hf.GPTNeoConfig(
-            hidden_size=768, num_layers=12, num_heads=12, attention_types=[[["global", "local"], 6]],
-            max_position_embeddings=2048, window_size=256)),
-        "facebook/opt-125m": lambda: causal(hf.OPTConfig()),   # defaults = opt-125m
-        "facebook/opt-350m": lambda: causal(hf.OPTConfig(
-            hidden_size=1024, num_hidden_layers=24, ffn_dim=4096, num_attention_heads=16,
-            word_embed_proj_dim=512, do_layer_norm_before=False)),
-        "T5-small": lambda: seq2seq(hf.T5Config(decoder_start_token_id=0)),   # defaults = t5-small
-        "t5-base": lambda: seq2seq(hf.T5Config(d_model=768, d_ff=3072, num_layers=12, num_heads=12,
-                                               decoder_start_token_id=0)),
-        "Qwen/Qwen3-4B": lambda: causal(hf.Qwen3Config(
-            vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-            num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)),
-        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": lambda: causal(hf.Qwen2Config(
-            vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-            num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=False)),
-        "google/gemma-2-2b-it": lambda: causal(hf.Gemma2Config(
-            vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-            num_attention_heads=8, num_key_value_heads=4, head_dim=256)),
-        "meta-llama/Llama-3.2-3B-Instruct": lambda: causal(hf.LlamaConfig(
-            vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-            num_attention_heads=24, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)),
+        "EleutherAI/gpt-neo-125M": lambda: causal(
+            hf.GPTNeoConfig(
+                hidden_size=768,
+                num_layers=12,
+                num_heads=12,
+                attention_types=[[["global", "local"], 6]],
+                max_position_embeddings=2048,
+                window_size=256,
+            )
+        ),
+        "facebook/opt-125m": lambda: causal(hf.OPTConfig()),  # defaults = opt-125m
+        "facebook/opt-350m": lambda: causal(
+            hf.OPTConfig(
+                hidden_size=1024,
+                num_hidden_layers=24,
+                ffn_dim=4096,
+                num_attention_heads=16,
+                word_embed_proj_dim=512,
+                do_layer_norm_before=False,
+            )
+        ),
+        "T5-small": lambda: seq2seq(hf.T5Config(decoder_start_token_id=0)),  # defaults = t5-small
+        "t5-base": lambda: seq2seq(
+            hf.T5Config(d_model=768, d_ff=3072, num_layers=12, num_heads=12, decoder_start_token_id=0)
+        ),
+        "Qwen/Qwen3-4B": lambda: causal(
+            hf.Qwen3Config(
+                vocab_size=151936,
+                hidden_size=2560,
+                intermediate_size=9728,
+                num_hidden_layers=36,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                head_dim=128,
+                tie_word_embeddings=True,
+            )
+        ),
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": lambda: causal(
+            hf.Qwen2Config(
+                vocab_size=151936,
+                hidden_size=1536,
+                intermediate_size=8960,
+                num_hidden_layers=28,
+                num_attention_heads=12,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+            )
+        ),
+        "google/gemma-2-2b-it": lambda: causal(
+            hf.Gemma2Config(
+                vocab_size=256000,
+                hidden_size=2304,
+                intermediate_size=9216,
+                num_hidden_layers=26,
+                num_attention_heads=8,
+                num_key_value_heads=4,
+                head_dim=256,
+            )
+        ),
+        "meta-llama/Llama-3.2-3B-Instruct": lambda: causal(
+            hf.LlamaConfig(
+                vocab_size=128256,
+                hidden_size=3072,
+                intermediate_size=8192,
+                num_hidden_layers=28,
+                num_attention_heads=24,
+                num_key_value_heads=8,
+                head_dim=128,
+                tie_word_embeddings=True,
+            )
+        ),
     }
     return table[model]
 
@@ -174,7 +223,7 @@ class CNNStep(nn.Module):
         self.net, self.zero_at_start, self.loss = net, zero_at_start, nn.CrossEntropyLoss()
 
     def forward(self, x):
-        if self.zero_at_start:              # optimizer.zero_grad() (set_to_none) before the forward: modes 0, 2
+        if self.zero_at_start:  # optimizer.zero_grad() (set_to_none) before the forward: modes 0, 2
             for p in self.net.parameters():
                 p.grad = None
         labels = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
@@ -197,7 +246,7 @@ class LMStep(nn.Module):
             for p in self.net.parameters():
                 p.grad = None
         with _DataFreeChoices(), _meta_autocast_as_cpu():
-            return self.net(input_ids=ids, labels=ids.clone()).loss    # the collator's labels: a copy of the ids
+            return self.net(input_ids=ids, labels=ids.clone()).loss  # the collator's labels: a copy of the ids
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -246,8 +295,10 @@ class _DataFreeChoices(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.rand and tuple(args[0] if len(args) == 1 and isinstance(args[0], (list, tuple))
-                                        else args) == ():
+        if (
+            func is torch.rand
+            and tuple(args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args) == ()
+        ):
             return torch.ones((), device="cpu")
         if func is torch.all and len(args) == 1 and not kwargs and args[0].device.type == "meta":
             return torch.tensor(args[0].dim() > 0 and args[0].shape[0] == 1, device="cpu")
@@ -268,13 +319,16 @@ def predict(row: dict, zero_at_start: bool) -> tuple[int | None, dict | str]:
     step = CNNStep if cnn else LMStep
     try:
         fp = torch_training(
-            lambda: step(make(), zero_at_start), (3, 86, 86) if cnn else (SEQ_LEN,),
-            input_dtype="float32" if cnn else "int64", batch_size=int(row["batch_size"]),
-            optimizer=optimizer_arg(row["optimizer"], cnn), device="cuda",
+            lambda: step(make(), zero_at_start),
+            (3, 86, 86) if cnn else (SEQ_LEN,),
+            input_dtype="float32" if cnn else "int64",
+            batch_size=int(row["batch_size"]),
+            optimizer=optimizer_arg(row["optimizer"], cnn),
+            device="cuda",
             scheduler=CNN_SCHEDULER if cnn else None,
             cache_key=("xmem-published", model, zero_at_start),
         )
-    except Exception as e:          # EstimateError from the tracer, or the model's own failure
+    except Exception as e:  # EstimateError from the tracer, or the model's own failure
         why = " ".join(f"{type(e).__name__}: {e}".split())[:200]
         cause = KNOWN_CAUSES.get(model) if "optimizer must be" not in why else None
         return None, why + (f" [{cause}]" if cause else "")
@@ -318,8 +372,11 @@ def summary(rows: list[dict], key: str) -> dict:
     s = {"n": len(rows), "supported": sum(r[key] is not None for r in rows), "scored": len(scored)}
     if scored:
         errs = [_err(r[key], float(r["ground_bytes"])) for r in scored]
-        s.update(ours_median=statistics.median(errs), ours_max=max(errs),
-                 ours_under=sum(r[key] < float(r["ground_bytes"]) for r in scored))
+        s.update(
+            ours_median=statistics.median(errs),
+            ours_max=max(errs),
+            ours_under=sum(r[key] < float(r["ground_bytes"]) for r in scored),
+        )
     for peer, col in (("xmem", "xmem_bytes"), ("dnnmem", "dnnmem_bytes"), ("schedtune", "schedtune_bytes")):
         have = [r for r in scored if _num(r[col]) is not None]
         if have:
@@ -334,30 +391,40 @@ def _pct(s: dict, k: str) -> str:
 
 
 def print_summary(label: str, s: dict) -> None:
-    print(f"{label:<26} n={s['n']} supported={s['supported']} scored={s['scored']} | ours median "
-          f"{_pct(s, 'ours_median')} under {s.get('ours_under', 0)} max {_pct(s, 'ours_max')} | xMem median "
-          f"{_pct(s, 'xmem_median')} under {s.get('xmem_under', 0)} | DNNMem median {_pct(s, 'dnnmem_median')} "
-          f"under {s.get('dnnmem_under', 0)} | SchedTune median {_pct(s, 'schedtune_median')} "
-          f"({s.get('schedtune_rows', 0)} rows)")
+    print(
+        f"{label:<26} n={s['n']} supported={s['supported']} scored={s['scored']} | ours median "
+        f"{_pct(s, 'ours_median')} under {s.get('ours_under', 0)} max {_pct(s, 'ours_max')} | xMem median "
+        f"{_pct(s, 'xmem_median')} under {s.get('xmem_under', 0)} | DNNMem median {_pct(s, 'dnnmem_median')} "
+        f"under {s.get('dnnmem_under', 0)} | SchedTune median {_pct(s, 'schedtune_median')} "
+        f"({s.get('schedtune_rows', 0)} rows)"
+    )
 
 
 def print_oom(rows: list[dict], key: str) -> None:
     oom = [r for r in rows if r["real_oom"] == "true"]
     have = [r for r in oom if r[key] is not None]
-    total = lambda r: float(r["total_gpu_memory"])        # noqa: E731
+    total = lambda r: float(r["total_gpu_memory"])  # noqa: E731
     said = sum(r[key] > total(r) for r in have)
     with_ctx = sum(r[key] + r["context"] > total(r) for r in have)
-    peers = {p: sum(float(r[c]) > total(r) for r in have if _num(r[c]) is not None)
-             for p, c in (("xMem", "xmem_bytes"), ("DNNMem", "dnnmem_bytes"), ("SchedTune", "schedtune_bytes"))}
-    print(f"OOM decision ({key}): {len(oom)} real-OOM rows, {len(have)} predicted; ours > GPU total: {said} "
-          f"(with our default CUDA context added: {with_ctx}); on the same rows xMem {peers['xMem']}, "
-          f"DNNMem {peers['DNNMem']}, SchedTune {peers['SchedTune']}")
-    ran = [r for r in rows if r["real_oom"] != "true" and r[key] is not None]     # false alarms: ran, we said OOM
-    alarms = {p: sum(float(r[c]) > total(r) for r in ran if _num(r[c]) is not None)
-              for p, c in (("xMem", "xmem_bytes"), ("DNNMem", "dnnmem_bytes"), ("SchedTune", "schedtune_bytes"))}
-    print(f"  false alarms: of {len(ran)} rows that ran, predicted above the GPU total: ours "
-          f"{sum(r[key] > total(r) for r in ran)}, xMem {alarms['xMem']}, DNNMem {alarms['DNNMem']}, "
-          f"SchedTune {alarms['SchedTune']}")
+    peers = {
+        p: sum(float(r[c]) > total(r) for r in have if _num(r[c]) is not None)
+        for p, c in (("xMem", "xmem_bytes"), ("DNNMem", "dnnmem_bytes"), ("SchedTune", "schedtune_bytes"))
+    }
+    print(
+        f"OOM decision ({key}): {len(oom)} real-OOM rows, {len(have)} predicted; ours > GPU total: {said} "
+        f"(with our default CUDA context added: {with_ctx}); on the same rows xMem {peers['xMem']}, "
+        f"DNNMem {peers['DNNMem']}, SchedTune {peers['SchedTune']}"
+    )
+    ran = [r for r in rows if r["real_oom"] != "true" and r[key] is not None]  # false alarms: ran, we said OOM
+    alarms = {
+        p: sum(float(r[c]) > total(r) for r in ran if _num(r[c]) is not None)
+        for p, c in (("xMem", "xmem_bytes"), ("DNNMem", "dnnmem_bytes"), ("SchedTune", "schedtune_bytes"))
+    }
+    print(
+        f"  false alarms: of {len(ran)} rows that ran, predicted above the GPU total: ours "
+        f"{sum(r[key] > total(r) for r in ran)}, xMem {alarms['xMem']}, DNNMem {alarms['DNNMem']}, "
+        f"SchedTune {alarms['SchedTune']}"
+    )
 
 
 def print_groups(rows: list[dict], key: str, field: str, suffix: str = "") -> None:
@@ -370,9 +437,11 @@ def print_groups(rows: list[dict], key: str, field: str, suffix: str = "") -> No
         signed = [(r[key] - float(r["ground_bytes"])) / float(r["ground_bytes"]) for r in rs]
         pk = "parts" if key == "ours" else "parts_alt"
         over = statistics.median(r[pk].get("network allocator overhead", 0) / r[key] for r in rs)
-        print(f"  {name + suffix:<28} rows={len(rs):<3} signed err median {100 * statistics.median(signed):+6.1f}% "
-              f"min {100 * min(signed):+6.1f}% max {100 * max(signed):+6.1f}% | allocator overhead "
-              f"{100 * over:4.1f}% of ours")
+        print(
+            f"  {name + suffix:<28} rows={len(rs):<3} signed err median {100 * statistics.median(signed):+6.1f}% "
+            f"min {100 * min(signed):+6.1f}% max {100 * max(signed):+6.1f}% | allocator overhead "
+            f"{100 * over:4.1f}% of ours"
+        )
 
 
 def main() -> None:
@@ -384,12 +453,15 @@ def main() -> None:
     if args.smoke:
         rows = rows[:SMOKE_ROWS]
     from optuna_memprune.estimate import allocator
+
     context = allocator.CUDA_CONTEXT_BYTES
-    gpu = lambda r: r["gpu_name"].replace("NVIDIA ", "").replace("GeForce ", "")   # noqa: E731
-    gb = lambda x: f"{float(x) / GB:6.2f}" if x not in ("", None) else "   n/a"    # noqa: E731
+    gpu = lambda r: r["gpu_name"].replace("NVIDIA ", "").replace("GeForce ", "")  # noqa: E731
+    gb = lambda x: f"{float(x) / GB:6.2f}" if x not in ("", None) else "   n/a"  # noqa: E731
     print("GB = 1e9 B; ours without the CUDA context; err = (ours - ground) / ground; zg = zero_grad_mode read")
-    print(f"{'experiment':<23}{'model':<28}{'optim':<10}{'batch':>5} {'GPU':<16}{'zg':<7}{'ground':>7}"
-          f"{'ours':>7}{'xMem':>7}{'DNNMem':>7}{'SchedT':>7}   err")
+    print(
+        f"{'experiment':<23}{'model':<28}{'optim':<10}{'batch':>5} {'GPU':<16}{'zg':<7}{'ground':>7}"
+        f"{'ours':>7}{'xMem':>7}{'DNNMem':>7}{'SchedT':>7}   err"
+    )
     for r in rows:
         r["context"] = context
         r["family_group"] = "CNN" if r["family"] == "CNN" else "transformer"
@@ -398,19 +470,29 @@ def main() -> None:
             pred, parts = predict(r, zero_at_start)
             key = "ours" if first else "ours_alt"
             r[key], r["parts" if first else "parts_alt"] = pred, parts if pred is not None else {}
-            head = (f"{r['experiment']:<23}{r['model'][:27]:<28}{r['optimizer']:<10}{r['batch_size']:>5} "
-                    f"{gpu(r):<16}{label:<7}{gb(r['ground_bytes'])} ") if first else f"{'':<89}{label:<7}{'':>7} "
+            head = (
+                (
+                    f"{r['experiment']:<23}{r['model'][:27]:<28}{r['optimizer']:<10}{r['batch_size']:>5} "
+                    f"{gpu(r):<16}{label:<7}{gb(r['ground_bytes'])} "
+                )
+                if first
+                else f"{'':<89}{label:<7}{'':>7} "
+            )
             if pred is None:
                 print(f"{head}  -- not predicted: {parts}")
             else:
                 err = (pred - float(r["ground_bytes"])) / float(r["ground_bytes"])
                 oom = " real OOM: scored as a decision" if r["real_oom"] == "true" else ""
-                print(f"{head}{gb(pred)}{gb(r['xmem_bytes'])}{gb(r['dnnmem_bytes'])}{gb(r['schedtune_bytes'])}"
-                      f"  {100 * err:+6.1f}%{oom}")
+                print(
+                    f"{head}{gb(pred)}{gb(r['xmem_bytes'])}{gb(r['dnnmem_bytes'])}{gb(r['schedtune_bytes'])}"
+                    f"  {100 * err:+6.1f}%{oom}"
+                )
                 if args.components:
-                    print(f"{'':<30}" + ", ".join(f"{k.replace('network ', '')} {v / GB:.2f}" for k, v in parts.items()))
+                    print(
+                        f"{'':<30}" + ", ".join(f"{k.replace('network ', '')} {v / GB:.2f}" for k, v in parts.items())
+                    )
             first = False
-        if "ours_alt" not in r:                 # one reading only: the alternative is the same figure
+        if "ours_alt" not in r:  # one reading only: the alternative is the same figure
             r["ours_alt"], r["parts_alt"] = r["ours"], r["parts"]
     print()
     print("Signed error per model (primary reading):")
@@ -419,13 +501,11 @@ def main() -> None:
     print_groups(rows, "ours", "optimizer")
     print("Signed error per zero_grad_mode in the data, each reading:")
     print_groups(rows, "ours", "zero_grad_mode")
-    print_groups([r for r in rows if r["zero_grad_mode"] == "null"],
-                 "ours_alt", "zero_grad_mode", " (read as 0)")
+    print_groups([r for r in rows if r["zero_grad_mode"] == "null"], "ours_alt", "zero_grad_mode", " (read as 0)")
     print("Diagnostic, not a prediction: ours without the allocator-overhead component (tensor peak + cuBLAS):")
     for key, parts in (("ours", "parts"), ("ours_alt", "parts_alt")):
         for r in rows:
-            r[key + "_tensors"] = (None if r[key] is None else
-                                   r[key] - r[parts].get("network allocator overhead", 0))
+            r[key + "_tensors"] = None if r[key] is None else r[key] - r[parts].get("network allocator overhead", 0)
         s = summary(rows, key + "_tensors")
         print(f"  {key:<9} median {_pct(s, 'ours_median')} under {s.get('ours_under', 0)} of {s['scored']}")
     print()
@@ -439,11 +519,13 @@ def main() -> None:
         print_summary("overall", summary(rows, key))
         print_oom(rows, key)
     s = summary(rows, "ours")
-    f = lambda k: f"{100 * s[k]:.1f}" if k in s else "nan"    # noqa: E731
-    print(f"VRAM_PUBLISHED n={s['n']} supported={s['supported']} ours_median_err={f('ours_median')}% "
-          f"ours_under={s.get('ours_under', 0)} ours_max_err={f('ours_max')}% xmem_median_err={f('xmem_median')}% "
-          f"xmem_under={s.get('xmem_under', 0)} dnnmem_median_err={f('dnnmem_median')}% "
-          f"schedtune_median_err={f('schedtune_median')}%")
+    f = lambda k: f"{100 * s[k]:.1f}" if k in s else "nan"  # noqa: E731
+    print(
+        f"VRAM_PUBLISHED n={s['n']} supported={s['supported']} ours_median_err={f('ours_median')}% "
+        f"ours_under={s.get('ours_under', 0)} ours_max_err={f('ours_max')}% xmem_median_err={f('xmem_median')}% "
+        f"xmem_under={s.get('xmem_under', 0)} dnnmem_median_err={f('dnnmem_median')}% "
+        f"schedtune_median_err={f('schedtune_median')}%"
+    )
 
 
 if __name__ == "__main__":

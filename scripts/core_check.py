@@ -65,8 +65,12 @@ def main() -> int:
     size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink()) // 2**20
     extras = [m for m in ("torch", "rich", "matplotlib", "pynvml") if find_spec(m) is not None]
     core = os.environ.get("CORE_VENV_MIB", "?")
-    check("core install", not extras, f"no torch, rich, matplotlib or nvidia-ml-py ({extras or 'none'} found); "
-          f"venv {core} MiB with the core alone, {size} MiB with scikit-learn and LightGBM")
+    check(
+        "core install",
+        not extras,
+        f"no torch, rich, matplotlib or nvidia-ml-py ({extras or 'none'} found); "
+        f"venv {core} MiB with the core alone, {size} MiB with scikit-learn and LightGBM",
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -76,43 +80,80 @@ def main() -> int:
         records = [omp.read_record(t.user_attrs) for t in got]
         decisions = [r.decision.value for r in records if r is not None]
         predicted = sum(d in ("admitted", "clamped", "rejected") for d in decisions)
-        check("learned study in process", proc.returncode == 0 and len(got) == 20 and None not in records
-              and decisions[0] == "unchecked" and predicted >= 10,
-              f"exit {proc.returncode}, {len(got)} trials, {len(decisions)} records: {predicted} predicted, "
-              f"{decisions.count('unchecked')} unchecked" if proc.returncode == 0 else tail(proc))
+        check(
+            "learned study in process",
+            proc.returncode == 0
+            and len(got) == 20
+            and None not in records
+            and decisions[0] == "unchecked"
+            and predicted >= 10,
+            f"exit {proc.returncode}, {len(got)} trials, {len(decisions)} records: {predicted} predicted, "
+            f"{decisions.count('unchecked')} unchecked"
+            if proc.returncode == 0
+            else tail(proc),
+        )
 
         gbm = f"sqlite:///{work / 'gbm.db'}"
-        proc = run(str(BIN / "memprune"), "run", "--ram", "1GiB", "--storage", gbm, "--",
-                   str(BIN / "python"), str(HERE / "gbm_search.py"), cwd=work)
+        proc = run(
+            str(BIN / "memprune"),
+            "run",
+            "--ram",
+            "1GiB",
+            "--storage",
+            gbm,
+            "--",
+            str(BIN / "python"),
+            str(HERE / "gbm_search.py"),
+            cwd=work,
+        )
         got = trials(gbm) if proc.returncode == 0 else []
         states = [t.state.name for t in got]
         records = [omp.read_record(t.user_attrs) for t in got]
-        check("memprune run on a LightGBM search (n_jobs=2, no main guard)",
-              proc.returncode == 0 and len(got) == 10 and set(states) == {"COMPLETE"} and None not in records
-              and "process per trial" in proc.stderr,
-              f"exit {proc.returncode}, {len(got)} trials {sorted(set(states))}, "
-              f"{sum(r is not None for r in records)} records; {tail(proc)}")
+        check(
+            "memprune run on a LightGBM search (n_jobs=2, no main guard)",
+            proc.returncode == 0
+            and len(got) == 10
+            and set(states) == {"COMPLETE"}
+            and None not in records
+            and "process per trial" in proc.stderr,
+            f"exit {proc.returncode}, {len(got)} trials {sorted(set(states))}, "
+            f"{sum(r is not None for r in records)} records; {tail(proc)}",
+        )
 
         proc = run(str(BIN / "memprune"), "report", gbm, cwd=work)
-        check("memprune report (plain table)", proc.returncode == 0 and "decisions" in proc.stdout
-              and "prediction quality" in proc.stdout and "learned predictions" in proc.stdout,
-              f"exit {proc.returncode}, {len(proc.stdout.splitlines())} lines" if proc.returncode == 0 else tail(proc))
+        check(
+            "memprune report (plain table)",
+            proc.returncode == 0
+            and "decisions" in proc.stdout
+            and "prediction quality" in proc.stdout
+            and "learned predictions" in proc.stdout,
+            f"exit {proc.returncode}, {len(proc.stdout.splitlines())} lines" if proc.returncode == 0 else tail(proc),
+        )
         proc = run(str(BIN / "memprune"), "report", gbm, "-f", "json", cwd=work)
         try:
             n = len(json.loads(proc.stdout)["trials"])
         except (ValueError, KeyError) as exc:
             n, why = -1, repr(exc)
-        check("memprune report -f json", proc.returncode == 0 and n == 10,
-              f"exit {proc.returncode}, {n} trials" if n >= 0 else why)
+        check(
+            "memprune report -f json",
+            proc.returncode == 0 and n == 10,
+            f"exit {proc.returncode}, {n} trials" if n >= 0 else why,
+        )
         proc = run(str(BIN / "memprune"), "report", gbm, "-f", "html", "-o", str(work / "r.html"), cwd=work)
         line = proc.stderr.strip()
-        check("memprune report -f html says which extra", proc.returncode == 1 and len(line.splitlines()) == 1
-              and 'pip install "optuna-memprune[report]"' in line, f"exit {proc.returncode}: {line}")
+        check(
+            "memprune report -f html says which extra",
+            proc.returncode == 1 and len(line.splitlines()) == 1 and 'pip install "optuna-memprune[report]"' in line,
+            f"exit {proc.returncode}: {line}",
+        )
 
     proc = run(str(BIN / "python"), "-c", "from optuna_memprune.estimate import torch_training", cwd=Path.cwd())
     last = tail(proc)
-    check("estimate.torch_training without torch", proc.returncode == 1 and "MissingExtra" in last
-          and 'pip install "optuna-memprune[torch]"' in last, last)
+    check(
+        "estimate.torch_training without torch",
+        proc.returncode == 1 and "MissingExtra" in last and 'pip install "optuna-memprune[torch]"' in last,
+        last,
+    )
 
     passed = sum(ok for _, ok, _ in results)
     print(f"CORE checks={len(results)} passed={passed} core_venv_mib={core}")

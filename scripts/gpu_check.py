@@ -42,13 +42,19 @@ from _gpu import results, rows  # noqa: E402
 from _gpu.isolate import run_many  # noqa: E402
 
 # Time limits per check, seconds: a model's predictions (cold traces on the CPU) and its measured rows.
-PREDICT_LIMIT_S = 240             # one model's cold traces (2 optimizers; batch-linear fits), on the CPU
-VRAM_LIMIT_S, VRAM_SMOKE_LIMIT_S = 90, 45   # one model's measured rows (6 cases x 2 settings x 4 steps)
-GUARD_LIMITS_S = {"breach_in_process": 60, "breach_per_process": 90, "cuda_oom": 60, "nvml_vs_torch": 45,
-                  "learned_vram": 90, "small_card": 150}
+PREDICT_LIMIT_S = 240  # one model's cold traces (2 optimizers; batch-linear fits), on the CPU
+VRAM_LIMIT_S, VRAM_SMOKE_LIMIT_S = 90, 45  # one model's measured rows (6 cases x 2 settings x 4 steps)
+GUARD_LIMITS_S = {
+    "breach_in_process": 60,
+    "breach_per_process": 90,
+    "cuda_oom": 60,
+    "nvml_vs_torch": 45,
+    "learned_vram": 90,
+    "small_card": 150,
+}
 CUDA_LIMITS_S = {"cudnn": 90, "context": 45, "allocator": 60}
 GROUPS = ("guard", "cuda", "vram")
-PARALLEL = 4     # prediction jobs at a time (CPU only); everything that uses the GPU runs one at a time
+PARALLEL = 4  # prediction jobs at a time (CPU only); everything that uses the GPU runs one at a time
 
 
 def cuda_status() -> tuple[bool, str]:
@@ -58,8 +64,10 @@ def cuda_status() -> tuple[bool, str]:
     except ImportError as e:
         return False, f"GPU_CHECK no CUDA here: torch does not import ({e}); nothing measured"
     if not torch.cuda.is_available():
-        return False, (f"GPU_CHECK no CUDA device here (torch {torch.__version__}, built for CUDA "
-                       f"{torch.version.cuda or 'none'}): nothing measured")
+        return False, (
+            f"GPU_CHECK no CUDA device here (torch {torch.__version__}, built for CUDA "
+            f"{torch.version.cuda or 'none'}): nothing measured"
+        )
     return True, ""
 
 
@@ -67,11 +75,18 @@ def host_meta() -> dict:
     import torch
 
     props = torch.cuda.get_device_properties(0)
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": props.name, "gpu_memory": props.total_memory, "capability": f"{props.major}.{props.minor}",
-            "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "python": platform.python_version(), "host": platform.node(),
-            "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "")}
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": props.name,
+        "gpu_memory": props.total_memory,
+        "capability": f"{props.major}.{props.minor}",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", ""),
+    }
     try:
         import pynvml
 
@@ -95,20 +110,33 @@ def plan(smoke: bool) -> dict[str, list[tuple[str, dict, float, str]]]:
     guard, the CUDA internals, the VRAM measurements (their predictions are added when known)."""
     limit = VRAM_SMOKE_LIMIT_S if smoke else VRAM_LIMIT_S
     groups = rows.by_model(rows.cases(smoke=smoke))
-    predict = [("predict", {"cases": [c.to_dict() for c in cs]}, PREDICT_LIMIT_S, f"predict {m}")
-               for m, cs in groups.items()]
-    vram = [("vram", {"cases": [c.to_dict() for c in cs], "benchmark": [False, True]}, limit, f"vram {m}")
-            for m, cs in groups.items()]
+    predict = [
+        ("predict", {"cases": [c.to_dict() for c in cs]}, PREDICT_LIMIT_S, f"predict {m}") for m, cs in groups.items()
+    ]
+    vram = [
+        ("vram", {"cases": [c.to_dict() for c in cs], "benchmark": [False, True]}, limit, f"vram {m}")
+        for m, cs in groups.items()
+    ]
     cnns = [m for m, (fam, _) in rows.MODELS.items() if fam == "CNN"]
-    cuda = [("cudnn", {"models": cnns[:2] if smoke else cnns, "batch": 32, "max_shapes": 12 if smoke else 40},
-             CUDA_LIMITS_S["cudnn"], "cudnn workspaces"),
-            ("context", {}, CUDA_LIMITS_S["context"], "context lazy"),
-            ("context", {"loading": "EAGER"}, CUDA_LIMITS_S["context"], "context eager")]
-    for case in (rows.VramCase("CNN", "ResNet101", 32, "Adam"),
-                 rows.VramCase("transformer", "openai-community/gpt2", 8, "Adam"))[: 1 if smoke else 2]:
+    cuda = [
+        (
+            "cudnn",
+            {"models": cnns[:2] if smoke else cnns, "batch": 32, "max_shapes": 12 if smoke else 40},
+            CUDA_LIMITS_S["cudnn"],
+            "cudnn workspaces",
+        ),
+        ("context", {}, CUDA_LIMITS_S["context"], "context lazy"),
+        ("context", {"loading": "EAGER"}, CUDA_LIMITS_S["context"], "context eager"),
+    ]
+    for case in (
+        rows.VramCase("CNN", "ResNet101", 32, "Adam"),
+        rows.VramCase("transformer", "openai-community/gpt2", 8, "Adam"),
+    )[: 1 if smoke else 2]:
         cuda.append(("allocator", {"case": case.to_dict()}, CUDA_LIMITS_S["allocator"], f"allocator {case.key}"))
-    guard = [(name, {"trials": 6} if smoke and name == "small_card" else {}, lim, f"guard {name}")
-             for name, lim in GUARD_LIMITS_S.items()]
+    guard = [
+        (name, {"trials": 6} if smoke and name == "small_card" else {}, lim, f"guard {name}")
+        for name, lim in GUARD_LIMITS_S.items()
+    ]
     return {"predict": predict, "guard": guard, "cuda": cuda, "vram": vram}
 
 
@@ -127,8 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="JSON result path (default: $OUT/gpu_check.json)")
     ap.add_argument("--smoke", action="store_true", help="one batch and one optimizer per model, fewer shapes")
     ap.add_argument("--budget-s", type=float, default=480.0, help="wall-clock seconds for the whole run")
-    ap.add_argument("--only", choices=GROUPS, action="append", default=None,
-                    help="run only this group (repeatable): to split the run over two calls")
+    ap.add_argument(
+        "--only",
+        choices=GROUPS,
+        action="append",
+        default=None,
+        help="run only this group (repeatable): to split the run over two calls",
+    )
     args = ap.parse_args(argv)
     only = tuple(args.only or GROUPS)
     if args.budget_s <= 0:
@@ -139,13 +172,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     deadline = time.monotonic() + args.budget_s
     meta = host_meta()
-    print(f"GPU {meta['gpu']} ({meta['gpu_memory'] / 2**30:.1f} GiB), driver {meta['driver']}, torch "
-          f"{meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, {meta['date']}", flush=True)
+    print(
+        f"GPU {meta['gpu']} ({meta['gpu_memory'] / 2**30:.1f} GiB), driver {meta['driver']}, torch "
+        f"{meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, {meta['date']}",
+        flush=True,
+    )
     costs = calibrate()
     meta["calibrated_context"], meta["calibrated_cublas_workspace"] = costs.context, costs.cublas_workspace
-    print(f"calibrated here: CUDA context {costs.context / 2**20:.0f} MiB, cuBLAS workspace "
-          f"{costs.cublas_workspace / 2**20:.1f} MiB" + ("" if costs.measured else f" (defaults: {costs.error})"),
-          flush=True)
+    print(
+        f"calibrated here: CUDA context {costs.context / 2**20:.0f} MiB, cuBLAS workspace "
+        f"{costs.cublas_workspace / 2**20:.1f} MiB" + ("" if costs.measured else f" (defaults: {costs.error})"),
+        flush=True,
+    )
     jobs = plan(args.smoke)
     found: dict[str, list[dict]] = {"vram": [], "cuda": [], "guard": []}
 
@@ -159,16 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp, ThreadPoolExecutor(1) as background:
         lock = str(Path(tmp) / "gpu.lock")
         # the predictions trace on the CPU while the guard and the CUDA checks have the GPU, one at a time
-        predicting = background.submit(run_many, jobs["predict"] if "vram" in only else [], parallel=PARALLEL,
-                                       lock=lock, deadline=deadline)
+        predicting = background.submit(
+            run_many, jobs["predict"] if "vram" in only else [], parallel=PARALLEL, lock=lock, deadline=deadline
+        )
         for group in ("guard", "cuda"):
             if group in only:
                 show(group, run_many(jobs[group], parallel=1, lock=lock, deadline=deadline))
         predicted = [row for batch in predicting.result() for row in batch]
         if "vram" in only:
-            show("vram", [[row for row in predicted if row.get("ok") is False]])   # a prediction job's failure
-            show("vram", run_many(with_predictions(jobs["vram"], predicted), parallel=1, lock=lock,
-                                  deadline=deadline))
+            show("vram", [[row for row in predicted if row.get("ok") is False]])  # a prediction job's failure
+            show("vram", run_many(with_predictions(jobs["vram"], predicted), parallel=1, lock=lock, deadline=deadline))
     for name, part in results.breakdown(found["vram"]).items():
         print(f"vram {name:<18} {results.vram_line(part).removeprefix('GPU_VRAM ')} failed={part['failed']}")
     result = results.build(meta, found["vram"], found["cuda"], found["guard"])

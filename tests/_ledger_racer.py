@@ -22,8 +22,9 @@ from optuna_memprune.ledger import HostCapacity, Ledger, Request
 
 def _ledger(url, host, capacity):
     fields = json.loads(capacity)
-    return Ledger(HostCapacity(ram=fields["ram"], gpus=tuple(fields["gpus"]), threads=fields["threads"]),
-                  url=url, host=host)
+    return Ledger(
+        HostCapacity(ram=fields["ram"], gpus=tuple(fields["gpus"]), threads=fields["threads"]), url=url, host=host
+    )
 
 
 def hold(url, host, capacity, key, ram):
@@ -39,8 +40,9 @@ def race(url, host, capacity, seed, rounds, out):
     sys.stdin.readline()
     log = {"rounds": [], "waits": 0, "timeouts": 0}
     for r in range(int(rounds)):
-        request = Request(ram=rng.randint(100, 500), vram=rng.choice((0, rng.randint(100, 600))),
-                          threads=rng.randint(1, 4))
+        request = Request(
+            ram=rng.randint(100, 500), vram=rng.choice((0, rng.randint(100, 600))), threads=rng.randint(1, 4)
+        )
         key = f"{seed}-{r}"
         entry = ledger.try_admit(request, key)
         if entry is None:
@@ -52,12 +54,20 @@ def race(url, host, capacity, seed, rounds, out):
                 continue
         admitted = time.monotonic()
         seen = ledger.in_use()
-        time.sleep(rng.uniform(0.004, 0.015))   # long enough beside an admission (ms on PostgreSQL) to contend
+        time.sleep(rng.uniform(0.004, 0.015))  # long enough beside an admission (ms on PostgreSQL) to contend
         released = time.monotonic()
         ledger.release(entry)
-        log["rounds"].append({"admitted": admitted, "released": released, "ram": entry.ram,
-                              "threads": entry.threads, "vram": entry.vram, "gpu": entry.gpu,
-                              "seen": seen._asdict()})
+        log["rounds"].append(
+            {
+                "admitted": admitted,
+                "released": released,
+                "ram": entry.ram,
+                "threads": entry.threads,
+                "vram": entry.vram,
+                "gpu": entry.gpu,
+                "seen": seen._asdict(),
+            }
+        )
     with open(out, "w") as f:
         json.dump(log, f)
 

@@ -32,9 +32,12 @@ QUICK_MAX_S = 2.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--quick", action="store_true",
-                     help=f"the edit-test loop: leave out the tests that took over {QUICK_MAX_S:g} s in the full run "
-                          "recorded in tests/durations.json (new tests run)")
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help=f"the edit-test loop: leave out the tests that took over {QUICK_MAX_S:g} s in the full run "
+        "recorded in tests/durations.json (new tests run)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -22,9 +22,27 @@ def test_fault_drill_ends_every_trial_without_overcommit_or_abort() -> None:
             pytest.fail("PostgreSQL server binaries (initdb, pg_ctl) are missing; .ci/run should install them")
         pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
     pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install -e '.[test]')")
-    run = subprocess.run([sys.executable, str(SCRIPT), "--hosts", "1", "--workers-per-host", "3", "--duration", "15",
-                          "--kill-workers", "1", "--kill-trials", "1", "--host-ram-mib", "512"],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--hosts",
+            "1",
+            "--workers-per-host",
+            "3",
+            "--duration",
+            "15",
+            "--kill-workers",
+            "1",
+            "--kill-trials",
+            "1",
+            "--host-ram-mib",
+            "512",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     last = run.stdout.strip().splitlines()[-1]
     assert last.startswith("FAULTS workers=3 "), run.stdout[-3000:]

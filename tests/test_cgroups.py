@@ -30,8 +30,10 @@ def _place(memory: bool, version: int | None = None) -> cgroups.Place:
     usable = [p for p in _usable(found) if p.memory == memory and (version is None or p.version == version)]
     if not usable:
         kind = "a cgroup with a memory controller" if memory else "a cgroup v2 hierarchy without one"
-        pytest.skip(f"this host gives this process no {kind} it may make groups in "
-                    f"(found: {[p.label for p in found]}; {'; '.join(why) or 'no reason given'})")
+        pytest.skip(
+            f"this host gives this process no {kind} it may make groups in "
+            f"(found: {[p.label for p in found]}; {'; '.join(why) or 'no reason given'})"
+        )
     return usable[0]
 
 
@@ -52,8 +54,9 @@ def _own_group(version: int) -> str | None:
     """This process's group in the v2 hierarchy or v1's memory hierarchy, read from /proc/self/cgroup."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         number, controllers, path = line.split(":", 2)
-        if (version == 2 and number == "0" and not controllers) or \
-                (version == 1 and "memory" in controllers.split(",")):
+        if (version == 2 and number == "0" and not controllers) or (
+            version == 1 and "memory" in controllers.split(",")
+        ):
             return path
     return None
 
@@ -94,14 +97,20 @@ def test_a_burst_over_the_limit_is_killed_by_the_kernel_with_the_exact_peak() ->
         group.limit(100 * MiB, 90 * MiB)
         assert group.hard_limit() == 100 * MiB
         # the process joins, lowers the limit by its own RSS, then touches 300 MiB at once
-        proc = _python("""
+        proc = _python(
+            """
             import sys
             from optuna_memprune import cgroups
             spec = cgroups.Join(sys.argv[1], int(sys.argv[2]), 100 * 2**20, 90 * 2**20)
             print(cgroups.join(spec), flush=True)
             block = bytearray(300 * 2**20)
             print("survived", flush=True)
-        """, group.path, str(where.version), stdout=subprocess.PIPE, text=True)
+        """,
+            group.path,
+            str(where.version),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         out, _ = proc.communicate(timeout=120)
         r0 = int(out.split()[0])
         assert proc.returncode == -signal.SIGKILL and "survived" not in out
@@ -124,14 +133,19 @@ def test_a_v2_group_without_controllers_kills_a_tree_whole_and_is_removed() -> N
         with pytest.raises(OSError):
             group.limit(100 * MiB)  # no memory controller: no limit, the caller polls
         # a process in the group starts a grandchild in a session of its own that ignores SIGTERM, then exits
-        proc = _python("""
+        proc = _python(
+            """
             import os, signal, subprocess, sys
             from optuna_memprune import cgroups
             cgroups.join(cgroups.Join(sys.argv[1], 2, None, None))
             subprocess.Popen([sys.executable, "-c", "import os, signal, time; "
                               "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True); "
                               "time.sleep(120)"], start_new_session=True)
-        """, group.path, stdout=subprocess.PIPE, text=True)
+        """,
+            group.path,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         grandchild = int(proc.stdout.readline())  # once it ignores SIGTERM; it holds the pipe: no communicate()
         proc.wait(timeout=60)
         proc.stdout.close()
@@ -148,8 +162,11 @@ def test_a_v2_group_without_controllers_kills_a_tree_whole_and_is_removed() -> N
 
 
 def test_groups_of_a_dead_runner_are_reaped_and_a_live_runners_are_kept() -> None:
-    where = _place(memory=False, version=2) if not _usable([p for p in cgroups.places()[0] if p.memory]) \
+    where = (
+        _place(memory=False, version=2)
+        if not _usable([p for p in cgroups.places()[0] if p.memory])
         else _place(memory=True)
+    )
     dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     dead_start = _start(dead.pid)
     dead.kill()
@@ -190,10 +207,20 @@ def test_host_ram_auto_comes_from_a_2gib_cgroup_limit_and_names_it() -> None:
 
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         out = subprocess.run(
-            [sys.executable, "-c", "from optuna_memprune.ledger import HostBudget, describe, physical_ram\n"
-             "c = HostBudget(ram='auto', gpus=None, headroom=0.0).resolve()\n"
-             "print(c.ram); print(c.source); print(physical_ram()[0]); print(describe(c))"],
-            env=env, preexec_fn=enter, capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+            [
+                sys.executable,
+                "-c",
+                "from optuna_memprune.ledger import HostBudget, describe, physical_ram\n"
+                "c = HostBudget(ram='auto', gpus=None, headroom=0.0).resolve()\n"
+                "print(c.ram); print(c.source); print(physical_ram()[0]); print(describe(c))",
+            ],
+            env=env,
+            preexec_fn=enter,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout.splitlines()
         ram, source, physical = int(out[0]), out[1], int(out[2])
         assert 0 < ram <= 2 * GiB
         assert source.startswith(f"cgroup v{where.version} ") and "limit 2.00 GiB" in source, source

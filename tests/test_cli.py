@@ -21,16 +21,32 @@ from optuna_memprune import storages
 
 HERE = Path(__file__).resolve().parent
 GUARD_TESTS = HERE / "guard"  # _runner_objectives: the objectives and footprint the runner tests use
-WORKER = ["_runner_objectives:hold", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB",
-          "--host-ram", "4GiB", "--no-progress"]
+WORKER = [
+    "_runner_objectives:hold",
+    "--footprint",
+    "_runner_objectives:footprint",
+    "--ram",
+    "1GiB",
+    "--host-ram",
+    "4GiB",
+    "--no-progress",
+]
 
 
-def memprune(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-             **kwargs) -> subprocess.CompletedProcess:
+def memprune(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, **kwargs
+) -> subprocess.CompletedProcess:
     """``python -m optuna_memprune.cli ARGS`` without ``OPTUNA_STORAGE`` unless ``env`` sets it."""
     base = {k: v for k, v in os.environ.items() if k != storages.ENV_VAR}
-    return subprocess.run([sys.executable, "-m", "optuna_memprune.cli", *args], capture_output=True, text=True,
-                          env={**base, **(env or {})}, cwd=cwd, timeout=600, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "optuna_memprune.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        cwd=cwd,
+        timeout=600,
+        **kwargs,
+    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess, code: int, words: str) -> None:
@@ -44,8 +60,19 @@ def one_line_error(proc: subprocess.CompletedProcess, code: int, words: str) -> 
 def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Journal file holding study 's': two guarded trials run by ``memprune worker --storage PATH.log``."""
     d = tmp_path_factory.mktemp("journal")
-    proc = memprune("worker", *WORKER, "--storage", str(d / "study.log"), "--study-name", "s", "--n-trials", "2",
-                    "--ledger", f"sqlite:///{d / 'ledger.sqlite'}", cwd=GUARD_TESTS)
+    proc = memprune(
+        "worker",
+        *WORKER,
+        "--storage",
+        str(d / "study.log"),
+        "--study-name",
+        "s",
+        "--n-trials",
+        "2",
+        "--ledger",
+        f"sqlite:///{d / 'ledger.sqlite'}",
+        cwd=GUARD_TESTS,
+    )
     assert proc.returncode == 0, proc.stderr
     return d / "study.log"
 
@@ -56,9 +83,14 @@ def test_version() -> None:
 
 
 def test_verbosity_options_are_taken_before_and_after_the_command(journal: Path) -> None:
-    outs = [memprune(*argv) for argv in (["-q", "report", str(journal), "-f", "json"],
-                                         ["report", str(journal), "-f", "json", "-q"],
-                                         ["report", "-v", str(journal), "--format", "json"])]
+    outs = [
+        memprune(*argv)
+        for argv in (
+            ["-q", "report", str(journal), "-f", "json"],
+            ["report", str(journal), "-f", "json", "-q"],
+            ["report", "-v", str(journal), "--format", "json"],
+        )
+    ]
     assert all(p.returncode == 0 for p in outs), [p.stderr for p in outs]
     assert outs[0].stdout == outs[1].stdout == outs[2].stdout and json.loads(outs[0].stdout)["study"]["name"] == "s"
     both = memprune("report", str(journal), "-v", "-q")
@@ -82,8 +114,10 @@ def test_quiet_hides_the_calibration_notes_and_verbose_after_the_command_keeps_t
     # either run notes its own minute).
     stacks = [[line.split("  measured ")[0] for line in run.stdout.splitlines()[:-1]] for run in (quiet, verbose)]
     assert stacks[0] == stacks[1]
-    assert all(re.search(r"  measured (\d{4}-\d\d-\d\d \d\d:\d\d UTC|-), rechecked (\d{4}-.* UTC|-)$", line)
-               for line in quiet.stdout.splitlines()[:-1]), quiet.stdout
+    assert all(
+        re.search(r"  measured (\d{4}-\d\d-\d\d \d\d:\d\d UTC|-), rechecked (\d{4}-.* UTC|-)$", line)
+        for line in quiet.stdout.splitlines()[:-1]
+    ), quiet.stdout
     assert calibration.load(tmp_path / "quiet" / cal.path.name).data["cpu_kernels"]
 
 
@@ -104,11 +138,29 @@ def test_runtime_errors_exit_1_and_usage_errors_exit_2(tmp_path: Path) -> None:
 def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
     marker = tmp_path / "pid"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "optuna_memprune.cli", "worker", "_runner_objectives:wait_to_be_killed",
-         *WORKER[1:], "--storage", str(tmp_path / "s.log"), "--study-name", "s", "--n-trials", "1",
-         "--ledger", f"sqlite:///{tmp_path / 'ledger.sqlite'}"],
-        cwd=GUARD_TESTS, env={**os.environ, "MEMPRUNE_TEST_MARKER": str(marker)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "optuna_memprune.cli",
+            "worker",
+            "_runner_objectives:wait_to_be_killed",
+            *WORKER[1:],
+            "--storage",
+            str(tmp_path / "s.log"),
+            "--study-name",
+            "s",
+            "--n-trials",
+            "1",
+            "--ledger",
+            f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+        ],
+        cwd=GUARD_TESTS,
+        env={**os.environ, "MEMPRUNE_TEST_MARKER": str(marker)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         for _ in range(1200):
             if marker.exists() or proc.poll() is not None:
@@ -149,9 +201,18 @@ def test_study_name_and_its_alias_and_the_optuna_storage_fallback(journal: Path,
     one_line_error(memprune("report", "--study-name", "nope", env=env), 1, "no study 'nope' in ")
     # the worker takes the storage from the environment too; ``journal:PATH`` names a Journal file
     other = tmp_path / "other.journal"
-    worker = memprune("worker", *WORKER, "--study", "t", "--n-trials", "1", "--ledger",
-                      f"sqlite:///{tmp_path / 'ledger.sqlite'}", cwd=GUARD_TESTS,
-                      env={storages.ENV_VAR: f"journal:{other}"})
+    worker = memprune(
+        "worker",
+        *WORKER,
+        "--study",
+        "t",
+        "--n-trials",
+        "1",
+        "--ledger",
+        f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+        cwd=GUARD_TESTS,
+        env={storages.ENV_VAR: f"journal:{other}"},
+    )
     assert worker.returncode == 0, worker.stderr
     report = memprune("report", f"journal:{other}", "-f", "json")
     assert report.returncode == 0 and json.loads(report.stdout)["study"]["name"] == "t"
@@ -166,8 +227,15 @@ def test_journal_and_rdb_storages_give_the_same_report(journal: Path, tmp_path: 
     assert reports[0] == reports[1] and reports[0]["trials"] == reports[2]["trials"]
 
 
-@pytest.mark.parametrize("url, path", [("journal:/a/b.log", "/a/b.log"), ("journal:b.txt", "b.txt"),
-                                       ("runs/study.log", "runs/study.log"), ("sqlite:///x.log", None),
-                                       ("postgresql+psycopg://u@h/db", None)])
+@pytest.mark.parametrize(
+    "url, path",
+    [
+        ("journal:/a/b.log", "/a/b.log"),
+        ("journal:b.txt", "b.txt"),
+        ("runs/study.log", "runs/study.log"),
+        ("sqlite:///x.log", None),
+        ("postgresql+psycopg://u@h/db", None),
+    ],
+)
 def test_journal_urls(url: str, path: str | None) -> None:
     assert storages.journal_path(url) == path

@@ -21,8 +21,14 @@ def test_the_site_builds_strict_with_the_api_reference(tmp_path: Path) -> None:
         if os.environ.get("CI"):
             pytest.fail("mkdocs is missing on CI: scripts/setup.sh installs the docs extra")
         pytest.skip("mkdocs is not installed (pip install -e '.[docs]')")
-    out = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    out = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     guard = (tmp_path / "site" / "api" / "guard" / "index.html").read_text()
     for name in ("MemoryGuard", "wrap_objective", "optimize", "n_jobs", "show_progress_bar", "TrialRecord"):
@@ -48,9 +54,10 @@ def test_readme_is_short_and_its_links_point_at_pages_that_exist() -> None:
     links = re.findall(r"\]\(([^)#]+)\)", readme)
     assert links and all((ROOT / link).exists() for link in links), [l for l in links if not (ROOT / l).exists()]
     first = readme.splitlines().index("```bash")  # the first block: the two set-up commands
-    assert readme.splitlines()[first + 1:first + 3] == ["bash scripts/main.sh    # sets up .venv, then runs the guarded demo study "
-                                         "(SQLite file, no server)",
-                                         "bash scripts/test.sh    # sets up .venv, then runs the test suite"]
+    assert readme.splitlines()[first + 1 : first + 3] == [
+        "bash scripts/main.sh    # sets up .venv, then runs the guarded demo study (SQLite file, no server)",
+        "bash scripts/test.sh    # sets up .venv, then runs the test suite",
+    ]
 
 
 def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
@@ -62,7 +69,7 @@ def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
 
     readme = (ROOT / "README.md").read_text()
     start = readme.index("```python\n") + len("```python\n")
-    (tmp_path / "example.py").write_text(readme[start:readme.index("```", start)])
+    (tmp_path / "example.py").write_text(readme[start : readme.index("```", start)])
     out = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     trials = optuna.load_study(study_name="rows", storage=f"sqlite:///{tmp_path / 'study.db'}").trials

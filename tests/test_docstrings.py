@@ -15,7 +15,8 @@ import pytest
 PKG = Path(__file__).resolve().parent.parent / "optuna_memprune"
 MODULES = sorted(
     ".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__")
-    for p in PKG.rglob("*.py") if ">>>" in p.read_text()
+    for p in PKG.rglob("*.py")
+    if ">>>" in p.read_text()
 )
 
 
@@ -27,6 +28,7 @@ def test_the_package_has_examples():
 def test_docstring_examples_run(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples that write files write them here
     module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
-                             raise_on_error=False, verbose=False)
+    result = doctest.testmod(
+        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, raise_on_error=False, verbose=False
+    )
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed (run it with -s)"

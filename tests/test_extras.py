@@ -23,21 +23,31 @@ def test_the_tracer_without_torch_names_the_torch_extra() -> None:
     out = _blocked(["torch"], "from optuna_memprune.estimate import torch_training")
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1] == (
-        'optuna_memprune._extras.MissingExtra: estimate.torch_training needs torch, which is not installed: '
-        'pip install "optuna-memprune[torch]"')
+        "optuna_memprune._extras.MissingExtra: estimate.torch_training needs torch, which is not installed: "
+        'pip install "optuna-memprune[torch]"'
+    )
 
 
 def test_a_command_without_its_extra_is_one_line_naming_it() -> None:
     # the rl extra (sb3-contrib here) installed but torch not: the recipe names torch, not what imported it
-    out = _blocked(["torch"], "from optuna_memprune.cli import main\n"
-                              "sys.exit(main(['-q', 'predict', 'sb3', '--algo', 'qrdqn', '--env', 'CartPole-v1']))")
+    out = _blocked(
+        ["torch"],
+        "from optuna_memprune.cli import main\n"
+        "sys.exit(main(['-q', 'predict', 'sb3', '--algo', 'qrdqn', '--env', 'CartPole-v1']))",
+    )
     assert (out.returncode, out.stdout) == (1, "")
-    assert out.stderr == ("memprune: error: the sb3 recipe's qrdqn needs torch, which is not installed: "
-                          'pip install "optuna-memprune[torch]"\n')
-    out = _blocked(["gymnasium", "stable_baselines3", "sb3_contrib"], "from optuna_memprune.cli import main\n"
-                   "sys.exit(main(['-q', 'predict', 'sb3', '--algo', 'dqn', '--env', 'CartPole-v1']))")
+    assert out.stderr == (
+        "memprune: error: the sb3 recipe's qrdqn needs torch, which is not installed: "
+        'pip install "optuna-memprune[torch]"\n'
+    )
+    out = _blocked(
+        ["gymnasium", "stable_baselines3", "sb3_contrib"],
+        "from optuna_memprune.cli import main\n"
+        "sys.exit(main(['-q', 'predict', 'sb3', '--algo', 'dqn', '--env', 'CartPole-v1']))",
+    )
     assert out.returncode == 2 and out.stderr.endswith(
-        'needs gymnasium and stable-baselines3, which are not installed: pip install "optuna-memprune[rl]"\n')
+        'needs gymnasium and stable-baselines3, which are not installed: pip install "optuna-memprune[rl]"\n'
+    )
 
 
 def test_only_a_module_an_extra_brings_is_called_a_missing_extra() -> None:
@@ -78,8 +88,10 @@ def test_the_cli_names_the_extra_for_its_own_commands_only(monkeypatch, capsys) 
 
     monkeypatch.setattr(cli, "_cmd_report", fails)
     assert cli.main(["report", "sqlite:///x.db"]) == 1
-    assert capsys.readouterr().err == ('memprune: error: memprune report needs matplotlib, which is not installed: '
-                                       'pip install "optuna-memprune[report]"\n')
+    assert capsys.readouterr().err == (
+        "memprune: error: memprune report needs matplotlib, which is not installed: "
+        'pip install "optuna-memprune[report]"\n'
+    )
     monkeypatch.setattr(cli, "cmd_worker", fails)  # the worker imports the user's objective: its error is its own
     with pytest.raises(ModuleNotFoundError, match="matplotlib"):
         cli.main(["worker", "m:f", "--study", "s", "--storage", "sqlite:///x.db"])

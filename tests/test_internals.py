@@ -71,7 +71,8 @@ def test_main_module_left_out_drops_the_main_module_in_this_thread_only(tmp_path
         "assert not any(k in inside for k in keys) and inside['sys_path']  # the rest of the preparation stays\n"
         "assert any(k in seen for k in keys)  # another thread of the program keeps Python's behaviour\n"
         "assert any(k in spawn.get_preparation_data('x') for k in keys)  # and so does this one afterwards\n"
-        "print('ok')\n")
+        "print('ok')\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert (out.returncode, out.stdout) == (0, "ok\n"), out.stderr

@@ -114,8 +114,7 @@ def test_imports_point_down_the_layers():
 def test_no_import_cycle_between_package_files():
     graph = {p: _edges(p) for p in _modules()}
     cycles = _cycles(graph)
-    assert not cycles, "import cycles:\n" + "\n".join(
-        " -> ".join(str(p.relative_to(PKG)) for p in c) for c in cycles)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(str(p.relative_to(PKG)) for p in c) for c in cycles)
 
 
 def _cycles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
@@ -224,8 +223,9 @@ def test_the_rules_catch_what_they_are_for(tmp_path):
     probe = PKG / "estimate" / "zz_layer_probe.py"
     probe2 = PKG / "estimate" / "zz_layer_probe2.py"
     try:
-        probe.write_text("from ..guard import MemoryGuard\nfrom . import zz_layer_probe2\n"
-                         "def f(study):\n    return study._storage\n")
+        probe.write_text(
+            "from ..guard import MemoryGuard\nfrom . import zz_layer_probe2\ndef f(study):\n    return study._storage\n"
+        )
         probe2.write_text("def g():\n    from . import zz_layer_probe\n")
         assert any("_storage" in r for r in reach_ins(probe))
         graph = {p: _edges(p) for p in (probe, probe2)}
@@ -237,30 +237,37 @@ def test_the_rules_catch_what_they_are_for(tmp_path):
 
 
 def test_import_optuna_memprune_loads_no_torch_pynvml_or_plotly():
-    code = ("import sys, optuna_memprune, optuna_memprune.estimate, optuna_memprune.monitor; "
-            "print(sorted(m for m in ('torch', 'pynvml', 'plotly') if m in sys.modules))")
+    code = (
+        "import sys, optuna_memprune, optuna_memprune.estimate, optuna_memprune.monitor; "
+        "print(sorted(m for m in ('torch', 'pynvml', 'plotly') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_estimate_and_monitor_never_import_each_other_or_optuna():
-    for layer, banned in (("estimate", ("optuna", "psutil", "monitor", "guard", "ledger", "report")),
-                          ("monitor", ("optuna", "torch", "estimate", "guard", "ledger", "report"))):
+    for layer, banned in (
+        ("estimate", ("optuna", "psutil", "monitor", "guard", "ledger", "report")),
+        ("monitor", ("optuna", "torch", "estimate", "guard", "ledger", "report")),
+    ):
         for path in (PKG / layer).rglob("*.py"):
             tree = ast.parse(path.read_text())
             for node in ast.walk(tree):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     for name in _resolve(path, node):
                         parts = name.split(".")
-                        assert not any(p in banned for p in parts if p), \
-                            f"{path.relative_to(PKG)} imports {name}"
+                        assert not any(p in banned for p in parts if p), f"{path.relative_to(PKG)} imports {name}"
 
 
 def test_architecture_doc_names_every_layer_module():
     doc = (PKG.parent / "docs" / "ARCHITECTURE.md").read_text()
-    missing = [f"{n}" for layer in LAYERS for n in layer
-               if (PKG / f"{n}.py").exists() or (PKG / n).is_dir()
-               if f"`{n}.py`" not in doc and f"`{n}/`" not in doc]
+    missing = [
+        f"{n}"
+        for layer in LAYERS
+        for n in layer
+        if (PKG / f"{n}.py").exists() or (PKG / n).is_dir()
+        if f"`{n}.py`" not in doc and f"`{n}/`" not in doc
+    ]
     assert not missing, f"docs/ARCHITECTURE.md does not name: {missing}"
 
 

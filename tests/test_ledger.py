@@ -15,8 +15,18 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
-from optuna_memprune.ledger import (Entry, HostBudget, HostCapacity, Ledger, LedgerError, Reaped, Request, Usage,
-                                    owner_alive, read_host)
+from optuna_memprune.ledger import (
+    Entry,
+    HostBudget,
+    HostCapacity,
+    Ledger,
+    LedgerError,
+    Reaped,
+    Request,
+    Usage,
+    owner_alive,
+    read_host,
+)
 
 GiB = 1024**3
 RACER = str(Path(__file__).resolve().parent / "_ledger_racer.py")
@@ -31,24 +41,31 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def _racer(*args: str, stdin: bool = False) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, RACER, *args], stdout=subprocess.PIPE, text=True,
-                            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, RACER, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+    )
 
 
 # -- HostBudget ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"ram": -1}, "HostBudget.ram cannot be negative"),
-    ({"ram": "lots"}, "HostBudget.ram must be a byte size"),
-    ({"gpus": "16GiB"}, "HostBudget.gpus must be 'auto', None or a sequence of sizes"),
-    ({"gpus": 16}, "HostBudget.gpus must be 'auto', None or a sequence of sizes"),
-    ({"gpus": ["8GiB", "-1GiB"]}, r"HostBudget.gpus\[1\] must be a byte size"),
-    ({"gpus": ["8GiB", -1]}, r"HostBudget.gpus\[1\] cannot be negative"),
-    ({"headroom": 1.0}, r"HostBudget.headroom must be a fraction in \[0, 1\), but got 1.0"),
-    ({"headroom": -0.1}, r"HostBudget.headroom must be a fraction in \[0, 1\)"),
-    ({"threads": 0}, "HostBudget.threads must be a positive int or None"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"ram": -1}, "HostBudget.ram cannot be negative"),
+        ({"ram": "lots"}, "HostBudget.ram must be a byte size"),
+        ({"gpus": "16GiB"}, "HostBudget.gpus must be 'auto', None or a sequence of sizes"),
+        ({"gpus": 16}, "HostBudget.gpus must be 'auto', None or a sequence of sizes"),
+        ({"gpus": ["8GiB", "-1GiB"]}, r"HostBudget.gpus\[1\] must be a byte size"),
+        ({"gpus": ["8GiB", -1]}, r"HostBudget.gpus\[1\] cannot be negative"),
+        ({"headroom": 1.0}, r"HostBudget.headroom must be a fraction in \[0, 1\), but got 1.0"),
+        ({"headroom": -0.1}, r"HostBudget.headroom must be a fraction in \[0, 1\)"),
+        ({"threads": 0}, "HostBudget.threads must be a positive int or None"),
+    ],
+)
 def test_host_budget_names_the_bad_field(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         HostBudget(**kwargs)
@@ -117,9 +134,11 @@ def test_admit_waits_for_a_release(url: str) -> None:
 
 def test_admit_refuses_at_once_what_never_fits_and_times_out_on_what_does_not_fit_now(url: str) -> None:
     ledger = Ledger(HostCapacity(ram=10 * GiB, gpus=(8 * GiB,), threads=4), url=url, host="h")
-    for request, message in ((Request(ram=11 * GiB), r"ram 11.00 GiB > capacity 10.00 GiB"),
-                             (Request(threads=5), r"threads 5 > capacity 4"),
-                             (Request(vram=9 * GiB), r"vram 9.00 GiB > the largest GPU's capacity 8.00 GiB")):
+    for request, message in (
+        (Request(ram=11 * GiB), r"ram 11.00 GiB > capacity 10.00 GiB"),
+        (Request(threads=5), r"threads 5 > capacity 4"),
+        (Request(vram=9 * GiB), r"vram 9.00 GiB > the largest GPU's capacity 8.00 GiB"),
+    ):
         assert not ledger.fits_empty(request)
         start = time.monotonic()
         with pytest.raises(ValueError, match=f"Request 'big' can never be admitted on host 'h': {message}"):
@@ -252,9 +271,11 @@ def test_read_host_creates_nothing_and_a_corrupted_file_is_one_line(tmp_path: Pa
     path.write_bytes(b"garbage" * 1000)
     for wal in tmp_path.glob("cache/*-wal"):
         wal.unlink()
-    message = (f"the host ledger {path} is not a readable SQLite database (file is not a database): delete it (it "
-               "holds only the reservations of this host's running trials) or set MEMPRUNE_CACHE_DIR to another "
-               "directory")
+    message = (
+        f"the host ledger {path} is not a readable SQLite database (file is not a database): delete it (it "
+        "holds only the reservations of this host's running trials) or set MEMPRUNE_CACHE_DIR to another "
+        "directory"
+    )
     with pytest.raises(LedgerError) as corrupted:
         Ledger(HostCapacity(ram=10), host="h")
     assert str(corrupted.value) == message
@@ -281,8 +302,10 @@ def test_eight_racing_processes_never_exceed_the_host(tmp_path: Path, url: str) 
     cap = HostCapacity(ram=1000, gpus=(600, 1000), threads=8)
     cap_json = json.dumps({"ram": cap.ram, "gpus": list(cap.gpus), "threads": cap.threads})
     Ledger(cap, url=url, host="race").close()  # tables exist before the clock starts
-    racers = [_racer("race", url, "race", cap_json, str(i), str(rounds), str(tmp_path / f"r{i}.json"), stdin=True)
-              for i in range(workers)]
+    racers = [
+        _racer("race", url, "race", cap_json, str(i), str(rounds), str(tmp_path / f"r{i}.json"), stdin=True)
+        for i in range(workers)
+    ]
     poller = _racer("poll", url, "race", cap_json, str(tmp_path / "poll.json"), stdin=True)
     try:
         for p in (*racers, poller):
@@ -304,8 +327,10 @@ def test_eight_racing_processes_never_exceed_the_host(tmp_path: Path, url: str) 
     done = [r for log in logs for r in log["rounds"]]
     waits = sum(log["waits"] for log in logs)
     polled = json.loads((tmp_path / "poll.json").read_text())
-    print(f"\n{len(done)} admissions in {elapsed:.1f} s, {waits} waited, "
-          f"{sum(log['timeouts'] for log in logs)} timed out, poller read {polled['reads']} sums")
+    print(
+        f"\n{len(done)} admissions in {elapsed:.1f} s, {waits} waited, "
+        f"{sum(log['timeouts'] for log in logs)} timed out, poller read {polled['reads']} sums"
+    )
     # contention happened (a scheduling-dependent count: 47 and 48 seen in two 2-core runs), and was resolved
     assert len(done) >= 0.95 * workers * rounds and waits >= 20
 

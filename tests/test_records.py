@@ -11,10 +11,22 @@ from optuna_memprune.records import constraint_keys
 
 
 def _record(**kwargs) -> TrialRecord:  # type: ignore[no-untyped-def]
-    base = dict(decision=Decision.CLAMPED, reason="lowered batch", pred_ram=3 * GiB, pred_vram=0,
-                pred_threads=4, peak_ram=2 * GiB, peak_vram=None, peak_threads=5, budget_ram=4 * GiB,
-                budget_threads=8, clamped_from={"batch": 512}, timeline=[(0.0, 1, 2, None), (0.1234, 3, 4, 5)],
-                breakdown={"ram": 3 * GiB}, breach={"rss": 1})
+    base = dict(
+        decision=Decision.CLAMPED,
+        reason="lowered batch",
+        pred_ram=3 * GiB,
+        pred_vram=0,
+        pred_threads=4,
+        peak_ram=2 * GiB,
+        peak_vram=None,
+        peak_threads=5,
+        budget_ram=4 * GiB,
+        budget_threads=8,
+        clamped_from={"batch": 512},
+        timeline=[(0.0, 1, 2, None), (0.1234, 3, 4, 5)],
+        breakdown={"ram": 3 * GiB},
+        breach={"rss": 1},
+    )
     return TrialRecord(**{**base, **kwargs})
 
 
@@ -64,7 +76,8 @@ def test_runner_fields_round_trip_and_are_absent_in_process() -> None:
     assert (again.margin, again.host, again.gpu) == ({"ram": 1.25, "threads": 1.0}, "node-a", 1)
     assert again.enforcement == "cgroup v1 limit"
     plain = _record().attrs()
-    assert not any(k.startswith(("memprune:margin", "memprune:host", "memprune:gpu", "memprune:enforcement"))
-                   for k in plain)
+    assert not any(
+        k.startswith(("memprune:margin", "memprune:host", "memprune:gpu", "memprune:enforcement")) for k in plain
+    )
     assert read_record(plain).margin == {} and read_record(plain).gpu is None
     assert read_record(plain).enforcement is None

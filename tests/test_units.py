@@ -6,10 +6,21 @@ from optuna_memprune import Budget, format_bytes, parse_bytes
 from optuna_memprune.units import check_int, check_number, is_int
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("6GiB", 6 * 2**30), ("512MB", 512 * 10**6), ("1.5 GB", 1_500_000_000), ("1024", 1024), (4096, 4096),
-    (1e9, 10**9), ("2 kib", 2048), ("10b", 10), ("0", 0), ("1e3MB", 10**9),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("6GiB", 6 * 2**30),
+        ("512MB", 512 * 10**6),
+        ("1.5 GB", 1_500_000_000),
+        ("1024", 1024),
+        (4096, 4096),
+        (1e9, 10**9),
+        ("2 kib", 2048),
+        ("10b", 10),
+        ("0", 0),
+        ("1e3MB", 10**9),
+    ],
+)
 def test_parse_bytes_accepts_human_sizes(text, expected):
     assert parse_bytes(text) == expected
 
@@ -30,8 +41,15 @@ def test_budget_parses_and_prints_human_sizes():
     assert str(Budget()) == "Budget(unlimited)"
 
 
-@pytest.mark.parametrize("kwargs,word", [({"ram": "-1GB"}, "Budget.ram"), ({"vram": "lots"}, "Budget.vram"),
-                                         ({"threads": 0}, "Budget.threads"), ({"threads": 2.5}, "Budget.threads")])
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        ({"ram": "-1GB"}, "Budget.ram"),
+        ({"vram": "lots"}, "Budget.vram"),
+        ({"threads": 0}, "Budget.threads"),
+        ({"threads": 2.5}, "Budget.threads"),
+    ],
+)
 def test_budget_rejects_bad_values_naming_them(kwargs, word):
     with pytest.raises(ValueError, match=word):
         Budget(**kwargs)

@@ -46,9 +46,14 @@ def _print_footprint(fp, budget_line: str | None = None) -> None:
     table = parts().Table(show_footer=True, box=None, pad_edge=False)
     rows = fp.rows()
     total = rows.pop()
-    for head, foot, justify in (("component", total[0], "left"), ("kind", total[1], "left"),
-                                ("RAM", total[2], "right"), ("VRAM", total[3], "right"),
-                                ("threads", total[4], "right"), ("note", total[5], "left")):
+    for head, foot, justify in (
+        ("component", total[0], "left"),
+        ("kind", total[1], "left"),
+        ("RAM", total[2], "right"),
+        ("VRAM", total[3], "right"),
+        ("threads", total[4], "right"),
+        ("note", total[5], "left"),
+    ):
         table.add_column(head, footer=foot, justify=justify, no_wrap=head != "note")
     for row in rows:
         table.add_row(*row)
@@ -80,17 +85,29 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     except EstimateError as exc:  # an --env the recipes cannot profile (checked before any probe)
         raise UsageError(str(exc)) from None
     if _format(args) == "json":
-        print(json.dumps({"stacks": [dataclasses.asdict(b) for b in cal.stacks()],
-                          "envs": [dataclasses.asdict(p) for p in profiles],
-                          "seconds": round(seconds, 1), "path": str(cal.path)}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "stacks": [dataclasses.asdict(b) for b in cal.stacks()],
+                    "envs": [dataclasses.asdict(p) for p in profiles],
+                    "seconds": round(seconds, 1),
+                    "path": str(cal.path),
+                },
+                indent=1,
+            )
+        )
         return 0
     for base in cal.stacks():
-        print(f"{', '.join(base.imports) or 'python':55s} {format_bytes(base.ram):>11s}  "
-              f"threads {base.threads_at(1)} (+{base.threads_per_torch_thread:.1f} per torch thread)  "
-              f"measured {stamp(base.measured_at)}, rechecked {stamp(base.checked_at)}")
+        print(
+            f"{', '.join(base.imports) or 'python':55s} {format_bytes(base.ram):>11s}  "
+            f"threads {base.threads_at(1)} (+{base.threads_per_torch_thread:.1f} per torch thread)  "
+            f"measured {stamp(base.measured_at)}, rechecked {stamp(base.checked_at)}"
+        )
     for p in profiles:
-        print(f"{p.env_id:55s} env {format_bytes(p.env_ram):>10s} each, worker {format_bytes(p.worker_ram)}  "
-              f"measured {stamp(p.measured_at)}")
+        print(
+            f"{p.env_id:55s} env {format_bytes(p.env_ram):>10s} each, worker {format_bytes(p.worker_ram)}  "
+            f"measured {stamp(p.measured_at)}"
+        )
     print(f"calibrated in {seconds:.1f} s -> {cal.path}")
     return 0
 
@@ -102,16 +119,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     url = args.storage or os.environ.get(ENV_VAR) or None
     try:
-        options, label = inject.prepare(args.command[1:] if args.command[:1] == ["--"] else args.command,
-                                        ram=args.ram, vram=args.vram, threads=args.threads, workers=args.workers,
-                                        on_infeasible=args.on_infeasible, footprint=args.footprint,
-                                        clamp_fixed=args.clamp_fixed, storage=url)
+        options, label = inject.prepare(
+            args.command[1:] if args.command[:1] == ["--"] else args.command,
+            ram=args.ram,
+            vram=args.vram,
+            threads=args.threads,
+            workers=args.workers,
+            on_infeasible=args.on_infeasible,
+            footprint=args.footprint,
+            clamp_fixed=args.clamp_fixed,
+            storage=url,
+        )
         default = inject.default_params(options) if args.dry_run else None
         fixed = inject.fixed_message(options) if args.dry_run and not args.clamp_fixed else None
         if args.dry_run and args.clamp_fixed:
             lowered = inject.overrides(options)
-            fixed = "; ".join(f"--clamp-fixed: {k} {v[0]} -> {v[1]} on every trial" for k, v in lowered.items()) \
+            fixed = (
+                "; ".join(f"--clamp-fixed: {k} {v[0]} -> {v[1]} on every trial" for k, v in lowered.items())
                 or "--clamp-fixed: every named fixed hyperparameter fits as it is; nothing lowered"
+            )
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     if url is not None and not args.dry_run:
@@ -122,11 +148,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         argv = list(replayed[0])
         print(f"memprune: {replayed[1]}", file=sys.stderr)
     if args.dry_run and _format(args) == "json":
-        print(json.dumps({"command": argv, "budget": options.budget.resources, "footprint": label,
-                          "default_params": default and default[1].to_dict(), "fixed": fixed}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "command": argv,
+                    "budget": options.budget.resources,
+                    "footprint": label,
+                    "default_params": default and default[1].to_dict(),
+                    "fixed": fixed,
+                },
+                indent=1,
+            )
+        )
     elif args.dry_run:
-        print(f"memprune run would guard: {' '.join(argv)}\nbudget: {options.budget} (the program's process)\n"
-              f"footprint: {label}")
+        print(
+            f"memprune run would guard: {' '.join(argv)}\nbudget: {options.budget} (the program's process)\n"
+            f"footprint: {label}"
+        )
         if default is not None:
             print(f"footprint of the default params ({default[0]}):")
             _print_footprint(default[1])
@@ -173,8 +211,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
             raise
         except Exception as exc:  # noqa: BLE001 - the storage's own errors (a server gone, a locked file)
             raise MemPruneError(f"cannot write the dashboard notes into {shown(url)}: {first_line(exc)}") from None
-        print(f"optuna-dashboard notes: {changed} of {len(data.trials)} guarded trials written or refreshed",
-              file=sys.stderr)
+        print(
+            f"optuna-dashboard notes: {changed} of {len(data.trials)} guarded trials written or refreshed",
+            file=sys.stderr,
+        )
     fmt = _format(args)
     try:
         if fmt == "table":
@@ -207,21 +247,32 @@ def _verbosity() -> argparse.ArgumentParser:
     """``-v``/``-q``, accepted before and after the command (each level leaves the other's value alone)."""
     parser = argparse.ArgumentParser(add_help=False)
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                       help="log what the tool does")
-    group.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                       help="print warnings and errors only (no calibration notes)")
+    group.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log what the tool does")
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print warnings and errors only (no calibration notes)",
+    )
     return parser
 
 
 def _formats(*choices: str, json_alias: bool = False) -> argparse.ArgumentParser:
     """``-f/--format`` of a command that prints data (``--json``: the same as ``-f json``)."""
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("-f", "--format", choices=choices, default=argparse.SUPPRESS,
-                        help=f"output format (default: {choices[0]})")
+    parser.add_argument(
+        "-f", "--format", choices=choices, default=argparse.SUPPRESS, help=f"output format (default: {choices[0]})"
+    )
     if json_alias:
-        parser.add_argument("--json", dest="format", action="store_const", const="json",
-                            default=argparse.SUPPRESS, help="the same as --format json")
+        parser.add_argument(
+            "--json",
+            dest="format",
+            action="store_const",
+            const="json",
+            default=argparse.SUPPRESS,
+            help="the same as --format json",
+        )
     return parser
 
 
@@ -230,38 +281,52 @@ def build_parser() -> argparse.ArgumentParser:
     from ..estimate.recipes import RECIPES
 
     verbosity = _verbosity()
-    parser = argparse.ArgumentParser(prog="memprune", description="Predict, budget and guard Optuna trials.",
-                                     parents=[verbosity])
+    parser = argparse.ArgumentParser(
+        prog="memprune", description="Predict, budget and guard Optuna trials.", parents=[verbosity]
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     predict_formats = _formats("table", "json", json_alias=True)
-    pred = sub.add_parser("predict", parents=[verbosity, predict_formats],
-                          help="print the predicted footprint of a recipe and params")
-    by_recipe = pred.add_subparsers(dest="recipe", required=True, metavar="recipe",
-                                    help=", ".join(RECIPES) + " (memprune predict <recipe> --help)")
+    pred = sub.add_parser(
+        "predict", parents=[verbosity, predict_formats], help="print the predicted footprint of a recipe and params"
+    )
+    by_recipe = pred.add_subparsers(
+        dest="recipe", required=True, metavar="recipe", help=", ".join(RECIPES) + " (memprune predict <recipe> --help)"
+    )
     for name, recipe in RECIPES.items():
         rp = by_recipe.add_parser(name, parents=[verbosity, predict_formats], help=recipe.HELP)
         recipe.add_arguments(rp)
         rp.add_argument("params", nargs="*", type=_param, help="name=value params, e.g. buffer_size=100000")
     pred.set_defaults(func=_cmd_predict)
 
-    cal = sub.add_parser("calibrate", parents=[verbosity, _formats("table", "json")],
-                         help="measure this host's baselines now and cache them (a cached one is rechecked: see "
-                              "MEMPRUNE_RECHECK)")
+    cal = sub.add_parser(
+        "calibrate",
+        parents=[verbosity, _formats("table", "json")],
+        help="measure this host's baselines now and cache them (a cached one is rechecked: see MEMPRUNE_RECHECK)",
+    )
     cal.add_argument("--env", action="append", default=[], help="also profile this env id (repeatable)")
     cal.add_argument("--force", action="store_true", help="forget the cached figures first")
     cal.set_defaults(func=_cmd_calibrate)
 
-    storage_help = (f"the study's storage: a URL (sqlite:///f.db, postgresql+psycopg://...) or a Journal file "
-                    f"(PATH.log, journal:PATH); default ${ENV_VAR}")
-    wk = sub.add_parser("worker", parents=[verbosity],
-                        help="run trials of a study, one process each, under the guard and this host's ledger")
+    storage_help = (
+        f"the study's storage: a URL (sqlite:///f.db, postgresql+psycopg://...) or a Journal file "
+        f"(PATH.log, journal:PATH); default ${ENV_VAR}"
+    )
+    wk = sub.add_parser(
+        "worker",
+        parents=[verbosity],
+        help="run trials of a study, one process each, under the guard and this host's ledger",
+    )
     wk.add_argument("objective", help="the objective as module:function (importable from here)")
     wk.add_argument("--storage", default=None, help=storage_help)
     wk.add_argument("--study-name", "--study", dest="study", required=True, help="the study name (created if missing)")
-    wk.add_argument("--direction", choices=["minimize", "maximize"], default=None,
-                    help="the study's direction (default: an existing study's, else minimize)")
+    wk.add_argument(
+        "--direction",
+        choices=["minimize", "maximize"],
+        default=None,
+        help="the study's direction (default: an existing study's, else minimize)",
+    )
     wk.add_argument("--guard", help="module:name of a MemoryGuard (or of a function returning one)")
     wk.add_argument("--footprint", help="module:function params -> Footprint (instead of --guard)")
     wk.add_argument("--ram", help="per-trial RAM budget, e.g. 6GiB (with --footprint)")
@@ -276,45 +341,84 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--n-workers", type=int, default=1, help="trial processes at the same time")
     wk.add_argument("--host-id", default=None, help="this host's id in the ledger (default: the hostname)")
     wk.add_argument("--ledger", default=None, help="ledger database URL (default: a SQLite file per host)")
-    wk.add_argument("--host-ram", default="auto", help="RAM for all trials of this host (default: available now, "
-                    "or the room under this process's cgroup limit where less)")
+    wk.add_argument(
+        "--host-ram",
+        default="auto",
+        help="RAM for all trials of this host (default: available now, "
+        "or the room under this process's cgroup limit where less)",
+    )
     wk.add_argument("--host-gpus", nargs="*", default="auto", help="memory per GPU (default: NVML's)")
     wk.add_argument("--host-threads", type=int, default=None)
     wk.add_argument("--headroom", type=float, default=0.1, help="fraction of the host kept free")
     wk.add_argument("--on-host-full", choices=["wait", "reject"], default="wait")
-    wk.add_argument("--enforce", choices=["auto", "cgroup", "polling"], default="auto",
-                    help="a cgroup per trial where one can be made (auto), or else an error (cgroup), or polling only")
+    wk.add_argument(
+        "--enforce",
+        choices=["auto", "cgroup", "polling"],
+        default="auto",
+        help="a cgroup per trial where one can be made (auto), or else an error (cgroup), or polling only",
+    )
     wk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     wk.set_defaults(func=cmd_worker)
 
-    run = sub.add_parser("run", parents=[verbosity, _formats("table", "json")],
-                         help="run an unchanged Python program with every Optuna study it makes guarded")
+    run = sub.add_parser(
+        "run",
+        parents=[verbosity, _formats("table", "json")],
+        help="run an unchanged Python program with every Optuna study it makes guarded",
+    )
     run.add_argument("--ram", help="the program's RAM budget, e.g. 4GiB")
     run.add_argument("--vram", help="its GPU memory budget")
     run.add_argument("--threads", type=int, help="its thread budget")
     run.add_argument("--on-infeasible", choices=["clamp", "reject"], default="clamp")
-    run.add_argument("--footprint", default="auto", help="auto (default), learned, none, a recipe's name, or "
-                     "MODULE:FUNCTION params -> Footprint")
-    run.add_argument("--workers", type=int, default=1, help="trials at once, each in its own process, for a program "
-                     "that calls optimize with n_jobs=1 (n_jobs above 1 does the same by itself)")
-    run.add_argument("--clamp-fixed", action="append", default=[], metavar="NAME",
-                     help="lower this fixed hyperparameter of an rl-zoo3 search to the largest value that fits "
-                     "when no trial fits with it (repeatable); recorded on every trial")
-    run.add_argument("--storage", default=None, help="put a study the program makes in memory (as Hugging Face's "
-                     "hyperparameter_search does) on this storage, so its records outlive the program; a study the "
-                     f"program gives a storage keeps its own. Written as {storage_help[storage_help.index('a URL'):]}")
+    run.add_argument(
+        "--footprint",
+        default="auto",
+        help="auto (default), learned, none, a recipe's name, or MODULE:FUNCTION params -> Footprint",
+    )
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="trials at once, each in its own process, for a program "
+        "that calls optimize with n_jobs=1 (n_jobs above 1 does the same by itself)",
+    )
+    run.add_argument(
+        "--clamp-fixed",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="lower this fixed hyperparameter of an rl-zoo3 search to the largest value that fits "
+        "when no trial fits with it (repeatable); recorded on every trial",
+    )
+    run.add_argument(
+        "--storage",
+        default=None,
+        help="put a study the program makes in memory (as Hugging Face's "
+        "hyperparameter_search does) on this storage, so its records outlive the program; a study the "
+        f"program gives a storage keeps its own. Written as {storage_help[storage_help.index('a URL') :]}",
+    )
     run.add_argument("--dry-run", action="store_true", help="print what would be guarded; run nothing")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: python ..., a .py file")
     run.set_defaults(func=_cmd_run)
 
-    rep = sub.add_parser("report", parents=[verbosity, _formats("table", "json", "html")],
-                         help="review a guarded study: decisions, stopped trials, prediction quality")
+    rep = sub.add_parser(
+        "report",
+        parents=[verbosity, _formats("table", "json", "html")],
+        help="review a guarded study: decisions, stopped trials, prediction quality",
+    )
     rep.add_argument("storage", nargs="?", default=None, help=storage_help)
-    rep.add_argument("--study-name", "--study", dest="study", default=None,
-                     help="the study name (may be omitted when the storage holds one)")
+    rep.add_argument(
+        "--study-name",
+        "--study",
+        dest="study",
+        default=None,
+        help="the study name (may be omitted when the storage holds one)",
+    )
     rep.add_argument("-o", "--output", default=None, help="write to this file instead of standard output")
-    rep.add_argument("--dashboard-notes", action="store_true",
-                     help="also write an optuna-dashboard note on every guarded trial (needs optuna-dashboard)")
+    rep.add_argument(
+        "--dashboard-notes",
+        action="store_true",
+        help="also write an optuna-dashboard note on every guarded trial (needs optuna-dashboard)",
+    )
     rep.set_defaults(func=_cmd_report)
     return parser
 

@@ -35,8 +35,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.guard and args.footprint:
-        raise UsageError("give either --guard (a MemoryGuard with its budget) or --footprint with --ram/--vram/"
-                         "--threads, not both")
+        raise UsageError(
+            "give either --guard (a MemoryGuard with its budget) or --footprint with --ram/--vram/--threads, not both"
+        )
     if args.host_id is not None and not 0 < len(args.host_id) <= 255:
         raise UsageError(f"--host-id must be a non-empty name of at most 255 characters, but got {args.host_id!r}")
     if args.ledger is not None:
@@ -47,8 +48,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     objective = load(args.objective, "the objective")
     if not callable(objective) or not _takes(objective, 1):
         what = _kind(objective) if not callable(objective) else "a function that does not take one trial"
-        raise UsageError(f"the objective {args.objective!r} is {what}: give the module:function that takes a "
-                         "trial and returns its value")
+        raise UsageError(
+            f"the objective {args.objective!r} is {what}: give the module:function that takes a "
+            "trial and returns its value"
+        )
     if args.guard:
         guard = _worker_guard(args.guard, omp.MemoryGuard)
     elif args.footprint:
@@ -64,8 +67,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     else:
         raise UsageError("give the guard: --guard module:name, or --footprint module:name with --ram/--vram/--threads")
     try:
-        host = HostBudget(ram=None if args.host_ram == "none" else args.host_ram, gpus=args.host_gpus,
-                          headroom=args.headroom, threads=args.host_threads)
+        host = HostBudget(
+            ram=None if args.host_ram == "none" else args.host_ram,
+            gpus=args.host_gpus,
+            headroom=args.headroom,
+            threads=args.host_threads,
+        )
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
     ledger = Ledger(host, url=args.ledger, host=args.host_id)  # LedgerError: one line naming the file
@@ -82,9 +89,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
         ledger.close()
         raise
     try:
-        omp.optimize(study, objective, guard=guard, n_trials=args.n_trials, timeout=args.timeout,
-                     n_jobs=args.n_workers, host=ledger, on_host_full=args.on_host_full,
-                     show_progress_bar=args.progress, enforce=args.enforce)
+        omp.optimize(
+            study,
+            objective,
+            guard=guard,
+            n_trials=args.n_trials,
+            timeout=args.timeout,
+            n_jobs=args.n_workers,
+            host=ledger,
+            on_host_full=args.on_host_full,
+            show_progress_bar=args.progress,
+            enforce=args.enforce,
+        )
     finally:
         ledger.close()
     return 0
@@ -100,7 +116,10 @@ def _worker_study(args: argparse.Namespace, url: str, guard: Any, samplers: dict
         if args.direction is not None:
             _check_direction(storage, args.study, args.direction)
         study = optuna.create_study(
-            storage=storage, study_name=args.study, direction=args.direction, load_if_exists=True,
+            storage=storage,
+            study_name=args.study,
+            direction=args.direction,
+            load_if_exists=True,
             sampler=guard.wrap_sampler(samplers[args.sampler](seed=args.seed)),
             pruner=guard.wrap_pruner(pruners[args.pruner]()),
         )
@@ -109,8 +128,10 @@ def _worker_study(args: argparse.Namespace, url: str, guard: Any, samplers: dict
     except (TypeError, ValueError, ImportError) as exc:
         raise MemPruneError(str(exc)) from exc
     except Exception as exc:  # the storage's own errors (unreachable server, bad URL)
-        raise MemPruneError(f"could not open study {args.study!r} in {url}: "
-                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise MemPruneError(
+            f"could not open study {args.study!r} in {url}: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
     return study
 
 
@@ -122,8 +143,10 @@ def _check_direction(storage: Any, name: str, direction: str) -> None:
         return
     directions = [d.name.lower() for d in storage.get_study_directions(study_id)]
     if directions != [direction]:
-        raise UsageError(f"--direction {direction} disagrees with study {name!r}, which is {', '.join(directions)}: "
-                         "leave --direction out to run the study as it is")
+        raise UsageError(
+            f"--direction {direction} disagrees with study {name!r}, which is {', '.join(directions)}: "
+            "leave --direction out to run the study as it is"
+        )
 
 
 def _kind(obj: Any) -> str:
@@ -153,12 +176,15 @@ def _worker_guard(spec: str, guard_type: type) -> Any:
     if isinstance(guard, guard_type):
         return guard
     if not callable(guard):
-        raise UsageError(f"--guard {spec!r} is {_kind(guard)}: give a MemoryGuard, or a function of no arguments "
-                         "that returns one")
+        raise UsageError(
+            f"--guard {spec!r} is {_kind(guard)}: give a MemoryGuard, or a function of no arguments that returns one"
+        )
     if not _takes(guard, 0):
-        raise UsageError(f"--guard {spec!r} is a function that takes arguments (a footprint function? give it as "
-                         "--footprint with --ram/--vram/--threads): --guard takes a MemoryGuard, or a function "
-                         "of no arguments that returns one")
+        raise UsageError(
+            f"--guard {spec!r} is a function that takes arguments (a footprint function? give it as "
+            "--footprint with --ram/--vram/--threads): --guard takes a MemoryGuard, or a function "
+            "of no arguments that returns one"
+        )
     try:
         guard = guard()
     except Exception as exc:  # noqa: BLE001 - the user's function; one line says what it raised

@@ -12,11 +12,19 @@ from .._extras import MissingExtra
 from .footprint import Component, Footprint, Kind, total
 
 __all__ = [
-    "Component", "Footprint", "Kind", "total",
-    "torch_training", "torch_inference",
-    "replay_buffer", "rollout_buffer", "deque_buffer", "array",
+    "Component",
+    "Footprint",
+    "Kind",
+    "total",
+    "torch_training",
+    "torch_inference",
+    "replay_buffer",
+    "rollout_buffer",
+    "deque_buffer",
+    "array",
     "process",
-    "recipes", "learned",
+    "recipes",
+    "learned",
 ]
 
 _LAZY = {

@@ -23,14 +23,16 @@ SIZE_WORDS = frozenset(
     "batch width hidden units unit neurons nodes layers layer depth size sizes buffer maxlen len length seq "
     "sequence envs env stack frames leaves leaf bins bin rows cols columns estimators trees channels filters "
     "dim dims embed embedding heads vocab capacity memory steps quantiles features tokens context block "
-    "blocks workers samples resolution".split())
+    "blocks workers samples resolution".split()
+)
 #: Words that say it takes no memory (rates, coefficients, seeds): ``learning_rate``, ``lr``, ``gamma``,
 #: ``dropout``, ``weight_decay``, ``seed``, ``clip_range``, ``momentum``, ``beta1``, ``eps``, ``temperature``,
 #: ``ent_coef``, ``gae_lambda``, ``tau``, ``reg_alpha``, ``max_grad_norm``. They win over a size word
 #: (``batch_norm_momentum`` is a momentum).
 NO_MEMORY_WORDS = frozenset(
     "lr rate gamma dropout decay wd seed clip momentum beta eps epsilon temperature temp alpha lambda lam "
-    "tau coef coefficient noise std sigma reg penalty smoothing norm threshold l1 l2".split())
+    "tau coef coefficient noise std sigma reg penalty smoothing norm threshold l1 l2".split()
+)
 _DECADE = 10.0  # a positive numeric param spanning this ratio also gets a log feature
 
 
@@ -67,8 +69,9 @@ def role(name: str, values: Iterable[Any] = ()) -> Role:
     if said & SIZE_WORDS:
         return Role.SIZE
     values = [v for v in values if v is not None]
-    if values and all(is_number(v) and float(v).is_integer() and not isinstance(v, (float, np.floating))
-                      for v in values):
+    if values and all(
+        is_number(v) and float(v).is_integer() and not isinstance(v, (float, np.floating)) for v in values
+    ):
         return Role.SIZE  # an int of no known name: a count, most often of something held
     return Role.OTHER
 
@@ -83,7 +86,7 @@ class Encoder:
         self.roles: dict[str, Role] = {}
         self.products = False
         self.resource = ""  # corrected mode: the footprint's figure of this resource is the feature
-        self.scale = 1.0    # corrected mode: that figure's scale
+        self.scale = 1.0  # corrected mode: that figure's scale
 
     @property
     def directions(self) -> dict[str, int]:
@@ -151,14 +154,17 @@ class Encoder:
         other.numeric[name] = (lo, hi, -d, use_log)
         return other
 
-    def row(self, params: Mapping[str, Any], predicted: Mapping[str, float] | None = None,
-            weights: np.ndarray | None = None) -> np.ndarray:
+    def row(
+        self, params: Mapping[str, Any], predicted: Mapping[str, float] | None = None, weights: np.ndarray | None = None
+    ) -> np.ndarray:
         """The feature row of ``params``; a label no trial ran counts as the costliest seen (by ``weights``)."""
         if self.resource:  # corrected mode
             value = number((predicted or {}).get(self.resource))
             if value is None:
-                raise EstimateError(f"the footprint's {self.resource} figure must be a number, but got "
-                                    f"{(predicted or {}).get(self.resource)!r}.")
+                raise EstimateError(
+                    f"the footprint's {self.resource} figure must be a number, but got "
+                    f"{(predicted or {}).get(self.resource)!r}."
+                )
             return np.array([1.0, value / self.scale])
         linear, logs = [], []
         for name, (lo, hi, d, use_log) in self.numeric.items():
@@ -182,7 +188,7 @@ class Encoder:
         for name, labels in self.labels.items():
             value = params.get(name)
             if value not in labels and weights is not None:  # a label no trial ran: the costliest seen
-                block = weights[len(feats):len(feats) + len(labels)]
+                block = weights[len(feats) : len(feats) + len(labels)]
                 value = labels[int(np.argmax(block))]
             feats += [1.0 if value == lab else 0.0 for lab in labels]
         return np.array(feats)

@@ -35,12 +35,12 @@ from ..exceptions import EstimateError
 from ..units import MiB
 
 # --- Rules of c10/cuda/CUDACachingAllocator.cpp (constants keep the source's names in their comments) ---
-MIN_BLOCK_SIZE = 512                 # kMinBlockSize: every request is rounded up to a multiple of 512 B
-SMALL_SIZE = 1 * MiB                 # kSmallSize: largest request served from the small pool
-SMALL_BUFFER = 2 * MiB               # kSmallBuffer: small-pool segments are 2 MiB
-LARGE_BUFFER = 20 * MiB              # kLargeBuffer: requests in (1 MiB, 10 MiB) get a 20 MiB segment
-MIN_LARGE_ALLOC = 10 * MiB           # kMinLargeAlloc: requests >= 10 MiB get a segment of their own ...
-ROUND_LARGE = 2 * MiB                # kRoundLarge: ... rounded up to a multiple of 2 MiB
+MIN_BLOCK_SIZE = 512  # kMinBlockSize: every request is rounded up to a multiple of 512 B
+SMALL_SIZE = 1 * MiB  # kSmallSize: largest request served from the small pool
+SMALL_BUFFER = 2 * MiB  # kSmallBuffer: small-pool segments are 2 MiB
+LARGE_BUFFER = 20 * MiB  # kLargeBuffer: requests in (1 MiB, 10 MiB) get a 20 MiB segment
+MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc: requests >= 10 MiB get a segment of their own ...
+ROUND_LARGE = 2 * MiB  # kRoundLarge: ... rounded up to a multiple of 2 MiB
 
 # --- Fixed CUDA costs ---
 # CUDA context of one process on one GPU. pytorch/pytorch#86509 measured ~274 MiB with lazy module loading
@@ -78,9 +78,9 @@ def segment_size(nbytes: int) -> int:
 class AllocatorPeaks(NamedTuple):
     """Result of a replay. All numbers are bytes, except ``segments`` (count of ``cudaMalloc`` calls)."""
 
-    peak_allocated: int     # like torch.cuda.max_memory_allocated(): sizes of the blocks handed out
-    peak_reserved: int      # like torch.cuda.max_memory_reserved(): sizes of all segments
-    peak_requested: int     # the requests as asked, before rounding
+    peak_allocated: int  # like torch.cuda.max_memory_allocated(): sizes of the blocks handed out
+    peak_reserved: int  # like torch.cuda.max_memory_reserved(): sizes of all segments
+    peak_requested: int  # the requests as asked, before rounding
     segments: int
 
 

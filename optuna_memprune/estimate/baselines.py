@@ -28,14 +28,25 @@ THREAD_POINTS = (1, 4)
 PROBE_TIMEOUT_S = 120
 # Where the kernel probe cannot measure: its fit on the development host (AVX-512 EPYC, glibc 2.36, torch
 # 2.13 with oneDNN 3.12), per torchnet.WORKSPACE_RULES.
-DEFAULT_KERNEL_COEF = {"conv_fwd_in": 0.44, "conv_fwd_out": 0.80, "conv_bwd_in": 1.0, "conv_bwd_out": 0.80,
-                       "conv_bwd_grad_in": 0.15}
+DEFAULT_KERNEL_COEF = {
+    "conv_fwd_in": 0.44,
+    "conv_fwd_out": 0.80,
+    "conv_bwd_in": 1.0,
+    "conv_bwd_out": 0.80,
+    "conv_bwd_grad_in": 0.15,
+}
 #: Reference convolutions of the kernel probe: (in channels, out channels, kernel, stride, height = width,
 #: batch, input gradient). Odd sizes on purpose, none of them a layer of the benchmark's or SB3's networks.
 KERNEL_CONVS = (
-    (5, 24, 5, 2, 50, 64, False), (12, 20, 3, 1, 30, 64, True), (24, 40, 3, 1, 24, 64, True),
-    (40, 80, 3, 2, 26, 64, True), (48, 48, 3, 1, 20, 64, True), (80, 96, 1, 1, 14, 64, True),
-    (96, 48, 3, 1, 10, 96, True), (16, 56, 5, 1, 18, 64, True), (56, 24, 3, 1, 22, 48, False),
+    (5, 24, 5, 2, 50, 64, False),
+    (12, 20, 3, 1, 30, 64, True),
+    (24, 40, 3, 1, 24, 64, True),
+    (40, 80, 3, 2, 26, 64, True),
+    (48, 48, 3, 1, 20, 64, True),
+    (80, 96, 1, 1, 14, 64, True),
+    (96, 48, 3, 1, 10, 96, True),
+    (16, 56, 5, 1, 18, 64, True),
+    (56, 24, 3, 1, 22, 48, False),
 )
 # The directory that holds this package, put first on the probe's path: the probe imports this copy of it
 # wherever it was imported from (a checkout, an editable install).
@@ -47,8 +58,7 @@ def run_probe(name: str, spec: dict[str, Any], *, timeout: float = PROBE_TIMEOUT
     return run_probes(name, [spec], timeout=timeout)[0]
 
 
-def run_probes(name: str, specs: Sequence[dict[str, Any]], *, timeout: float = PROBE_TIMEOUT_S
-               ) -> list[dict[str, Any]]:
+def run_probes(name: str, specs: Sequence[dict[str, Any]], *, timeout: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]]:
     """Run the probe ``name`` once per spec, all at the same time, and return their results in order.
 
     Each probe is ``python -m optuna_memprune.estimate.probes.<name> SPEC`` in a fresh interpreter with this
@@ -67,9 +77,19 @@ def run_probes(name: str, specs: Sequence[dict[str, Any]], *, timeout: float = P
                 for i, spec in enumerate(specs):
                     out = Path(tmp, f"out{i}")
                     with out.open("w") as f:  # a file, not a pipe: a chatty probe never blocks on a full pipe
-                        procs.append((subprocess.Popen(
-                            [sys.executable, "-m", f"{__package__}.probes.{name}", json.dumps(spec)],
-                            stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True), out))
+                        procs.append(
+                            (
+                                subprocess.Popen(
+                                    [sys.executable, "-m", f"{__package__}.probes.{name}", json.dumps(spec)],
+                                    stdout=f,
+                                    stderr=subprocess.STDOUT,
+                                    env=env,
+                                    cwd=tmp,
+                                    start_new_session=True,
+                                ),
+                                out,
+                            )
+                        )
             results = []
             for (proc, out), spec in zip(procs, specs, strict=False):
                 try:
@@ -87,8 +107,10 @@ def run_probes(name: str, specs: Sequence[dict[str, Any]], *, timeout: float = P
 def _sigint_deferred() -> Iterator[None]:
     """Hold a SIGINT that lands inside the block and raise its KeyboardInterrupt when the block ends (only in
     the main thread, where Python delivers signals, and only over Python's default handler)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     held: list[int] = []
@@ -114,7 +136,7 @@ def _kill(proc: subprocess.Popen) -> None:
 def _result(spec: dict[str, Any], returncode: int, output: str) -> dict[str, Any]:
     for line in output.splitlines():
         if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
+            return json.loads(line[len(MARK) :])
     tail = output.strip().splitlines()[-5:]
     raise CalibrationError(f"calibration probe {spec} failed (exit {returncode}): " + " | ".join(tail))
 
@@ -129,13 +151,13 @@ class StackBaseline:
 
     imports: tuple[str, ...]
     train: bool
-    ram: int                      # VmHWM after imports (+ warm-up step), torch at 1 thread
-    threads_base: float           # fitted thread count at 0 torch threads (intercept)
+    ram: int  # VmHWM after imports (+ warm-up step), torch at 1 thread
+    threads_base: float  # fitted thread count at 0 torch threads (intercept)
     threads_per_torch_thread: float
     ram_per_torch_thread: int
     default_torch_threads: int
     measured_at: float | None = field(default=None, compare=False)  # wall clock (epoch s); None: older cache
-    checked_at: float | None = field(default=None, compare=False)   # its last recheck within tolerance
+    checked_at: float | None = field(default=None, compare=False)  # its last recheck within tolerance
 
     def threads_at(self, torch_threads: int) -> int:
         return int(round(self.threads_base + self.threads_per_torch_thread * torch_threads))
@@ -148,15 +170,25 @@ class StackBaseline:
         n_points = len(_at(raw, "points", kind=list))
         if not n_points:
             raise ValueError("points is empty")
-        points = [(_at(raw, "points", i, 0), _at(raw, "points", i, 1, "warm", "Threads"),
-                   _at(raw, "points", i, 1, "warm", "VmHWM")) for i in range(n_points)]
+        points = [
+            (
+                _at(raw, "points", i, 0),
+                _at(raw, "points", i, 1, "warm", "Threads"),
+                _at(raw, "points", i, 1, "warm", "VmHWM"),
+            )
+            for i in range(n_points)
+        ]
         first = _at(raw, "points", 0, 1, kind=dict)
         t0, t1 = _fit([(n, threads) for n, threads, _ in points])
         _, r1 = _fit([(n, hwm) for n, _, hwm in points])
         default = _at(first, "default_torch_threads") if "default_torch_threads" in first else 1
         return cls(
-            imports=imports, train=train, ram=points[0][2],
-            threads_base=t0, threads_per_torch_thread=t1, ram_per_torch_thread=max(0, int(r1)),
+            imports=imports,
+            train=train,
+            ram=points[0][2],
+            threads_base=t0,
+            threads_per_torch_thread=t1,
+            ram_per_torch_thread=max(0, int(r1)),
             default_torch_threads=max(1, default),
             measured_at=_at(raw, "measured_at", kind=float) if "measured_at" in raw else None,
             checked_at=_at(raw, "checked", "at", kind=float) if "checked" in raw else None,
@@ -172,11 +204,11 @@ class EnvProfile:
     frame_stack: int | None
     observation_space: dict
     action_space: dict
-    first_env_ram: int            # the first instance in a process (lazy module state, ROM load)
-    env_ram: int                  # each further instance in the same process
-    worker_ram: int = 0           # VmHWM of one SubprocVecEnv worker process
+    first_env_ram: int  # the first instance in a process (lazy module state, ROM load)
+    env_ram: int  # each further instance in the same process
+    worker_ram: int = 0  # VmHWM of one SubprocVecEnv worker process
     worker_threads: int = 0
-    helper_ram: int = 0           # forkserver and resource tracker, once per process tree
+    helper_ram: int = 0  # forkserver and resource tracker, once per process tree
     helper_threads: int = 0
     helper_processes: int = 0
     measured_at: float | None = field(default=None, compare=False)  # wall clock (epoch s); None: older cache
@@ -188,16 +220,26 @@ class EnvProfile:
         one = _at(raw, "one", "VmHWM") - _at(raw, "before", "VmHWM")
         each = max(0, (_at(raw, "four", "VmHWM") - _at(raw, "one", "VmHWM")) // 3)
         sub = raw.get("subproc") or {"workers": [], "helpers": []}
-        workers = [(_at(sub, "workers", i, "VmHWM"), _at(sub, "workers", i, "Threads"))
-                   for i in range(len(_at(sub, "workers", kind=list)))] or [(0, 0)]
-        helpers = [(_at(sub, "helpers", i, "VmHWM"), _at(sub, "helpers", i, "Threads"))
-                   for i in range(len(_at(sub, "helpers", kind=list)))]
+        workers = [
+            (_at(sub, "workers", i, "VmHWM"), _at(sub, "workers", i, "Threads"))
+            for i in range(len(_at(sub, "workers", kind=list)))
+        ] or [(0, 0)]
+        helpers = [
+            (_at(sub, "helpers", i, "VmHWM"), _at(sub, "helpers", i, "Threads"))
+            for i in range(len(_at(sub, "helpers", kind=list)))
+        ]
         return cls(
-            env_id=env_id, atari=atari, frame_stack=frame_stack,
-            observation_space=_space(raw, "observation_space"), action_space=_space(raw, "action_space"),
-            first_env_ram=max(one, each), env_ram=each,
-            worker_ram=max(w[0] for w in workers), worker_threads=max(w[1] for w in workers),
-            helper_ram=sum(h[0] for h in helpers), helper_threads=sum(h[1] for h in helpers),
+            env_id=env_id,
+            atari=atari,
+            frame_stack=frame_stack,
+            observation_space=_space(raw, "observation_space"),
+            action_space=_space(raw, "action_space"),
+            first_env_ram=max(one, each),
+            env_ram=each,
+            worker_ram=max(w[0] for w in workers),
+            worker_threads=max(w[1] for w in workers),
+            helper_ram=sum(h[0] for h in helpers),
+            helper_threads=sum(h[1] for h in helpers),
             helper_processes=len(helpers),
             measured_at=_at(raw, "measured_at", kind=float) if "measured_at" in raw else None,
         )
@@ -255,14 +297,20 @@ class CpuKernels:
     def from_raw(cls, raw: dict[str, Any]) -> CpuKernels:
         """The coefficients from the kernel probe's result; the defaults where it reported an error."""
         if "error" in _at(raw, kind=dict):
-            return cls(rules=tuple(DEFAULT_KERNEL_COEF), coefficients=tuple(DEFAULT_KERNEL_COEF.values()),
-                       block=0, measured=False)
+            return cls(
+                rules=tuple(DEFAULT_KERNEL_COEF),
+                coefficients=tuple(DEFAULT_KERNEL_COEF.values()),
+                block=0,
+                measured=False,
+            )
         n = len(_at(raw, "rules", kind=list))
         if len(_at(raw, "coef", kind=list)) != n:
             raise ValueError(f"coef has {len(raw['coef'])} values for {n} rules")
-        return cls(rules=tuple(_at(raw, "rules", i, kind=str) for i in range(n)),
-                   coefficients=tuple(float(_at(raw, "coef", i, kind=float)) for i in range(n)),
-                   block=_at(raw, "block"))
+        return cls(
+            rules=tuple(_at(raw, "rules", i, kind=str) for i in range(n)),
+            coefficients=tuple(float(_at(raw, "coef", i, kind=float)) for i in range(n)),
+            block=_at(raw, "block"),
+        )
 
 
 def _at(raw: Any, *path: str | int, kind: type = int) -> Any:
@@ -271,9 +319,13 @@ def _at(raw: Any, *path: str | int, kind: type = int) -> Any:
     as one error, and never later inside an estimate."""
     value = raw
     for i, key in enumerate(path):
-        if isinstance(key, int) and not (isinstance(value, list) and 0 <= key < len(value)) or \
-                isinstance(key, str) and not (isinstance(value, dict) and key in value):
-            raise ValueError(f"no {'/'.join(map(str, path[:i + 1]))}")
+        if (
+            isinstance(key, int)
+            and not (isinstance(value, list) and 0 <= key < len(value))
+            or isinstance(key, str)
+            and not (isinstance(value, dict) and key in value)
+        ):
+            raise ValueError(f"no {'/'.join(map(str, path[: i + 1]))}")
         value = value[key]
     if kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0

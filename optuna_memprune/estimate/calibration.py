@@ -50,8 +50,11 @@ SCHEMA = 1
 def versions(dists: Iterable[str] = CORE, *, platform_too: bool = True) -> dict[str, str]:
     """The versions of the installed ``dists`` (with the interpreter and platform unless ``platform_too`` is
     False): what keys the calibration cache file (``CORE``) or one of its entries (a recipe's ``VERSIONED``)."""
-    out = {"python": platform.python_version(), "machine": platform.machine(),
-           "system": platform.system()} if platform_too else {}
+    out = (
+        {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()}
+        if platform_too
+        else {}
+    )
     for dist in dists:
         try:
             out[dist] = metadata.version(dist)
@@ -112,8 +115,13 @@ class Calibration:
             self.data = {"schema": SCHEMA, "versions": versions()}
             self._write(replace=True)
 
-    def _write(self, entry: tuple[str, str | None, Any] | None = None, *, replace: bool = False,
-               stale_before: float | None = None) -> list[str]:
+    def _write(
+        self,
+        entry: tuple[str, str | None, Any] | None = None,
+        *,
+        replace: bool = False,
+        stale_before: float | None = None,
+    ) -> list[str]:
         """Merge ``self.data`` (and ``entry``: section, key or None, value) into the file under the lock; with
         ``stale_before``, drop the keyed entries measured before that time (but ``entry``). The dropped keys."""
         self._check_writable()
@@ -138,8 +146,10 @@ class Calibration:
                     Path(tmp).unlink(missing_ok=True)
                     raise
         except OSError as exc:
-            raise CalibrationError(f"cannot write the calibration cache {str(self.path)!r}: "
-                                   f"{exc.strerror or exc}; set {ENV_VAR} to a writable directory.") from None
+            raise CalibrationError(
+                f"cannot write the calibration cache {str(self.path)!r}: "
+                f"{exc.strerror or exc}; set {ENV_VAR} to a writable directory."
+            ) from None
         self.data = merged
         return dropped
 
@@ -160,8 +170,9 @@ class Calibration:
         try:
             return build(raw)
         except _MALFORMED as exc:
-            _logger.warning("The calibration entry %s in %s is malformed (%s): measuring it again.",
-                            key or section, self.path, exc)
+            _logger.warning(
+                "The calibration entry %s in %s is malformed (%s): measuring it again.", key or section, self.path, exc
+            )
             return None
 
     def stack(self, imports: Iterable[str], *, train: bool = True, versioned: Iterable[str] = ()) -> StackBaseline:
@@ -181,22 +192,32 @@ class Calibration:
             if found is not None:
                 return found
             self._check_writable()
-            _logger.info("Calibrating the baseline of a process importing %s (one-off, a few seconds).",
-                         ", ".join(imports) or "nothing")
+            _logger.info(
+                "Calibrating the baseline of a process importing %s (one-off, a few seconds).",
+                ", ".join(imports) or "nothing",
+            )
             raw = self._measure_stack(imports, train)
             value = build(raw)
             self._write(("stacks", key, raw))
         return value
 
-    def _measure_stack(self, imports: tuple[str, ...], train: bool, first: dict[str, Any] | None = None
-                       ) -> dict[str, Any]:
+    def _measure_stack(
+        self, imports: tuple[str, ...], train: bool, first: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The stack probe at each thread count, with when and under which memory conditions; ``first``: the
         probe's result at one torch thread, already measured."""
         points = THREAD_POINTS if "torch" in imports else (1,)
         conditions, at = recheck.host(), time.time()
         todo = [n for n in points if first is None or n != 1]
-        probes = dict(zip(todo, run_probes("stack", [{"imports": list(imports), "train": train, "threads": n}
-                                                     for n in todo]) if todo else [], strict=True))
+        probes = dict(
+            zip(
+                todo,
+                run_probes("stack", [{"imports": list(imports), "train": train, "threads": n} for n in todo])
+                if todo
+                else [],
+                strict=True,
+            )
+        )
         if first is not None:
             probes[1] = first
         return {"points": [[n, probes[n]] for n in points], "measured_at": at, "host": conditions}
@@ -238,12 +259,23 @@ class Calibration:
                 return self._recheck_now(label, imports, train, key, raw, build)
         except Exception as exc:  # noqa: BLE001 - a recheck never fails the study: the cache is kept
             _RECHECKED[self.path] = "done"
-            _logger.warning("The recheck of the calibrated baseline of %s failed (%s: %s): the cached figures "
-                            "are kept.", label, type(exc).__name__, exc)
+            _logger.warning(
+                "The recheck of the calibrated baseline of %s failed (%s: %s): the cached figures are kept.",
+                label,
+                type(exc).__name__,
+                exc,
+            )
             return None
 
-    def _recheck_now(self, label: str, imports: tuple[str, ...], train: bool, key: str, raw: dict[str, Any],
-                     build: Callable[[Any], T]) -> T | None:
+    def _recheck_now(
+        self,
+        label: str,
+        imports: tuple[str, ...],
+        train: bool,
+        key: str,
+        raw: dict[str, Any],
+        build: Callable[[Any], T],
+    ) -> T | None:
         """The recheck's probe, verdict and what follows from it (``_recheck``), under the recheck lock."""
         start = time.time()
         _logger.debug("Rechecking the calibrated baseline of %s (one probe, a few seconds).", label)
@@ -254,21 +286,33 @@ class Calibration:
             _logger.warning(verdict.message)
             return None
         if verdict.kind == "kept":
-            noted = {**raw, "checked": {"at": start, "ram": fresh["warm"]["VmHWM"], "host": recheck.host(),
-                                        "tolerance": recheck.tolerance(cached["warm"]["VmHWM"])}}
+            noted = {
+                **raw,
+                "checked": {
+                    "at": start,
+                    "ram": fresh["warm"]["VmHWM"],
+                    "host": recheck.host(),
+                    "tolerance": recheck.tolerance(cached["warm"]["VmHWM"]),
+                },
+            }
             self._write(("stacks", key, noted))
             _logger.debug(verdict.message)
             return build(noted)
         new = self._measure_stack(imports, train, first=fresh)
-        new["checked"] = {"at": new["measured_at"], "ram": fresh["warm"]["VmHWM"], "host": new["host"],
-                          "tolerance": recheck.tolerance(cached["warm"]["VmHWM"]),
-                          "drifted_from": cached["warm"]["VmHWM"]}
+        new["checked"] = {
+            "at": new["measured_at"],
+            "ram": fresh["warm"]["VmHWM"],
+            "host": new["host"],
+            "tolerance": recheck.tolerance(cached["warm"]["VmHWM"]),
+            "drifted_from": cached["warm"]["VmHWM"],
+        }
         value = build(new)
         dropped = self._write(("stacks", key, new), stale_before=start)
         stacks = sum(k.startswith("stack:") for k in dropped)
         others = f"{stacks} other stacks and {len(dropped) - stacks} envs measured before" if dropped else ""
-        _logger.warning("%s: recalibrated%s.", verdict.message,
-                        f"; {others} are measured again on first use" if others else "")
+        _logger.warning(
+            "%s: recalibrated%s.", verdict.message, f"; {others} are measured again on first use" if others else ""
+        )
         return value
 
     def stacks(self) -> list[StackBaseline]:
@@ -298,8 +342,10 @@ class Calibration:
                 kernels = CpuKernels.from_raw(raw)
                 self._write(("cpu_kernels", None, raw))
         if not kernels.measured:
-            _logger.warning("CPU kernel workspaces not measured here (%s): using the default coefficients.",
-                            self.data["cpu_kernels"].get("error"))
+            _logger.warning(
+                "CPU kernel workspaces not measured here (%s): using the default coefficients.",
+                self.data["cpu_kernels"].get("error"),
+            )
         return kernels
 
     def cuda_costs(self, *, measure: bool = True) -> CudaCosts | None:
@@ -316,16 +362,29 @@ class Calibration:
                 costs = CudaCosts.from_raw(raw)
                 self._write(("cuda", loading, raw))
                 if not costs.measured:
-                    _logger.warning("The CUDA context was not measured here (%s): using the defaults.",
-                                    costs.error)
+                    _logger.warning("The CUDA context was not measured here (%s): using the defaults.", costs.error)
         return costs
 
-    def env(self, env_id: str, *, atari: bool, frame_stack: int | None, imports: Iterable[str],
-            subproc: bool = True, versioned: Iterable[str] = ()) -> EnvProfile:
+    def env(
+        self,
+        env_id: str,
+        *,
+        atari: bool,
+        frame_stack: int | None,
+        imports: Iterable[str],
+        subproc: bool = True,
+        versioned: Iterable[str] = (),
+    ) -> EnvProfile:
         """The profile of ``env_id`` as SB3 builds it; measured now (and cached) if never measured."""
         imports = tuple(sorted(set(imports)))
-        spec = {"env_id": env_id, "atari": bool(atari), "frame_stack": frame_stack or 0,
-                "imports": list(imports), "steps": 200, "subproc": bool(subproc)}
+        spec = {
+            "env_id": env_id,
+            "atari": bool(atari),
+            "frame_stack": frame_stack or 0,
+            "imports": list(imports),
+            "steps": 200,
+            "subproc": bool(subproc),
+        }
         versioned = sorted(set(versioned))
         key = "env:" + _key(spec) + (f":{_key(versions(versioned, platform_too=False))}" if versioned else "")
 
@@ -388,8 +447,9 @@ def _parse(path: Path, *, warn: bool) -> dict[str, Any]:
     for section in KEYED:
         if section in data and not isinstance(data[section], dict):
             if warn:
-                _logger.warning("The calibration cache %s has a malformed %r section: measuring it again.",
-                                path, section)
+                _logger.warning(
+                    "The calibration cache %s has a malformed %r section: measuring it again.", path, section
+                )
             del data[section]
     return data
 

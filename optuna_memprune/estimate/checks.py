@@ -30,11 +30,13 @@ CEILINGS: dict[str, Ceiling] = {
     # Bytes of a footprint's total (the largest single machines hold tens of TiB).
     "bytes": Ceiling(2**50, "1 PiB", "more memory than any real machine has"),
     # Things held in memory at once, each of a byte or more (buffer transitions, rollout steps, timesteps).
-    "items": Ceiling(2**50, "2**50", "more items of a byte or more would fill over 1 PiB, more memory than "
-                                     "any real machine has"),
+    "items": Ceiling(
+        2**50, "2**50", "more items of a byte or more would fill over 1 PiB, more memory than any real machine has"
+    ),
     # One dimension of a traced tensor (batch, layer width, features, quantiles, stacked frames).
-    "dimension": Ceiling(2**24, "2**24", "a tensor with two such dimensions would hold over 2**48 elements, "
-                                         "over 1 PiB in float32"),
+    "dimension": Ceiling(
+        2**24, "2**24", "a tensor with two such dimensions would hold over 2**48 elements, over 1 PiB in float32"
+    ),
     # Processes, threads and env copies.
     "processes": Ceiling(2**22, "2**22", "Linux runs no more processes or threads than its PID_MAX_LIMIT"),
 }
@@ -89,8 +91,9 @@ def check_count(value: object, name: str, kind: str, *, minimum: int = 1, option
         value = int(value)
     ceiling = CEILINGS[kind]
     if units.is_int(value) and value > ceiling.value:  # type: ignore[operator]
-        raise EstimateError(f"{name} must be an int in [{minimum}, {ceiling.shown}], but got {_shown(value)}: "
-                            f"{ceiling.reason}.")
+        raise EstimateError(
+            f"{name} must be an int in [{minimum}, {ceiling.shown}], but got {_shown(value)}: {ceiling.reason}."
+        )
     return check_int(value, name, minimum=minimum, optional=optional)  # type: ignore[return-value]
 
 
@@ -99,6 +102,7 @@ def check_total(nbytes: int, what: str, hint: str) -> int:
     predicted RAM of ...) is beyond any real machine, and which inputs to check (``hint``)."""
     ceiling = CEILINGS["bytes"]
     if nbytes > ceiling.value:
-        raise EstimateError(f"{what} is {units.format_bytes(nbytes)}, over {ceiling.shown}, {ceiling.reason}: "
-                            f"check {hint}.")
+        raise EstimateError(
+            f"{what} is {units.format_bytes(nbytes)}, over {ceiling.shown}, {ceiling.reason}: check {hint}."
+        )
     return nbytes

@@ -93,9 +93,13 @@ class Footprint:
         kind: Kind = Kind.USER,
     ) -> Footprint:
         """Wrap figures from the user's own formula; sizes may be human (``"1.5 GB"``)."""
-        return cls((Component(
-            name, Kind(kind), parse_bytes(ram, name="ram"), parse_bytes(vram, name="vram"), threads, processes
-        ),))
+        return cls(
+            (
+                Component(
+                    name, Kind(kind), parse_bytes(ram, name="ram"), parse_bytes(vram, name="vram"), threads, processes
+                ),
+            )
+        )
 
     @property
     def ram(self) -> int:
@@ -130,16 +134,27 @@ class Footprint:
         out: dict[Kind, Component] = {}
         for c in self.components:
             prev = out.get(c.kind)
-            out[c.kind] = c if prev is None else Component(
-                c.kind.value, c.kind, prev.ram + c.ram, prev.vram + c.vram,
-                prev.threads + c.threads, prev.processes + c.processes,
+            out[c.kind] = (
+                c
+                if prev is None
+                else Component(
+                    c.kind.value,
+                    c.kind,
+                    prev.ram + c.ram,
+                    prev.vram + c.vram,
+                    prev.threads + c.threads,
+                    prev.processes + c.processes,
+                )
             )
         return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (bytes as ints); ``from_dict`` reads it back."""
         return {
-            "ram": self.ram, "vram": self.vram, "threads": self.threads, "processes": self.processes,
+            "ram": self.ram,
+            "vram": self.vram,
+            "threads": self.threads,
+            "processes": self.processes,
             "components": [{**asdict(c), "kind": c.kind.value} for c in self.components],
         }
 
@@ -150,12 +165,26 @@ class Footprint:
     def rows(self) -> list[tuple[str, str, str, str, str, str]]:
         """The breakdown as text rows: (component, kind, ram, vram, threads, note), then a total row."""
         out = [
-            (c.name, c.kind.value, format_bytes(c.ram) if c.ram else "-", format_bytes(c.vram) if c.vram else "-",
-             str(c.threads) if c.threads else "-", c.note)
+            (
+                c.name,
+                c.kind.value,
+                format_bytes(c.ram) if c.ram else "-",
+                format_bytes(c.vram) if c.vram else "-",
+                str(c.threads) if c.threads else "-",
+                c.note,
+            )
             for c in self.components
         ]
-        out.append(("TOTAL", "", format_bytes(self.ram), format_bytes(self.vram), str(self.threads),
-                    f"{self.processes} extra process(es)" if self.processes else ""))
+        out.append(
+            (
+                "TOTAL",
+                "",
+                format_bytes(self.ram),
+                format_bytes(self.vram),
+                str(self.threads),
+                f"{self.processes} extra process(es)" if self.processes else "",
+            )
+        )
         return out
 
     def table(self) -> str:
@@ -172,8 +201,10 @@ class Footprint:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        return (f"Footprint(ram={format_bytes(self.ram)}, vram={format_bytes(self.vram)}, "
-                f"threads={self.threads}, components={len(self.components)})")
+        return (
+            f"Footprint(ram={format_bytes(self.ram)}, vram={format_bytes(self.vram)}, "
+            f"threads={self.threads}, components={len(self.components)})"
+        )
 
 
 def total(parts: Iterable[Footprint]) -> Footprint:

@@ -27,9 +27,9 @@ from collections.abc import Iterable
 
 __all__ = ["STEPS", "RETENTION", "mmap_threshold", "high_water", "retained"]
 
-_MMAP_THRESHOLD = 128 * 1024            # DEFAULT_MMAP_THRESHOLD_MIN
-_MMAP_THRESHOLD_MAX = 32 * 1024 ** 2    # DEFAULT_MMAP_THRESHOLD_MAX (64-bit)
-_CHUNK_OVERHEAD = 16                    # chunk header (SIZE_SZ) and 16-byte alignment
+_MMAP_THRESHOLD = 128 * 1024  # DEFAULT_MMAP_THRESHOLD_MIN
+_MMAP_THRESHOLD_MAX = 32 * 1024**2  # DEFAULT_MMAP_THRESHOLD_MAX (64-bit)
+_CHUNK_OVERHEAD = 16  # chunk header (SIZE_SZ) and 16-byte alignment
 _PAGE = 4096
 # Steps to replay: the first raises the threshold, the next ones run on the heap as a long training does.
 STEPS = 3

@@ -45,14 +45,14 @@ from .checks import EstimateError
 
 __all__ = ["Learned", "Model", "Observation", "Role", "learned", "nnls", "role"]
 RESOURCES = ("ram", "vram", "threads")
-MISS_RATE = 0.1        # the default share of trials whose peak may exceed the bound
+MISS_RATE = 0.1  # the default share of trials whose peak may exceed the bound
 #: Trials observed before the bound is used, a stopped one (a lower bound) included (the least a user may
 #: ask: 2, one residual each way); of them at least MIN_DONE ran to the end. Counting only trials that ran to
 #: the end, a LightGBM study whose first draws were stopped warmed up for 9 and 11 trials (bench_clients).
 WARMUP = 4
 MIN_DONE = 2
-SCORED = 40            # the most recent observations scored by leave-one-out (older ones are fitted only)
-_IMPUTE_ROUNDS = 3     # censored targets raised to the fit this many times
+SCORED = 40  # the most recent observations scored by leave-one-out (older ones are fitted only)
+_IMPUTE_ROUNDS = 3  # censored targets raised to the fit this many times
 _CENSORED_WEIGHT = 10.0  # the weight of a censored trial the fit puts below what it reached
 #: Trials observed before a param's direction may be turned to "memory falls as it grows": with fewer, a
 #: param that merely varies alongside one that takes memory (confounded) looks like it.
@@ -111,19 +111,27 @@ def learned(
 class Learned:
     """Checked settings of a learned footprint; :meth:`fit` turns observations into a :class:`Model`."""
 
-    def __init__(self, *, miss_rate: float = MISS_RATE, warmup: int | None = None,
-                 monotone: Mapping[str, int] | None = None, categorical: Iterable[str] = (),
-                 log: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        miss_rate: float = MISS_RATE,
+        warmup: int | None = None,
+        monotone: Mapping[str, int] | None = None,
+        categorical: Iterable[str] = (),
+        log: Iterable[str] = (),
+    ) -> None:
         if isinstance(miss_rate, bool) or not isinstance(miss_rate, (int, float)) or not 0 < miss_rate <= 0.5:
             raise EstimateError(f"miss_rate must be a share in (0, 0.5], but got {miss_rate!r}.")
         if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 2):
-            raise EstimateError(f"warmup must be an int >= 2 (trials observed before the bound is used), but "
-                                f"got {warmup!r}.")
+            raise EstimateError(
+                f"warmup must be an int >= 2 (trials observed before the bound is used), but got {warmup!r}."
+            )
         monotone = dict(monotone or {})
         for name, sign in monotone.items():
             if not isinstance(name, str) or sign not in (1, -1) or isinstance(sign, bool):
-                raise EstimateError(f"monotone[{name!r}] must be +1 (memory grows with the param) or -1 "
-                                    f"(it shrinks), but got {sign!r}.")
+                raise EstimateError(
+                    f"monotone[{name!r}] must be +1 (memory grows with the param) or -1 (it shrinks), but got {sign!r}."
+                )
         for what, names in (("categorical", categorical), ("log", log)):
             if isinstance(names, str) or not all(isinstance(n, str) for n in names):
                 raise EstimateError(f"{what} must be a list of param names, but got {names!r}.")
@@ -169,8 +177,12 @@ class Model:
         self._fits: dict[str, _Fit] = {}
         rows_all = [o for o in observations if o.predicted is not None] if corrected else observations
         for r in RESOURCES:
-            rows = [o for o in rows_all if number(o.peaks.get(r)) is not None
-                    and (not corrected or number((o.predicted or {}).get(r)) is not None)]
+            rows = [
+                o
+                for o in rows_all
+                if number(o.peaks.get(r)) is not None
+                and (not corrected or number((o.predicted or {}).get(r)) is not None)
+            ]
             if rows and max(float(o.peaks[r]) for o in rows) > 0:  # type: ignore[arg-type]
                 self._fits[r] = self._fit(r, rows)
         ram = self._fits.get("ram")
@@ -191,8 +203,13 @@ class Model:
             w = _fit_censored(x, y, censored) if self.ready else np.array([0.0, enc.scale])
             return self._errors(resource, _Fit(enc, w), x, y, censored)
         full = Encoder.of(self.settings, rows, y)
-        prior = [n for n in full.params if full.roles[n] is not Role.NONE and (
-            n in full.labels or full.roles[n] is Role.SIZE) or n in self.settings.monotone]
+        prior = [
+            n
+            for n in full.params
+            if full.roles[n] is not Role.NONE
+            and (n in full.labels or full.roles[n] is Role.SIZE)
+            or n in self.settings.monotone
+        ]
         best: tuple[float, Encoder, np.ndarray] | None = None
         for products in (False, True) if full.numeric else (False,):
             enc = _directed(full.only(prior, products), self.settings, rows, y, censored)
@@ -213,11 +230,13 @@ class Model:
             preds = _predict(x, fit.weights)[-SCORED:]
         else:
             preds = _loo(x, y, censored) if len(y) > 1 else np.full(len(y), np.nan)
-        z = [(yy - p) / max(_scale(resource, p, fit.base), 1.0)  # at least a byte, a thread
-             for yy, p, c in zip(y[-len(preds):], preds, censored[-len(preds):], strict=False)
-             if math.isfinite(p) and (not c or yy > p)]
+        z = [
+            (yy - p) / max(_scale(resource, p, fit.base), 1.0)  # at least a byte, a thread
+            for yy, p, c in zip(y[-len(preds) :], preds, censored[-len(preds) :], strict=False)
+            if math.isfinite(p) and (not c or yy > p)
+        ]
         fit.m = len(z)
-        rms = math.sqrt((PRIOR_TRIALS * PRIOR_Z ** 2 + sum(v * v for v in z)) / (PRIOR_TRIALS + fit.m))
+        rms = math.sqrt((PRIOR_TRIALS * PRIOR_Z**2 + sum(v * v for v in z)) / (PRIOR_TRIALS + fit.m))
         fit.q = _t_quantile(1 - self.settings.miss_rate, PRIOR_TRIALS + fit.m) * rms
         return fit
 
@@ -247,8 +266,7 @@ class Model:
 
     def dominated_by(self, params: Mapping[str, Any]) -> int | None:
         """The number of a censored trial ``params`` dominate (see :meth:`floor`), if any."""
-        return next((o.number for o in self.observations if o.censored and self._dominates(params, o.params)),
-                    None)
+        return next((o.number for o in self.observations if o.censored and self._dominates(params, o.params)), None)
 
     def unseen(self, params: Mapping[str, Any]) -> list[str]:
         """The params of RAM's fit for which ``params`` is beyond every observed trial's value in the
@@ -288,8 +306,12 @@ class Model:
             return False
         for name, value in other.items():
             mine = params[name]
-            if name not in self.settings.monotone and self.roles.get(name, Role.SIZE) is not Role.SIZE \
-                    and is_number(mine) and is_number(value):
+            if (
+                name not in self.settings.monotone
+                and self.roles.get(name, Role.SIZE) is not Role.SIZE
+                and is_number(mine)
+                and is_number(value)
+            ):
                 continue  # a rate, a coefficient, a float of no known name: no size
             if name not in self.settings.categorical and is_number(mine) and is_number(value):
                 if self.directions.get(name, 1) * (float(mine) - float(value)) < 0:
@@ -313,25 +335,32 @@ def _t_quantile(p: float, df: float) -> float:
     """Student's t quantile (Cornish-Fisher series, Abramowitz and Stegun 26.7.5: within 2% of the exact
     value from 2 degrees of freedom on, 3.012 for 3.078 at 1 and p = 0.9)."""
     z = NormalDist().inv_cdf(p)
-    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3)
-            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / (92160 * df ** 4))
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+        + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * df**4)
+    )
 
 
 # -- choosing the params ------------------------------------------------------------------------------
 
-def _evidence(enc: Encoder, full: Encoder, candidates: list[str], rows: list[Observation], y: np.ndarray,
-              censored: np.ndarray) -> tuple[Encoder, float, np.ndarray]:
+
+def _evidence(
+    enc: Encoder, full: Encoder, candidates: list[str], rows: list[Observation], y: np.ndarray, censored: np.ndarray
+) -> tuple[Encoder, float, np.ndarray]:
     """``enc`` with each candidate added where it lowers the leave-one-out error and moves the fit beyond
     its noise, then each param whose effect is within the noise removed, weakest first. Returns the
     encoder, its leave-one-out error (mean relative) and its matrix."""
+
     def score(e: Encoder) -> tuple[float, float, np.ndarray, dict[str, float]]:
         x = e.matrix(rows)
         preds = _loo(x, y, censored)
-        done = ~censored[-len(preds):] & np.isfinite(preds)
-        yd = y[-len(preds):][done]
+        done = ~censored[-len(preds) :] & np.isfinite(preds)
+        yd = y[-len(preds) :][done]
         resid = yd - preds[done]
-        noise = float(np.sqrt(np.mean(resid ** 2))) if len(resid) else 0.0
+        noise = float(np.sqrt(np.mean(resid**2))) if len(resid) else 0.0
         err = float(np.mean(np.abs(resid) / yd)) if len(resid) else math.inf
         return err, noise, x, e.effects(x, _fit_censored(x, y, censored))
 
@@ -353,8 +382,7 @@ def _evidence(enc: Encoder, full: Encoder, candidates: list[str], rows: list[Obs
     return enc, err, x
 
 
-def _directed(enc: Encoder, settings: Learned, rows: list[Observation], y: np.ndarray,
-              censored: np.ndarray) -> Encoder:
+def _directed(enc: Encoder, settings: Learned, rows: list[Observation], y: np.ndarray, censored: np.ndarray) -> Encoder:
     """``enc`` with each undeclared param's direction flipped where that fits the trials clearly better
     (a marginal rank correlation is confounded by the other params: a param that lowers memory can look
     neutral); only from ``MIN_TURN`` trials on."""
@@ -376,6 +404,7 @@ def _directed(enc: Encoder, settings: Learned, rows: list[Observation], y: np.nd
 
 
 # -- fitting ------------------------------------------------------------------------------------------
+
 
 def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
     """Non-negative least squares (Lawson and Hanson's active set): ``argmin |a w - b|, w >= 0``.
@@ -438,5 +467,5 @@ def _loo(x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> np.ndarray:
     for i in range(max(0, len(y) - SCORED), len(y)):
         keep = np.arange(len(y)) != i
         ok = (~censored[keep]).any()
-        out.append(float(_predict(x[i:i + 1], _fit_censored(x[keep], y[keep], censored[keep]))[0]) if ok else np.nan)
+        out.append(float(_predict(x[i : i + 1], _fit_censored(x[keep], y[keep], censored[keep]))[0]) if ok else np.nan)
     return np.array(out)

@@ -70,34 +70,71 @@ def process(
     cal = calibration or load()
     base = cal.stack(mods, train=training, versioned=versioned)
     if "torch" not in mods:
-        return Footprint((Component("interpreter + imports", Kind.BASELINE, base.ram, 0,
-                                    max(1, base.threads_at(0)) + extra_threads,
-                                    note="measured: " + (", ".join(mods) or "bare python")),))
+        return Footprint(
+            (
+                Component(
+                    "interpreter + imports",
+                    Kind.BASELINE,
+                    base.ram,
+                    0,
+                    max(1, base.threads_at(0)) + extra_threads,
+                    note="measured: " + (", ".join(mods) or "bare python"),
+                ),
+            )
+        )
     n = torch_threads or base.default_torch_threads
     threads_one = base.threads_at(1)
-    parts = [Component("interpreter + imports", Kind.BASELINE, base.ram, 0, threads_one,
-                       note=f"measured: {', '.join(mods)}" + (" + first training step" if base.train else ""))]
+    parts = [
+        Component(
+            "interpreter + imports",
+            Kind.BASELINE,
+            base.ram,
+            0,
+            threads_one,
+            note=f"measured: {', '.join(mods)}" + (" + first training step" if base.train else ""),
+        )
+    ]
     if n > 1 or extra_threads:
-        parts.append(Component(
-            f"torch threads ({n})", Kind.THREADS, base.ram_per_torch_thread * (n - 1), 0,
-            base.threads_at(n) - threads_one + extra_threads,
-            note=f"{base.threads_per_torch_thread:.1f} OS threads per torch thread",
-        ))
+        parts.append(
+            Component(
+                f"torch threads ({n})",
+                Kind.THREADS,
+                base.ram_per_torch_thread * (n - 1),
+                0,
+                base.threads_at(n) - threads_one + extra_threads,
+                note=f"{base.threads_per_torch_thread:.1f} OS threads per torch thread",
+            )
+        )
     return Footprint(tuple(parts))
 
 
 def env_instances(profile: EnvProfile, n_envs: int) -> Footprint:
     """``n_envs`` instances of an environment living in the trial's own process (DummyVecEnv)."""
     ram = profile.first_env_ram + profile.env_ram * (n_envs - 1)
-    return Footprint((Component(f"{profile.env_id} x{n_envs}", Kind.ENVIRONMENT, ram,
-                                note="measured per instance"),))
+    return Footprint((Component(f"{profile.env_id} x{n_envs}", Kind.ENVIRONMENT, ram, note="measured per instance"),))
 
 
 def env_workers(profile: EnvProfile, n_workers: int) -> Footprint:
     """``n_workers`` SubprocVecEnv worker processes plus the helper processes multiprocessing starts."""
-    return Footprint((
-        Component(f"env worker processes x{n_workers}", Kind.WORKERS, profile.worker_ram * n_workers, 0,
-                  profile.worker_threads * n_workers, n_workers, note="measured VmHWM per worker"),
-        Component("multiprocessing helpers", Kind.WORKERS, profile.helper_ram, 0, profile.helper_threads,
-                  profile.helper_processes, note="forkserver / resource tracker"),
-    ))
+    return Footprint(
+        (
+            Component(
+                f"env worker processes x{n_workers}",
+                Kind.WORKERS,
+                profile.worker_ram * n_workers,
+                0,
+                profile.worker_threads * n_workers,
+                n_workers,
+                note="measured VmHWM per worker",
+            ),
+            Component(
+                "multiprocessing helpers",
+                Kind.WORKERS,
+                profile.helper_ram,
+                0,
+                profile.helper_threads,
+                profile.helper_processes,
+                note="forkserver / resource tracker",
+            ),
+        )
+    )

@@ -98,19 +98,26 @@ def compare(label: str, cached: dict[str, Any], fresh: dict[str, Any], measured_
     old, new = cached["warm"]["VmHWM"], fresh["warm"]["VmHWM"]
     tol, diff = tolerance(old), new - old
     when = f"measured {_age(now - measured_at)} ago" if _number(measured_at) else "measured by an older version"
-    figures = (f"{format_bytes(new)} now, {format_bytes(old)} {when} ({'+' if diff >= 0 else '-'}"
-               f"{format_bytes(abs(diff))}, {diff / old:+.0%}; tolerance {format_bytes(tol)})")
+    figures = (
+        f"{format_bytes(new)} now, {format_bytes(old)} {when} ({'+' if diff >= 0 else '-'}"
+        f"{format_bytes(abs(diff))}, {diff / old:+.0%}; tolerance {format_bytes(tol)})"
+    )
     threads_old, threads_new = cached["warm"].get("Threads", 0), fresh["warm"].get("Threads", 0)
-    threads = abs(threads_old - threads_new) > 1 or \
-        cached.get("default_torch_threads") != fresh.get("default_torch_threads")
+    threads = abs(threads_old - threads_new) > 1 or cached.get("default_torch_threads") != fresh.get(
+        "default_torch_threads"
+    )
     if abs(diff) <= tol and not threads:
         return Verdict("kept", f"The calibrated baseline of {label} holds: {figures}.")
     file_old, file_new = cached["warm"].get("RssFile"), fresh["warm"].get("RssFile")
     if diff < -tol and not threads and _number(file_old) and _number(file_new) and file_old - file_new >= -diff / 2:
-        return Verdict("pressure", (
-            f"The calibrated baseline of {label} reads lower while this host is short of memory: {figures}; "
-            f"its file-backed pages {format_bytes(file_new)} against {format_bytes(file_old)}: "
-            "the cached figure is kept."))
+        return Verdict(
+            "pressure",
+            (
+                f"The calibrated baseline of {label} reads lower while this host is short of memory: {figures}; "
+                f"its file-backed pages {format_bytes(file_new)} against {format_bytes(file_old)}: "
+                "the cached figure is kept."
+            ),
+        )
     if threads:
         figures += f"; threads {threads_new} against {threads_old} at one torch thread"
     return Verdict("drifted", f"The calibrated baseline of {label} drifted: {figures}")

@@ -92,7 +92,7 @@ class LimitedCall:
         self._function, self._limit = function, limit
         self._lock = threading.Lock()  # user footprints (torch tracing) need not be thread-safe
         self._late: _Run | None = None  # a call abandoned past its limit, maybe still running
-        self._answered = False          # a call answered: the cold start is over
+        self._answered = False  # a call answered: the cold start is over
         self._worker = _Worker()
 
     @property
@@ -164,8 +164,13 @@ class _Worker:
 class _Run:
     """One call in its worker thread; ``on_late(self)`` once it returns after being abandoned."""
 
-    def __init__(self, function: Callable[[dict[str, Any]], Any], params: dict[str, Any], limit: float,
-                 on_late: Callable[[_Run], None]) -> None:
+    def __init__(
+        self,
+        function: Callable[[dict[str, Any]], Any],
+        params: dict[str, Any],
+        limit: float,
+        on_late: Callable[[_Run], None],
+    ) -> None:
         self._function, self._params, self.limit, self._on_late = function, params, limit, on_late
         self._lock = threading.Lock()
         self._abandoned = False
@@ -210,8 +215,11 @@ def _wait(run: _Run, limit: float) -> bool:
 def _calibrating() -> bool:
     """Whether a calibration probe runs as a child of this process (any of its threads')."""
     try:
-        kids = [pid for tid in os.listdir("/proc/self/task")
-                for pid in procfs.children(procfs.read(f"/proc/self/task/{tid}/children"))]
+        kids = [
+            pid
+            for tid in os.listdir("/proc/self/task")
+            for pid in procfs.children(procfs.read(f"/proc/self/task/{tid}/children"))
+        ]
         return any(_PROBE_MODULE in procfs.read(f"/proc/{pid}/cmdline") for pid in kids)
     except OSError:  # a thread or child that just ended: the next poll looks again
         return False

@@ -25,8 +25,8 @@ from ..estimate.learn import Role, role
 if TYPE_CHECKING:
     from ..estimate.footprint import Footprint
 
-_BISECT_STEPS = 24       # continuous params: bisection steps on the (log) scale ...
-_BISECT_TOL = 1e-4       # ... or until the interval is this fraction of the param's range
+_BISECT_STEPS = 24  # continuous params: bisection steps on the (log) scale ...
+_BISECT_TOL = 1e-4  # ... or until the interval is this fraction of the param's range
 
 
 class ClampSearch:
@@ -48,8 +48,12 @@ class ClampSearch:
         {'n': 100}
     """
 
-    def __init__(self, predict: Callable[[dict[str, Any]], Footprint],
-                 excess: Callable[[Footprint], dict[str, int]], limits: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        predict: Callable[[dict[str, Any]], Footprint],
+        excess: Callable[[Footprint], dict[str, int]],
+        limits: Mapping[str, int],
+    ) -> None:
         self._predict = predict
         self._excess = excess
         self._limits = dict(limits)
@@ -88,9 +92,7 @@ class ClampSearch:
                 return current, footprint
         return None
 
-    def lower_one(
-        self, assignment: dict[str, Any], name: str, dist: BaseDistribution
-    ) -> tuple[Any, Footprint, bool]:
+    def lower_one(self, assignment: dict[str, Any], name: str, dist: BaseDistribution) -> tuple[Any, Footprint, bool]:
         """The highest value of ``name`` at or below its current one that fits (and its footprint, True),
         or its lowest-footprint value (and False)."""
         current = assignment[name]
@@ -155,9 +157,7 @@ class ClampSearch:
             return int(dist.low) if isinstance(dist, IntDistribution) else float(dist.low)
         return None
 
-    def _lower_choices(
-        self, assignment: dict[str, Any], name: str, dist: CategoricalDistribution
-    ) -> list[Any]:
+    def _lower_choices(self, assignment: dict[str, Any], name: str, dist: CategoricalDistribution) -> list[Any]:
         """The choices 'below' the current one, nearest first: numerically smaller ones when the choices are
         numbers, otherwise the choices with a lower footprint, highest footprint first."""
         current = assignment[name]

@@ -27,9 +27,9 @@ _logger = logging.getLogger("optuna_memprune.guard")
 #: Params whose value is a trial's length in steps, used when ``horizon=None``: SB3's ``learn`` and
 #: rl-zoo3's ``n_timesteps`` (a recipe's params name them so).
 AUTO_PARAMS = ("n_timesteps", "total_timesteps")
-_MAX_POINTS = 1024      # readings one trial's forecast keeps (halved by dropping every other when full)
-_POLL_SHARE = 1 / 200   # the steps are read about 200 times over the trial's elapsed time ...
-_POLL_MAX_S = 10.0      # ... but at least this often (a storage read each; RDB: one query)
+_MAX_POINTS = 1024  # readings one trial's forecast keeps (halved by dropping every other when full)
+_POLL_SHARE = 1 / 200  # the steps are read about 200 times over the trial's elapsed time ...
+_POLL_MAX_S = 10.0  # ... but at least this often (a storage read each; RDB: one query)
 
 
 def check_horizon(horizon: Any, name: str = "horizon") -> Any:
@@ -51,8 +51,10 @@ def check_horizon(horizon: Any, name: str = "horizon") -> Any:
         return horizon
     if is_int(horizon) and horizon > 0:
         return horizon
-    raise ValueError(f"{name} must be None, False, a positive int (the trial's last step), a param name or a "
-                     f"callable params -> int, but got {horizon!r}.")
+    raise ValueError(
+        f"{name} must be None, False, a positive int (the trial's last step), a param name or a "
+        f"callable params -> int, but got {horizon!r}."
+    )
 
 
 def resolve_horizon(horizon: Any, params: Mapping[str, Any], *, quiet: bool = False) -> int | None:
@@ -81,8 +83,9 @@ def resolve_horizon(horizon: Any, params: Mapping[str, Any], *, quiet: bool = Fa
         return _steps(value)
     if value is None and quiet:
         return None
-    _logger.warning("horizon %r gave %r for this trial, not a positive int; it runs without the forecast.",
-                    horizon, value)
+    _logger.warning(
+        "horizon %r gave %r for this trial, not a positive int; it runs without the forecast.", horizon, value
+    )
     return None
 
 
@@ -104,17 +107,28 @@ def describe(f: Forecast, limit: int) -> str:
         'stopped on the forecast: projected 7.90 GiB at step 1,000,000 > 6.00 GiB; at step 120,000 now
         (RSS 1.00 GiB, +7.04 KiB a step)'
     """
-    return (f"stopped on the forecast: projected {format_bytes(f.projected)} at step {f.horizon:,} > "
-            f"{format_bytes(limit)}; at step {f.step:,} now (RSS {format_bytes(f.level)}, "
-            f"+{format_bytes(f.slope)} a step)")
+    return (
+        f"stopped on the forecast: projected {format_bytes(f.projected)} at step {f.horizon:,} > "
+        f"{format_bytes(limit)}; at step {f.step:,} now (RSS {format_bytes(f.level)}, "
+        f"+{format_bytes(f.slope)} a step)"
+    )
 
 
 def as_record(f: Forecast, limit: int, elapsed_s: float) -> dict[str, Any]:
     """The record's ``forecast`` field: the fitted line (step, RSS at step; slope), its projection and the
     limit, with the trial's elapsed seconds at the stop."""
-    return {"step": f.step, "horizon": f.horizon, "level": f.level, "slope": round(f.slope, 6),
-            "slope_low": round(f.slope_low, 6), "projected": f.projected, "projected_low": f.projected_low,
-            "limit": int(limit), "first": f.first, "elapsed_s": round(elapsed_s, 3)}
+    return {
+        "step": f.step,
+        "horizon": f.horizon,
+        "level": f.level,
+        "slope": round(f.slope, 6),
+        "slope_low": round(f.slope_low, 6),
+        "projected": f.projected,
+        "projected_low": f.projected_low,
+        "limit": int(limit),
+        "first": f.first,
+        "elapsed_s": round(elapsed_s, 3),
+    }
 
 
 class StepForecast:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 _POLICIES = ("clamp", "reject")
 _ON_ERROR = ("warn", "raise")
 MIN_INTERVAL_S = 0.001  # faster readings burn a core reading /proc
-MAX_INTERVAL_S = 10.0   # slower ones let a trial allocate and free far over its budget unseen
+MAX_INTERVAL_S = 10.0  # slower ones let a trial allocate and free far over its budget unseen
 #: Threads every guarded process runs: its main thread and the guard's monitor thread (in process).
 PROCESS_THREADS = 2
 
@@ -164,32 +164,57 @@ class MemoryGuard:
                 isinstance(k, str) and isinstance(d, BaseDistribution) for k, d in search_space.items()
             ):
                 raise TypeError(
-                    "search_space must be a dict of param name -> optuna distribution, "
-                    f"but got {search_space!r}."
+                    f"search_space must be a dict of param name -> optuna distribution, but got {search_space!r}."
                 )
             search_space = dict(search_space)
             if clamp is not None:
                 Policy.check_clamp_names(clamp, search_space)
-        check_number(monitor_interval, "monitor_interval", minimum=MIN_INTERVAL_S, maximum=MAX_INTERVAL_S,
-                     expected=f"a number of seconds in [{MIN_INTERVAL_S}, {MAX_INTERVAL_S}] (1 ms to 10 s)")
+        check_number(
+            monitor_interval,
+            "monitor_interval",
+            minimum=MIN_INTERVAL_S,
+            maximum=MAX_INTERVAL_S,
+            expected=f"a number of seconds in [{MIN_INTERVAL_S}, {MAX_INTERVAL_S}] (1 ms to 10 s)",
+        )
         check_number(soft, "soft", minimum=0, maximum=1, open_min=True)
-        check_number(footprint_timeout, "footprint_timeout", minimum=0, open_min=True, optional=True,
-                     expected="a positive number of seconds")
+        check_number(
+            footprint_timeout,
+            "footprint_timeout",
+            minimum=0,
+            open_min=True,
+            optional=True,
+            expected="a positive number of seconds",
+        )
         if on_footprint_error not in _ON_ERROR:
             raise ValueError(f"on_footprint_error must be 'warn' or 'raise', but got {on_footprint_error!r}.")
         _check_soft_line(budget, float(soft))
         self._horizon = check_horizon(horizon)
-        self._policy = Policy(footprint, budget, on_infeasible=on_infeasible, clamp=clamp, search_space=search_space,
-                              interval=float(monitor_interval), soft=float(soft),
-                              footprint_timeout=None if footprint_timeout is None else float(footprint_timeout),
-                              on_footprint_error=on_footprint_error, learning=learning)
+        self._policy = Policy(
+            footprint,
+            budget,
+            on_infeasible=on_infeasible,
+            clamp=clamp,
+            search_space=search_space,
+            interval=float(monitor_interval),
+            soft=float(soft),
+            footprint_timeout=None if footprint_timeout is None else float(footprint_timeout),
+            on_footprint_error=on_footprint_error,
+            learning=learning,
+        )
         self._init_runtime_state()
         if budget.vram is not None and not _gpu_visible():
-            why = ('nvidia-ml-py is not installed: pip install "optuna-memprune[gpu]"' if find_spec("pynvml") is None
-                   else "no driver or no GPU")
-            self._warnings.once("vram-unmeasured", (
-                f"Budget.vram is set ({format_bytes(budget.vram)}) but no GPU is visible to NVML here ({why}): "
-                "VRAM is predicted only, never measured, and no trial is stopped for its VRAM."))
+            why = (
+                'nvidia-ml-py is not installed: pip install "optuna-memprune[gpu]"'
+                if find_spec("pynvml") is None
+                else "no driver or no GPU"
+            )
+            self._warnings.once(
+                "vram-unmeasured",
+                (
+                    f"Budget.vram is set ({format_bytes(budget.vram)}) but no GPU is visible to NVML here ({why}): "
+                    "VRAM is predicted only, never measured, and no trial is stopped for its VRAM."
+                ),
+            )
 
     def _init_runtime_state(self) -> None:
         self._trials = TrialRegistry()
@@ -257,12 +282,14 @@ def _check_soft_line(budget: Budget, soft: float) -> None:
         raise ValueError(
             f"Budget.threads must be at least {need} with soft={soft:g} (the guarded process runs "
             f"{PROCESS_THREADS} threads itself, its main thread and the guard's monitor, and soft x threads "
-            f"must hold them), but got {budget.threads}.")
+            f"must hold them), but got {budget.threads}."
+        )
     if budget.ram is not None and soft * budget.ram < RAM_FLOOR:
         raise ValueError(
             f"The RAM soft line (soft={soft:g} x Budget.ram {format_bytes(budget.ram)}) must be at least "
             f"{format_bytes(RAM_FLOOR)} (a Python process running an Optuna trial takes more): raise ram or "
-            f"soft.")
+            f"soft."
+        )
 
 
 def _learning(footprint: Any, learn: Any) -> Learning | None:
@@ -276,8 +303,9 @@ def _learning(footprint: Any, learn: Any) -> Learning | None:
     if learn is True:
         learn = learned()
     if not isinstance(learn, Learned):
-        raise TypeError("learn must be True, False, None or optuna_memprune.estimate.learned(...), but got "
-                        f"{type(learn).__name__}.")
+        raise TypeError(
+            f"learn must be True, False, None or optuna_memprune.estimate.learned(...), but got {type(learn).__name__}."
+        )
     return Learning(learn, corrected=footprint is not None)
 
 

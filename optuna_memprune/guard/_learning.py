@@ -71,8 +71,7 @@ class Learning:
 
         with self._lock:
             new = False
-            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                               TrialState.FAIL)):
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
                 key = _internals.trial_id(t)
                 if key in self._seen:
                     continue
@@ -80,14 +79,17 @@ class Learning:
                 self._seen[key] = obs
                 new = new or obs is not None
             if new:
-                self.model = self.settings.fit(sorted((o for o in self._seen.values() if o is not None),
-                                                      key=lambda o: o.number or 0), corrected=self.corrected)
+                self.model = self.settings.fit(
+                    sorted((o for o in self._seen.values() if o is not None), key=lambda o: o.number or 0),
+                    corrected=self.corrected,
+                )
             return self.model
 
     # -- the footprint --------------------------------------------------------------------------------
 
-    def footprint(self, params: dict[str, Any], raw: Footprint | None, limits: Mapping[str, int], *,
-                  explore: bool = True) -> Footprint:
+    def footprint(
+        self, params: dict[str, Any], raw: Footprint | None, limits: Mapping[str, int], *, explore: bool = True
+    ) -> Footprint:
         """The footprint the guard uses for ``params``: the bound (``raw`` is ``None``) or ``raw`` corrected.
 
         Before the warm-up without a footprint function: :class:`NoFootprint` (the trial runs unchecked),
@@ -100,21 +102,29 @@ class Learning:
                 floor = model.floor(params)
                 if any(floor.get(r, 0) > v for r, v in limits.items()):
                     number = model.dominated_by(params)
-                    return _single(floor, f"at least trial #{number}'s peak (stopped there; these params are "
-                                   "as large in every param that takes memory)")
+                    return _single(
+                        floor,
+                        f"at least trial #{number}'s peak (stopped there; these params are "
+                        "as large in every param that takes memory)",
+                    )
                 raise NoFootprint(self.warmup_reason())
             bound = model.bound(params)
             unseen = self.explore(params, limits) if explore else []
             if unseen:
-                raise NoFootprint(f"learned footprint exploring: {', '.join(unseen)} below every observed trial's, "
-                                  "where the bound is the low end's and no calibrated one; the fit is under the "
-                                  "line: the trial runs unchecked under the monitor")
+                raise NoFootprint(
+                    f"learned footprint exploring: {', '.join(unseen)} below every observed trial's, "
+                    "where the bound is the low end's and no calibrated one; the fit is under the "
+                    "line: the trial runs unchecked under the monitor"
+                )
             return _single(bound, f"learned upper bound ({model.n} trials, miss rate {model.miss_rate:.0%})")
         figures = {r: getattr(raw, r) for r in RESOURCES}
         bound = model.bound(params, figures)  # before the warm-up: the function's figures, the prior's quantile
         seen = len(model.observations)
-        note = (f"learned from {model.n} trials (miss rate {model.miss_rate:.0%})" if model.ready else
-                f"warm-up ({seen} of {self.settings.warmup} trials observed; miss rate {model.miss_rate:.0%})")
+        note = (
+            f"learned from {model.n} trials (miss rate {model.miss_rate:.0%})"
+            if model.ready
+            else f"warm-up ({seen} of {self.settings.warmup} trials observed; miss rate {model.miss_rate:.0%})"
+        )
         return _corrected(raw, bound, note)
 
     def explore(self, params: Mapping[str, Any], limits: Mapping[str, int]) -> list[str]:
@@ -134,19 +144,31 @@ class Learning:
     def warmup_reason(self) -> str:
         model = self.model
         seen, need = len(model.observations), self.settings.warmup
-        return (f"learned footprint warming up: {seen} of {need} trials observed ({model.n} to the end, "
-                f"{MIN_DONE} needed); the trial runs unchecked under the monitor")
+        return (
+            f"learned footprint warming up: {seen} of {need} trials observed ({model.n} to the end, "
+            f"{MIN_DONE} needed); the trial runs unchecked under the monitor"
+        )
 
-    def info(self, params: Mapping[str, Any], raw: Footprint | None, warmup: bool,
-             limits: Mapping[str, int] | None = None) -> dict[str, Any]:
+    def info(
+        self, params: Mapping[str, Any], raw: Footprint | None, warmup: bool, limits: Mapping[str, int] | None = None
+    ) -> dict[str, Any]:
         """What the record says of the learned prediction: mode, phase, trials, miss rate, the fit's own
         figures (``center``: the bound without its error term), the footprint function's (``raw``,
         corrected mode; what the next fits learn from). Phase ``explore``: run unchecked by :meth:`explore`."""
         model = self.model
-        out: dict[str, Any] = {"mode": self.mode, "phase": "warm-up" if not model.ready else
-                               "explore" if warmup and self.explore(params, limits or {}) else
-                               "warm-up" if warmup else "bound",
-                               "n": model.n, "warmup": self.settings.warmup, "miss_rate": model.miss_rate}
+        out: dict[str, Any] = {
+            "mode": self.mode,
+            "phase": "warm-up"
+            if not model.ready
+            else "explore"
+            if warmup and self.explore(params, limits or {})
+            else "warm-up"
+            if warmup
+            else "bound",
+            "n": model.n,
+            "warmup": self.settings.warmup,
+            "miss_rate": model.miss_rate,
+        }
         quantile = model.quantile("ram")
         if quantile is not None and (model.ready or self.corrected):
             # the bound is the fit + quantile_ram x (the fit above base_ram + NOISE x base_ram)
@@ -162,8 +184,9 @@ class Learning:
         return out
 
 
-def observation(number: int, state: Any, params: Mapping[str, Any], user_attrs: Mapping[str, Any], *,
-                corrected: bool) -> Observation | None:
+def observation(
+    number: int, state: Any, params: Mapping[str, Any], user_attrs: Mapping[str, Any], *, corrected: bool
+) -> Observation | None:
     """A finished trial as an observation: ``None`` without a record, a peak, or, when ``corrected``, the
     footprint function's figures, and ``None`` for a trial that shared its process with others unless the
     record holds its usage at its start. Where the record holds that start (``start_ram``, ...: a trial in
@@ -214,23 +237,43 @@ def plateaued(timeline: Any, start: int = 0) -> bool:
 
 
 def _single(figures: Mapping[str, int], name: str) -> Footprint:
-    return Footprint.of(ram=int(figures.get("ram", 0)), vram=int(figures.get("vram", 0)),
-                        threads=int(figures.get("threads", 0)), name=name, kind=Kind.OTHER)
+    return Footprint.of(
+        ram=int(figures.get("ram", 0)),
+        vram=int(figures.get("vram", 0)),
+        threads=int(figures.get("threads", 0)),
+        name=name,
+        kind=Kind.OTHER,
+    )
 
 
 def _corrected(raw: Footprint, bound: Mapping[str, int], note: str) -> Footprint:
     """``raw``'s components scaled so RAM and VRAM total ``bound``'s, threads raised to it, and a component
     naming the correction."""
     factors = {r: (bound[r] / getattr(raw, r)) if getattr(raw, r) else 1.0 for r in ("ram", "vram")}
-    parts = [Component(c.name, c.kind, ram=int(round(c.ram * factors["ram"])),
-                       vram=int(round(c.vram * factors["vram"])),
-                       threads=c.threads, processes=c.processes, note=c.note) for c in raw.components]
+    parts = [
+        Component(
+            c.name,
+            c.kind,
+            ram=int(round(c.ram * factors["ram"])),
+            vram=int(round(c.vram * factors["vram"])),
+            threads=c.threads,
+            processes=c.processes,
+            note=c.note,
+        )
+        for c in raw.components
+    ]
     extra = {r: max(bound[r] - sum(getattr(c, r) for c in parts), 0) for r in RESOURCES}
     diff = bound["ram"] - raw.ram
-    parts.append(Component("learned correction", Kind.OTHER, ram=extra["ram"], vram=extra["vram"],
-                           threads=extra["threads"],
-                           note=f"RAM x{factors['ram']:.3f} ({'+' if diff >= 0 else '-'}{format_bytes(abs(diff))}); "
-                           f"{note}"))
+    parts.append(
+        Component(
+            "learned correction",
+            Kind.OTHER,
+            ram=extra["ram"],
+            vram=extra["vram"],
+            threads=extra["threads"],
+            note=f"RAM x{factors['ram']:.3f} ({'+' if diff >= 0 else '-'}{format_bytes(abs(diff))}); {note}",
+        )
+    )
     return Footprint(tuple(parts))
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-DEFAULT_MARGIN = 1.25   # before any evidence: a quarter on top of the prediction
-QUANTILE = 0.95         # the share of observed trials a learned margin covers
-MIN_SAMPLES = 5         # below this many observations the margin never drops under DEFAULT_MARGIN
+DEFAULT_MARGIN = 1.25  # before any evidence: a quarter on top of the prediction
+QUANTILE = 0.95  # the share of observed trials a learned margin covers
+MIN_SAMPLES = 5  # below this many observations the margin never drops under DEFAULT_MARGIN
 
 
 def margin(
@@ -37,9 +37,7 @@ def margin(
         raise ValueError(f"default must be a factor >= 1.0, but got {default!r}.")
     if not 0.0 < quantile <= 1.0:
         raise ValueError(f"quantile must be in (0, 1], but got {quantile!r}.")
-    ratios = sorted(
-        o / p for o, p in pairs if p > 0 and math.isfinite(o) and math.isfinite(p) and o >= 0
-    )
+    ratios = sorted(o / p for o, p in pairs if p > 0 and math.isfinite(o) and math.isfinite(p) and o >= 0)
     if len(ratios) < min_samples:
         return max([default, *ratios])
     pos = quantile * (len(ratios) - 1)

@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
-_TIMELINE_POINTS = 200   # points of the record's timeline
-_KEEP_POINTS = 512       # points a running trial keeps before halving them (as Monitor does)
-_IDLE_READINGS = 10      # the shared monitor stops after this many readings with no trial running
+_TIMELINE_POINTS = 200  # points of the record's timeline
+_KEEP_POINTS = 512  # points a running trial keeps before halving them (as Monitor does)
+_IDLE_READINGS = 10  # the shared monitor stops after this many readings with no trial running
 
 
 class MemoryBudgetExceeded(optuna.TrialPruned):
@@ -134,9 +134,10 @@ class GuardedObjective:
             guard.trials.close(state.trial_id)
             raise  # a configuration error (unknown clamp name), the footprint's, or the base sampler's own
         if not state.sampled:
-            guard.warnings.once("unguarded-sampler",
-                                "study.sampler is not guard.wrap_sampler(...): trials run unchecked, under the "
-                                "monitor only.")
+            guard.warnings.once(
+                "unguarded-sampler",
+                "study.sampler is not guard.wrap_sampler(...): trials run unchecked, under the monitor only.",
+            )
             state.uncheck("the study's sampler is not wrapped by this guard")
         if state.decision is Decision.REJECTED:
             self._reject(trial, state)
@@ -160,8 +161,9 @@ class GuardedObjective:
         if state.allowance:
             words = describe_allowance(policy, state)
             state.reason = f"{state.reason}; {words}"
-            guard.warnings.once("leftover", f"Trial {trial.number}: {words}. Said once; each such trial's record "
-                                "says so.")
+            guard.warnings.once(
+                "leftover", f"Trial {trial.number}: {words}. Said once; each such trial's record says so."
+            )
         forecast = trial_forecast(guard, trial.storage, state)
         if forecast is not None:
             forecast.limit += state.allowance.get("ram", 0)
@@ -199,17 +201,33 @@ class GuardedObjective:
         finally:
             try:
                 watch.unsubscribe(live)
-                end = _outcome(policy, state, stopped=stopped, soft_pruned=soft_pruned, out_of_memory=oom,
-                               forecast=live.forecast_reason() if stopped else None)
+                end = _outcome(
+                    policy,
+                    state,
+                    stopped=stopped,
+                    soft_pruned=soft_pruned,
+                    out_of_memory=oom,
+                    forecast=live.forecast_reason() if stopped else None,
+                )
                 if state.allowance and end.reason is not None and end.reason != state.reason:
                     end = end._replace(reason=f"{end.reason} (its lines raised by what earlier trials left)")
                 peaks = with_cuda_peak(live.peaks())
                 if returned and state.hard_reading is None and state.start is not None and not state.concurrent:
-                    own = {r: v - state.start[r] for r, v in peaks.items()  # type: ignore[operator]
-                           if v is not None and state.start.get(r) is not None}
+                    own = {
+                        r: v - state.start[r]
+                        for r, v in peaks.items()  # type: ignore[operator]
+                        if v is not None and state.start.get(r) is not None
+                    }
                 peaks = oom.needs(peaks, policy.budget) if oom is not None else peaks
-                record = policy.record(state, trial.params, decision=end.decision, reason=end.reason,
-                                       peaks=peaks, timeline=live.timeline(), breach=end.breach)
+                record = policy.record(
+                    state,
+                    trial.params,
+                    decision=end.decision,
+                    reason=end.reason,
+                    peaks=peaks,
+                    timeline=live.timeline(),
+                    breach=end.breach,
+                )
                 if end.decision is Decision.FORECAST_STOPPED and live.forecast is not None:
                     record = dataclasses.replace(record, forecast=live.forecast.record())
                 records.write(trial, record)
@@ -253,21 +271,36 @@ def store_rejection(guard: Guard, trial: optuna.Trial, state: TrialGuardState, *
         guard.trials.close(state.trial_id)
 
 
-def _outcome(policy: Policy, state: TrialGuardState, *, stopped: bool = False, soft_pruned: bool = False,
-             out_of_memory: OutOfMemory | None = None, forecast: str | None = None) -> Outcome:
+def _outcome(
+    policy: Policy,
+    state: TrialGuardState,
+    *,
+    stopped: bool = False,
+    soft_pruned: bool = False,
+    out_of_memory: OutOfMemory | None = None,
+    forecast: str | None = None,
+) -> Outcome:
     """How an in-process trial ended: stopped by the interrupt (at the budget or on the forecast), out of
     memory, pruned at the soft line, or on its own."""
-    return trial_outcome(policy, state.reason, soft_reading=state.soft_reading, hard_reading=state.hard_reading,
-                         stopped_by="in process" if stopped else None, soft_pruned=soft_pruned,
-                         out_of_memory=out_of_memory, ended_first="the objective ended first or caught the interrupt",
-                         forecast=forecast)
+    return trial_outcome(
+        policy,
+        state.reason,
+        soft_reading=state.soft_reading,
+        hard_reading=state.hard_reading,
+        stopped_by="in process" if stopped else None,
+        soft_pruned=soft_pruned,
+        out_of_memory=out_of_memory,
+        ended_first="the objective ended first or caught the interrupt",
+        forecast=forecast,
+    )
 
 
 class _Live:
     """The monitor's side of one trial: its readings, soft and hard crossings, the one interrupt."""
 
-    def __init__(self, guard: Guard, state: TrialGuardState, thread_id: int,
-                 forecast: StepForecast | None = None) -> None:
+    def __init__(
+        self, guard: Guard, state: TrialGuardState, thread_id: int, forecast: StepForecast | None = None
+    ) -> None:
         self._policy = guard.policy
         self.forecast = forecast
         self._state = state
@@ -346,8 +379,11 @@ class _Live:
         ram = None if peak is None else peak.rss
         if hwm > self._hwm0:
             ram = hwm if ram is None else max(ram, hwm)
-        return {"ram": ram, "vram": None if peak is None else peak.vram,
-                "threads": None if peak is None else peak.threads}
+        return {
+            "ram": ram,
+            "vram": None if peak is None else peak.vram,
+            "threads": None if peak is None else peak.threads,
+        }
 
     def timeline(self) -> list[tuple[float, int, int, int | None]]:
         """``(t_s, rss, threads, vram)`` since the trial started, downsampled keeping each column's maxima."""
@@ -378,8 +414,9 @@ class _Watch:
             with self._lock:
                 if self._monitor is None:
                     # no timeline of its own (each trial keeps its points): it lives across trials
-                    self._monitor = Monitor(interval=self._interval, on_reading=self._on_reading,
-                                            max_timeline=0).start()
+                    self._monitor = Monitor(
+                        interval=self._interval, on_reading=self._on_reading, max_timeline=0
+                    ).start()
                 self._lives[id(live)] = live
                 self._idle = 0
         except _Interrupt:
@@ -432,9 +469,15 @@ def _max_reading(a: Reading, b: Reading) -> Reading:
     def top(x: int | None, y: int | None) -> int | None:
         return y if x is None else x if y is None else max(x, y)
 
-    return Reading(t=b.t if b.rss > a.rss else a.t, rss=max(a.rss, b.rss), hwm=max(a.hwm, b.hwm),
-                   threads=max(a.threads, b.threads), processes=max(a.processes, b.processes),
-                   pss=top(a.pss, b.pss), vram=top(a.vram, b.vram))
+    return Reading(
+        t=b.t if b.rss > a.rss else a.t,
+        rss=max(a.rss, b.rss),
+        hwm=max(a.hwm, b.hwm),
+        threads=max(a.threads, b.threads),
+        processes=max(a.processes, b.processes),
+        pss=top(a.pss, b.pss),
+        vram=top(a.vram, b.vram),
+    )
 
 
 def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:

@@ -174,8 +174,11 @@ def killed_by_oom_killer(exitcode: int | None, oom_kills_at_launch: int | None) 
     now = procfs.oom_kills()
     if now is None or now <= oom_kills_at_launch:
         return None
-    return OutOfMemory("ram", f"killed by the kernel's OOM killer (SIGKILL while the host's OOM kill count "
-                              f"rose by {now - oom_kills_at_launch})")
+    return OutOfMemory(
+        "ram",
+        f"killed by the kernel's OOM killer (SIGKILL while the host's OOM kill count "
+        f"rose by {now - oom_kills_at_launch})",
+    )
 
 
 def release(exc: BaseException) -> None:

@@ -70,8 +70,7 @@ def trial_outcome(
         decision = Decision.SOFT_PRUNED
         reason = f"pruned at the soft line: {policy.describe_breach(soft_reading, policy.soft)}"
     elif hard_reading is not None:
-        reason = (f"{launch_reason}; crossed the budget ({policy.describe_breach(hard_reading, 1.0)}) "
-                  f"but {ended_first}")
+        reason = f"{launch_reason}; crossed the budget ({policy.describe_breach(hard_reading, 1.0)}) but {ended_first}"
     elif failed is not None:
         reason = f"{launch_reason}; {failed}"
     breach = soft_reading if decision is Decision.SOFT_PRUNED else hard_reading or soft_reading

@@ -49,11 +49,20 @@ class Policy:
             ``None`` (the footprint is the learned bound).
     """
 
-    def __init__(self, footprint: Callable[[dict[str, Any]], Footprint] | None, budget: Budget, *,
-                 on_infeasible: str, clamp: tuple[str, ...] | None,
-                 search_space: dict[str, BaseDistribution] | None, interval: float, soft: float,
-                 footprint_timeout: float | None = None, on_footprint_error: str = "warn",
-                 learning: Learning | None = None) -> None:
+    def __init__(
+        self,
+        footprint: Callable[[dict[str, Any]], Footprint] | None,
+        budget: Budget,
+        *,
+        on_infeasible: str,
+        clamp: tuple[str, ...] | None,
+        search_space: dict[str, BaseDistribution] | None,
+        interval: float,
+        soft: float,
+        footprint_timeout: float | None = None,
+        on_footprint_error: str = "warn",
+        learning: Learning | None = None,
+    ) -> None:
         self._footprint = footprint
         self._budget = budget
         self._on_infeasible = on_infeasible
@@ -73,8 +82,18 @@ class Policy:
         self._not_params: set[str] = set()  # names the footprint asked for that a trial did not suggest
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("_footprint", "_budget", "_on_infeasible", "_clamp", "_search_space", "_interval", "_soft",
-                "_footprint_timeout", "_on_footprint_error", "_learning")
+        keep = (
+            "_footprint",
+            "_budget",
+            "_on_infeasible",
+            "_clamp",
+            "_search_space",
+            "_interval",
+            "_soft",
+            "_footprint_timeout",
+            "_on_footprint_error",
+            "_learning",
+        )
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -132,8 +151,9 @@ class Policy:
         learning = self._learning
         return self._on_infeasible == "clamp" and (learning is None or learning.corrected or learning.ready)
 
-    def learned_info(self, params: dict[str, Any], warmup: bool = False,
-                     base: Mapping[str, int] | None = None) -> dict[str, Any] | None:
+    def learned_info(
+        self, params: dict[str, Any], warmup: bool = False, base: Mapping[str, int] | None = None
+    ) -> dict[str, Any] | None:
         """What the record says of the learned prediction of ``params`` (``None`` without learning)."""
         if self._learning is None:
             return None
@@ -175,8 +195,9 @@ class Policy:
 
     # -- before launch --------------------------------------------------------------------------------
 
-    def predict(self, params: dict[str, Any], *, explore: bool = True,
-                base: Mapping[str, int] | None = None) -> Footprint:
+    def predict(
+        self, params: dict[str, Any], *, explore: bool = True, base: Mapping[str, int] | None = None
+    ) -> Footprint:
         """The footprint of ``params`` (cached). Raises what the user's function raises, TypeError when it
         returns something else than a Footprint, or :class:`FootprintTimeout` over ``footprint_timeout``.
 
@@ -273,8 +294,10 @@ class Policy:
             above = " above what is in use" if r in base else ""
             line = "" if self._soft == 1.0 else f" ({self._soft:.0%} of the budget{above})"
             used = f"{show(base[r])} in use + " if r in base else ""
-            parts.append(f"{'threads' if r == 'threads' else r.upper()} {used}{show(getattr(footprint, r))} > "
-                         f"{show(limit)}{line}")
+            parts.append(
+                f"{'threads' if r == 'threads' else r.upper()} {used}{show(getattr(footprint, r))} > "
+                f"{show(limit)}{line}"
+            )
         return ", ".join(parts)
 
     def describe_figures(self, footprint: Footprint) -> str:
@@ -291,8 +314,10 @@ class Policy:
         unknown = [n for n in names if n not in space]
         if not unknown:
             return None
-        return (f"clamp names {unknown} are not params of the search space {sorted(space)}; "
-                "fix the names, or declare params that appear only in some branches in search_space=.")
+        return (
+            f"clamp names {unknown} are not params of the search space {sorted(space)}; "
+            "fix the names, or declare params that appear only in some branches in search_space=."
+        )
 
     @staticmethod
     def check_clamp_names(names: Iterable[str], space: dict[str, Any]) -> None:
@@ -303,8 +328,13 @@ class Policy:
 
     # -- while a trial runs ---------------------------------------------------------------------------
 
-    def over(self, reading: Reading, fraction: float, allowance: Mapping[str, int] | None = None,
-             base: Mapping[str, int] | None = None) -> bool:
+    def over(
+        self,
+        reading: Reading,
+        fraction: float,
+        allowance: Mapping[str, int] | None = None,
+        base: Mapping[str, int] | None = None,
+    ) -> bool:
         """Whether ``reading`` crosses ``fraction`` of the budget in any budgeted resource, each line raised
         by ``allowance`` (what earlier trials left in a shared process, ``guard/_start.py``); with ``base``
         (the usage a learned increment adds to), ``fraction`` of the budget above it (:meth:`line`)."""
@@ -354,8 +384,11 @@ class Policy:
             with self._lock:
                 self._not_params.add(missing)
             footprint_failed = True
-            reason = reason.replace(state.reason, f"the footprint function failed: KeyError: {missing!r} (the "
-                                    f"trial suggested no param {missing!r})", 1)
+            reason = reason.replace(
+                state.reason,
+                f"the footprint function failed: KeyError: {missing!r} (the trial suggested no param {missing!r})",
+                1,
+            )
         prediction = state.prediction
         ran = {k: params[k] for k in state.assignment if k in params}
         if prediction is not None and any(ran[k] != state.assignment[k] for k in ran):

@@ -96,9 +96,7 @@ class GuardedSampler(BaseSampler):
         # Never check or reject here: an exception in before_trial leaves the trial RUNNING forever.
         self._base_sampler.before_trial(study, trial)
 
-    def infer_relative_search_space(
-        self, study: Study, trial: FrozenTrial
-    ) -> dict[str, BaseDistribution]:
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         base_space = self._base_sampler.infer_relative_search_space(study, trial)
         with self._lock:
             self._base_spaces[_internals.trial_id(trial)] = base_space
@@ -180,15 +178,17 @@ class GuardedSampler(BaseSampler):
         finally:
             self._base_sampler.after_trial(study, trial, state, values)
 
-    def _failed(self, state: TrialGuardState, exc: Exception, assignment: dict[str, Any], *,
-                count: bool = True) -> None:
+    def _failed(
+        self, state: TrialGuardState, exc: Exception, assignment: dict[str, Any], *, count: bool = True
+    ) -> None:
         """The footprint failed on ``assignment``: the trial runs unchecked, saying why; a param no earlier
         trial suggested is no failure. Repeated failures are warned about, or raised with
         ``on_footprint_error="raise"``."""
         if isinstance(exc, NoFootprint):  # a guard without a footprint by design, or one warming up: no failure
             state.uncheck(str(exc))
-            state.learned = self._guard.policy.learned_info(assignment, warmup=True,
-                                                            base=charged(self._guard.policy, state))
+            state.learned = self._guard.policy.learned_info(
+                assignment, warmup=True, base=charged(self._guard.policy, state)
+            )
             return
         policy = self._guard.policy
         name = policy.missing_param(exc, assignment)
@@ -202,14 +202,19 @@ class GuardedSampler(BaseSampler):
         state.footprint_failed = True
         if policy.on_footprint_error == "raise":
             if hasattr(exc, "add_note"):  # Python 3.11+
-                exc.add_note(f"memprune: the footprint failed on trial {state.number} "
-                             "(MemoryGuard(on_footprint_error='raise'))")
+                exc.add_note(
+                    f"memprune: the footprint failed on trial {state.number} (MemoryGuard(on_footprint_error='raise'))"
+                )
             raise exc
         if count:
-            self._guard.warnings.failure(type(exc).__name__, (
-                f"The footprint failed on {FAILURES_BEFORE_WARNING} trials in a row (trial {state.number}: "
-                f"{reason}); such trials run unchecked, under the monitor only. Fix the footprint function, or "
-                "pass MemoryGuard(..., on_footprint_error='raise') to stop at the first failure."))
+            self._guard.warnings.failure(
+                type(exc).__name__,
+                (
+                    f"The footprint failed on {FAILURES_BEFORE_WARNING} trials in a row (trial {state.number}: "
+                    f"{reason}); such trials run unchecked, under the monitor only. Fix the footprint function, or "
+                    "pass MemoryGuard(..., on_footprint_error='raise') to stop at the first failure."
+                ),
+            )
 
     # -- the lookahead ------------------------------------------------------------------------------
 
@@ -273,8 +278,10 @@ class GuardedSampler(BaseSampler):
             if names:
                 state.reason = f"predicted over budget: {over}; no assignment fits by lowering {names}"
             else:  # every clampable param was fixed (enqueued, already suggested) or has one value
-                state.reason = (f"predicted over budget: {over}; no param may be lowered (fixed: "
-                                f"{sorted(n for n in locked if n in space) or 'none'})")
+                state.reason = (
+                    f"predicted over budget: {over}; no param may be lowered (fixed: "
+                    f"{sorted(n for n in locked if n in space) or 'none'})"
+                )
             return
         clamped, footprint = result
         state.clamped_from = {n: assignment[n] for n in clamped if clamped[n] != assignment[n]}
@@ -285,9 +292,7 @@ class GuardedSampler(BaseSampler):
         moves = ", ".join(f"{n} {assignment[n]!r} -> {clamped[n]!r}" for n in state.clamped_from)
         state.reason = f"predicted over budget: {over}; lowered {moves} ({policy.describe_figures(footprint)})"
 
-    def _recheck(
-        self, state: TrialGuardState, name: str, dist: BaseDistribution, value: Any
-    ) -> Any:
+    def _recheck(self, state: TrialGuardState, name: str, dist: BaseDistribution, value: Any) -> Any:
         policy = self._guard.policy
         candidate = {**state.assignment, name: value}
         base = charged(policy, state)
@@ -296,8 +301,10 @@ class GuardedSampler(BaseSampler):
             clampable = policy.on_infeasible == "clamp" and (policy.clamp is None or name in policy.clamp)
             lowered = _search(policy, base).lower_one(candidate, name, dist) if clampable else None
             if lowered is None or not lowered[2]:
-                state.uncheck(f"param {name!r} was re-drawn in a new range to {value!r}, over budget "
-                              f"({policy.describe_excess(footprint, base)}); too late to reject")
+                state.uncheck(
+                    f"param {name!r} was re-drawn in a new range to {value!r}, over budget "
+                    f"({policy.describe_excess(footprint, base)}); too late to reject"
+                )
                 return value
             state.clamped_from[name] = value
             value, footprint = lowered[0], lowered[1]
@@ -316,13 +323,16 @@ class GuardedSampler(BaseSampler):
         if state is None:
             state = TrialGuardState(trial_id, trial.number)
         elif state.decision is Decision.REJECTED:  # it ran anyway: the objective was not wrapped
-            state.uncheck(f"{state.reason}, but it ran: the objective was not wrapped with "
-                          "guard.wrap_objective(), which is what ends rejected trials")
+            state.uncheck(
+                f"{state.reason}, but it ran: the objective was not wrapped with "
+                "guard.wrap_objective(), which is what ends rejected trials"
+            )
         record = guard.policy.record(state, trial.params)
         records.write_frozen(study, trial_id, record)
 
 
 # -- the known search space -------------------------------------------------------------------------
+
 
 class _KnownSpace:
     """The union of the distributions the study's trials suggested (a later trial's wins), kept
@@ -341,9 +351,10 @@ class _KnownSpace:
         trials = _internals.cached_trials(study)
         with self._lock:
             finished, prefix, folded = self._studies.setdefault(
-                (id(_internals.storage_of(study)), _internals.study_id(study)), ({}, [0], set()))
+                (id(_internals.storage_of(study)), _internals.study_id(study)), ({}, [0], set())
+            )
             running = []
-            for other in trials[prefix[0]:]:
+            for other in trials[prefix[0] :]:
                 if not other.state.is_finished():
                     running.append(other)
                 elif _internals.trial_id(other) not in folded:
@@ -362,8 +373,10 @@ class _KnownSpace:
 
 
 def _first_seen(name: str) -> str:
-    return (f"param {name!r} was first seen in this trial (the guard checks a param before launch once an "
-            "earlier trial suggested it, or when it is declared in MemoryGuard(search_space=...))")
+    return (
+        f"param {name!r} was first seen in this trial (the guard checks a param before launch once an "
+        "earlier trial suggested it, or when it is declared in MemoryGuard(search_space=...))"
+    )
 
 
 def _single_value(dist: BaseDistribution) -> Any:
@@ -376,5 +389,8 @@ def _search(policy: Policy, base: dict[str, int] | None = None) -> ClampSearch:
     """The clamp search under the policy's soft line, less ``base`` (``guard/_start.py``'s ``charged``). A learned
     footprint gives its bound for every candidate, below the observed range too (where it holds the low
     end's): only a trial as sampled is let run unchecked to explore there, a candidate of the search never."""
-    return ClampSearch(functools.partial(policy.predict, explore=False, base=base),
-                       functools.partial(policy.excess, base=base), policy.room(base))
+    return ClampSearch(
+        functools.partial(policy.predict, explore=False, base=base),
+        functools.partial(policy.excess, base=base),
+        policy.room(base),
+    )

@@ -107,8 +107,11 @@ def _level() -> dict[str, int | None]:
         reading = read_tree(gpu="auto")
         return {"ram": reading.rss, "vram": reading.vram, "threads": reading.threads}
     gpu = auto_gpu_reader()
-    return {"ram": int(fields[21]) * _PAGE, "vram": None if gpu is None else gpu.used_by({pid}),
-            "threads": int(fields[17])}
+    return {
+        "ram": int(fields[21]) * _PAGE,
+        "vram": None if gpu is None else gpu.used_by({pid}),
+        "threads": int(fields[17]),
+    }
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -163,8 +166,11 @@ class ProcessLevels:
             if alone or self._idle is None:
                 self._idle = dict(level) if alone else dict(self._base)
             base, idle, least = self._base, self._idle, dict(self._least)
-        left = {r: max(0, idle[r] - base[r]) for r in LEVELS  # type: ignore[operator]
-                if idle[r] is not None and base[r] is not None}
+        left = {
+            r: max(0, idle[r] - base[r])
+            for r in LEVELS  # type: ignore[operator]
+            if idle[r] is not None and base[r] is not None
+        }
         return Start(level, left, least)
 
     def ended(self, start: dict[str, int | None] | None, own: dict[str, int] | None = None) -> None:
@@ -205,8 +211,11 @@ def charged(policy: Policy, state: TrialGuardState) -> dict[str, int] | None:
     prediction is a whole process's peak (a footprint function's)."""
     if state.start is None or not policy.increments:
         return None
-    return {r: max(0, v - state.allowance.get(r, 0)) for r, v in state.start.items()
-            if v is not None and r in policy.budget.resources}
+    return {
+        r: max(0, v - state.allowance.get(r, 0))
+        for r, v in state.start.items()
+        if v is not None and r in policy.budget.resources
+    }
 
 
 def describe_allowance(policy: Policy, state: TrialGuardState) -> str:
@@ -215,9 +224,13 @@ def describe_allowance(policy: Policy, state: TrialGuardState) -> str:
     for r, left in state.allowance.items():
         show = str if r == "threads" else format_bytes
         level = (state.start or {}).get(r)
-        parts.append(f"{'threads' if r == 'threads' else r.upper()} {show(left)} left by earlier trials (the "
-                     f"process at {show(level)} when it started, over the soft line with the least a trial "
-                     f"here needed; budget {show(getattr(policy.budget, r))} + {show(left)})")
-    return ("what earlier trials left makes the budget unreachable: " + ", ".join(parts) + "; this trial is "
-            "held to the budget on its own memory (its soft line and budget raised by that much); one process "
-            "per trial keeps the process itself under the budget")
+        parts.append(
+            f"{'threads' if r == 'threads' else r.upper()} {show(left)} left by earlier trials (the "
+            f"process at {show(level)} when it started, over the soft line with the least a trial "
+            f"here needed; budget {show(getattr(policy.budget, r))} + {show(left)})"
+        )
+    return (
+        "what earlier trials left makes the budget unreachable: " + ", ".join(parts) + "; this trial is "
+        "held to the budget on its own memory (its soft line and budget raised by that much); one process "
+        "per trial keeps the process itself under the budget"
+    )

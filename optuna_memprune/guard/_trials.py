@@ -29,27 +29,29 @@ class TrialGuardState:
     trial_id: int
     number: int
     decision: Decision = Decision.UNCHECKED
-    reason: str = ("the search space was not known before launch (no earlier trial; pass search_space= to "
-                   "MemoryGuard to check the first trial too)")
-    assignment: dict[str, Any] = field(default_factory=dict)   # the checked (maybe clamped) params
+    reason: str = (
+        "the search space was not known before launch (no earlier trial; pass search_space= to "
+        "MemoryGuard to check the first trial too)"
+    )
+    assignment: dict[str, Any] = field(default_factory=dict)  # the checked (maybe clamped) params
     space: dict[str, BaseDistribution] = field(default_factory=dict)
     prediction: Footprint | None = None
     clamped_from: dict[str, Any] = field(default_factory=dict)
-    enforced: bool = False          # run by guard.wrap_objective (rejection and the monitor apply)
-    sampled: bool = False           # a GuardedSampler of this guard looked at the trial
-    soft_reading: Reading | None = None   # first reading over the soft line
-    hard_reading: Reading | None = None   # first reading over the budget
-    soft_answered: bool = False     # GuardedPruner answered True because of the soft line
-    concurrent: bool = False        # other guarded trials ran in this process at the same time
-    first_seen: str | None = None   # the param the footprint asked for that no earlier trial suggested
+    enforced: bool = False  # run by guard.wrap_objective (rejection and the monitor apply)
+    sampled: bool = False  # a GuardedSampler of this guard looked at the trial
+    soft_reading: Reading | None = None  # first reading over the soft line
+    hard_reading: Reading | None = None  # first reading over the budget
+    soft_answered: bool = False  # GuardedPruner answered True because of the soft line
+    concurrent: bool = False  # other guarded trials ran in this process at the same time
+    first_seen: str | None = None  # the param the footprint asked for that no earlier trial suggested
     footprint_failed: bool = False  # the footprint raised, timed out or returned no Footprint at launch
-    oom_kills: int | None = None    # the host's OOM-kill count when the runner launched the trial's process
+    oom_kills: int | None = None  # the host's OOM-kill count when the runner launched the trial's process
     learned: dict[str, Any] | None = None  # the record's word on a learned prediction (mode, phase, raw)
     # In a shared process (the in-process objective) only; ``None`` / empty where the trial has its own process:
     start: dict[str, int | None] | None = None  # the process's usage at the trial's start, after the give-back
-    need: dict[str, int] = field(default_factory=dict)       # what admission compared with the soft line
+    need: dict[str, int] = field(default_factory=dict)  # what admission compared with the soft line
     allowance: dict[str, int] = field(default_factory=dict)  # what earlier trials left, where it made the budget
-                                                             # unreachable: the trial's lines raised by it
+    # unreachable: the trial's lines raised by it
 
     @property
     def checked(self) -> bool:

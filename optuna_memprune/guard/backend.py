@@ -21,6 +21,18 @@ from ._start import rss
 from ._trials import TrialGuardState
 
 __all__ = [
-    "Guard", "Policy", "TrialGuardState", "MonitorOnly", "StepForecast", "trial_forecast", "store_rejection",
-    "OutOfMemory", "out_of_memory", "killed_by_oom_killer", "trial_outcome", "learned_margin", "peak_rss", "rss",
+    "Guard",
+    "Policy",
+    "TrialGuardState",
+    "MonitorOnly",
+    "StepForecast",
+    "trial_forecast",
+    "store_rejection",
+    "OutOfMemory",
+    "out_of_memory",
+    "killed_by_oom_killer",
+    "trial_outcome",
+    "learned_margin",
+    "peak_rss",
+    "rss",
 ]

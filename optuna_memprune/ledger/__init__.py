@@ -12,5 +12,21 @@ from ._db import Entry, LedgerError, Reaped, check_ledger_url, default_url
 from ._ledger import Ledger, read_host
 from ._owners import owner_alive, start_of
 
-__all__ = ["HostBudget", "HostCapacity", "Request", "Entry", "Reaped", "Usage", "Ledger", "LedgerError", "owner_alive",
-           "start_of", "default_url", "read_host", "check_ledger_url", "available_ram", "physical_ram", "describe"]
+__all__ = [
+    "HostBudget",
+    "HostCapacity",
+    "Request",
+    "Entry",
+    "Reaped",
+    "Usage",
+    "Ledger",
+    "LedgerError",
+    "owner_alive",
+    "start_of",
+    "default_url",
+    "read_host",
+    "check_ledger_url",
+    "available_ram",
+    "physical_ram",
+    "describe",
+]

@@ -32,8 +32,9 @@ class HostCapacity:
     def __post_init__(self) -> None:
         if self.ram is not None:
             check_int(self.ram, "HostCapacity.ram", minimum=0)
-        object.__setattr__(self, "gpus", tuple(check_int(g, f"HostCapacity.gpus[{i}]", minimum=0)
-                                               for i, g in enumerate(self.gpus)))
+        object.__setattr__(
+            self, "gpus", tuple(check_int(g, f"HostCapacity.gpus[{i}]", minimum=0) for i, g in enumerate(self.gpus))
+        )
         check_int(self.threads, "HostCapacity.threads", minimum=1, optional=True)
 
 
@@ -87,8 +88,9 @@ class HostBudget:
                 f"HostBudget.gpus must be 'auto', None or a sequence of sizes, one per GPU index, but got {gpus!r}."
             )
         object.__setattr__(self, "gpus", gpus)
-        check_number(self.headroom, "HostBudget.headroom", minimum=0, maximum=1, open_max=True,
-                     expected="a fraction in [0, 1)")
+        check_number(
+            self.headroom, "HostBudget.headroom", minimum=0, maximum=1, open_max=True, expected="a fraction in [0, 1)"
+        )
         check_int(self.threads, "HostBudget.threads", minimum=1, optional=True)
 
     def resolve(self) -> HostCapacity:
@@ -170,8 +172,10 @@ def describe(x: Request | Usage | HostCapacity) -> str:
     vram = getattr(x, "vram", None)
     if vram is None:
         vram = x.gpus
-    parts = [f"ram={'unlimited' if x.ram is None else format_bytes(x.ram)}",
-             f"threads={'unlimited' if x.threads is None else x.threads}"]
+    parts = [
+        f"ram={'unlimited' if x.ram is None else format_bytes(x.ram)}",
+        f"threads={'unlimited' if x.threads is None else x.threads}",
+    ]
     if isinstance(vram, tuple):
         parts.append("vram=[" + ", ".join(format_bytes(v) for v in vram) + "]")
     else:

@@ -21,11 +21,13 @@ SQLITE_BUSY_TIMEOUT_S = 30.0
 
 metadata = sa.MetaData()
 hosts_table = sa.Table(
-    "memprune_ledger_hosts", metadata,
+    "memprune_ledger_hosts",
+    metadata,
     sa.Column("host", sa.String(255), primary_key=True),  # one row per host, locked by every admission
 )
 entries_table = sa.Table(
-    "memprune_ledger_entries", metadata,
+    "memprune_ledger_entries",
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("host", sa.String(255), nullable=False, index=True),
     sa.Column("owner_pid", sa.Integer, nullable=False),
@@ -40,7 +42,8 @@ entries_table = sa.Table(
 # Entries reaped from dead owners, kept until a process that can end their trials settles them: the
 # process whose admission reaped an entry may not be able to (its trial lives in another study database).
 reaped_table = sa.Table(
-    "memprune_ledger_reaped", metadata,
+    "memprune_ledger_reaped",
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("entry_id", sa.Integer, nullable=False),
     sa.Column("host", sa.String(255), nullable=False, index=True),
@@ -52,7 +55,7 @@ reaped_table = sa.Table(
     sa.Column("gpu", sa.Integer, nullable=True),
     sa.Column("threads", sa.Integer, nullable=False),
     sa.Column("created", sa.Float, nullable=False),
-    sa.Column("reaped", sa.Float, nullable=False),      # time.time() when its owner was found dead
+    sa.Column("reaped", sa.Float, nullable=False),  # time.time() when its owner was found dead
     sa.Column("reaped_by", sa.Integer, nullable=False),  # the pid whose transaction reaped it
 )
 
@@ -95,13 +98,33 @@ class Reaped(NamedTuple):
 
 
 def entry_of(row: Any) -> Entry:
-    return Entry(id=row.id, host=row.host, owner_pid=row.owner_pid, owner_start=row.owner_start, key=row.key,
-                 ram=row.ram, vram=row.vram, gpu=row.gpu, threads=row.threads, created=row.created)
+    return Entry(
+        id=row.id,
+        host=row.host,
+        owner_pid=row.owner_pid,
+        owner_start=row.owner_start,
+        key=row.key,
+        ram=row.ram,
+        vram=row.vram,
+        gpu=row.gpu,
+        threads=row.threads,
+        created=row.created,
+    )
 
 
 def reaped_of(row: Any) -> Reaped:
-    entry = Entry(id=row.entry_id, host=row.host, owner_pid=row.owner_pid, owner_start=row.owner_start, key=row.key,
-                  ram=row.ram, vram=row.vram, gpu=row.gpu, threads=row.threads, created=row.created)
+    entry = Entry(
+        id=row.entry_id,
+        host=row.host,
+        owner_pid=row.owner_pid,
+        owner_start=row.owner_start,
+        key=row.key,
+        ram=row.ram,
+        vram=row.vram,
+        gpu=row.gpu,
+        threads=row.threads,
+        created=row.created,
+    )
     return Reaped(id=row.id, entry=entry, reaped=row.reaped, reaped_by=row.reaped_by)
 
 
@@ -128,8 +151,10 @@ def cannot_open(url: str, exc: BaseException, default: bool) -> LedgerError:
         where = sa.engine.make_url(url).render_as_string(hide_password=True)
         return LedgerError(f"cannot open the host ledger database {where}: {cause}")
     if "not a database" in cause or "malformed" in cause:
-        return LedgerError(f"the host ledger {path} is not a readable SQLite database ({cause}): delete it (it "
-                           f"holds only the reservations of this host's running trials) or {elsewhere}")
+        return LedgerError(
+            f"the host ledger {path} is not a readable SQLite database ({cause}): delete it (it "
+            f"holds only the reservations of this host's running trials) or {elsewhere}"
+        )
     return LedgerError(f"cannot open the host ledger {path} ({cause}): make its directory writable or {elsewhere}")
 
 
@@ -141,8 +166,10 @@ def check_ledger_url(url: Any) -> None:
         sa.engine.make_url(url).get_dialect()
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
         cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"{url!r} is not a database URL SQLAlchemy can open ({cause}): give e.g. "
-                         "sqlite:////path/ledger.sqlite or postgresql+psycopg://user@host/db") from None
+        raise ValueError(
+            f"{url!r} is not a database URL SQLAlchemy can open ({cause}): give e.g. "
+            "sqlite:////path/ledger.sqlite or postgresql+psycopg://user@host/db"
+        ) from None
 
 
 def open_engine(url: str) -> sa.Engine:

@@ -111,10 +111,15 @@ class Ledger:
             try:
                 directory.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                what = ("is a file, not a directory" if directory.is_file()
-                        else f"cannot be created ({exc.strerror or exc})")
-                raise LedgerError(f"the cache directory {directory} of the host ledger {what}: set MEMPRUNE_CACHE_DIR "
-                                  "to a writable directory") from None
+                what = (
+                    "is a file, not a directory"
+                    if directory.is_file()
+                    else f"cannot be created ({exc.strerror or exc})"
+                )
+                raise LedgerError(
+                    f"the cache directory {directory} of the host ledger {what}: set MEMPRUNE_CACHE_DIR "
+                    "to a writable directory"
+                ) from None
             url = default_url(host)
         else:
             check_ledger_url(url)
@@ -151,15 +156,27 @@ class Ledger:
             reaped = self._reap(conn)
             if retried:  # the lost attempt may have committed before its connection went away
                 c = entries_table.c
-                row = conn.execute(entries_table.select().where(c.host == self.host, c.owner_pid == pid,
-                                                                c.owner_start == start, c.key == key)).first()
+                row = conn.execute(
+                    entries_table.select().where(
+                        c.host == self.host, c.owner_pid == pid, c.owner_start == start, c.key == key
+                    )
+                ).first()
                 if row is not None:
                     return reaped, entry_of(row)
             gpu = self._place(request, self._usage(conn))
             if gpu is False:
                 return reaped, None
-            row = dict(host=self.host, owner_pid=pid, owner_start=start, key=key, ram=request.ram,
-                       vram=request.vram, gpu=gpu, threads=request.threads, created=time.time())
+            row = dict(
+                host=self.host,
+                owner_pid=pid,
+                owner_start=start,
+                key=key,
+                ram=request.ram,
+                vram=request.vram,
+                gpu=gpu,
+                threads=request.threads,
+                created=time.time(),
+            )
             result = conn.execute(entries_table.insert().values(**row))
             return reaped, Entry(id=result.inserted_primary_key[0], **row)
 
@@ -169,8 +186,15 @@ class Ledger:
                 self._reaped.extend(reaped)
         return entry
 
-    def admit(self, request: Request, key: str, *, timeout: float | None = None, poll: float = 0.2,
-              owner_pid: int | None = None) -> Entry:
+    def admit(
+        self,
+        request: Request,
+        key: str,
+        *,
+        timeout: float | None = None,
+        poll: float = 0.2,
+        owner_pid: int | None = None,
+    ) -> Entry:
         """Wait until ``request`` fits, then reserve it (see :meth:`try_admit`) and return the entry.
 
         Args:
@@ -275,8 +299,9 @@ class Ledger:
                 if self._sqlite or time.monotonic() + delay > deadline:
                     raise
                 cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-                _logger.warning("The ledger database of host %s cannot be reached (%s); retrying in %.1f s",
-                                self.host, cause, delay)
+                _logger.warning(
+                    "The ledger database of host %s cannot be reached (%s); retrying in %.1f s", self.host, cause, delay
+                )
                 time.sleep(delay)
                 delay, retried = min(2 * delay, 2.0), True
 
@@ -298,28 +323,51 @@ class Ledger:
 
     def _reap(self, conn: sa.Connection) -> list[Entry]:
         self._lock_host(conn)
-        rows = conn.execute(entries_table.select().where(entries_table.c.host == self.host)
-                            .order_by(entries_table.c.id))
+        rows = conn.execute(
+            entries_table.select().where(entries_table.c.host == self.host).order_by(entries_table.c.id)
+        )
         dead = [entry_of(r) for r in rows if not owner_alive(r.owner_pid, r.owner_start)]
         now = time.time()
         if dead:
             conn.execute(entries_table.delete().where(entries_table.c.id.in_([e.id for e in dead])))
-            conn.execute(reaped_table.insert(), [
-                dict(entry_id=e.id, host=e.host, owner_pid=e.owner_pid, owner_start=e.owner_start, key=e.key,
-                     ram=e.ram, vram=e.vram, gpu=e.gpu, threads=e.threads, created=e.created, reaped=now,
-                     reaped_by=os.getpid()) for e in dead])
-        conn.execute(reaped_table.delete().where(reaped_table.c.host == self.host,
-                                                 reaped_table.c.reaped < now - _REAPED_KEPT_S))
+            conn.execute(
+                reaped_table.insert(),
+                [
+                    dict(
+                        entry_id=e.id,
+                        host=e.host,
+                        owner_pid=e.owner_pid,
+                        owner_start=e.owner_start,
+                        key=e.key,
+                        ram=e.ram,
+                        vram=e.vram,
+                        gpu=e.gpu,
+                        threads=e.threads,
+                        created=e.created,
+                        reaped=now,
+                        reaped_by=os.getpid(),
+                    )
+                    for e in dead
+                ],
+            )
+        conn.execute(
+            reaped_table.delete().where(reaped_table.c.host == self.host, reaped_table.c.reaped < now - _REAPED_KEPT_S)
+        )
         if dead:
-            _logger.info("Reaped %d entries of dead processes on host %s: %s",
-                         len(dead), self.host, ", ".join(e.key for e in dead))
+            _logger.info(
+                "Reaped %d entries of dead processes on host %s: %s",
+                len(dead),
+                self.host,
+                ", ".join(e.key for e in dead),
+            )
         return dead
 
     def _usage(self, conn: sa.Connection) -> Usage:
         c = entries_table.c
         totals = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(c.ram), 0), sa.func.coalesce(sa.func.sum(c.threads), 0))
-            .where(c.host == self.host)
+            sa.select(sa.func.coalesce(sa.func.sum(c.ram), 0), sa.func.coalesce(sa.func.sum(c.threads), 0)).where(
+                c.host == self.host
+            )
         ).one()
         vram = [0] * len(self.capacity.gpus)
         per_gpu = conn.execute(
@@ -339,8 +387,11 @@ class Ledger:
             return False
         if request.vram == 0:
             return None
-        free = [(total - u, i) for i, (total, u) in enumerate(zip(cap.gpus, used.vram, strict=False))
-                if total - u >= request.vram]
+        free = [
+            (total - u, i)
+            for i, (total, u) in enumerate(zip(cap.gpus, used.vram, strict=False))
+            if total - u >= request.vram
+        ]
         return min(free)[1] if free else False
 
     def misfit(self, request: Request) -> str:
@@ -380,8 +431,9 @@ def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Ent
             entries = [entry_of(r) for r in rows]
             reaped = []
             if reaped_table.name in tables:
-                rows = conn.execute(reaped_table.select().where(reaped_table.c.host == host)
-                                    .order_by(reaped_table.c.id))
+                rows = conn.execute(
+                    reaped_table.select().where(reaped_table.c.host == host).order_by(reaped_table.c.id)
+                )
                 reaped = [reaped_of(r) for r in rows]
             return entries, reaped
     except DBAPIError as exc:

@@ -12,6 +12,16 @@ from ._proc import read_tree
 from ._types import MonitorError, ProcessGone, Reading
 
 __all__ = [
-    "Reading", "read_tree", "Monitor", "gpu_reader", "auto_gpu_reader", "GpuReader",
-    "MonitorError", "ProcessGone", "downsample", "Forecast", "forecast", "steps_of",
+    "Reading",
+    "read_tree",
+    "Monitor",
+    "gpu_reader",
+    "auto_gpu_reader",
+    "GpuReader",
+    "MonitorError",
+    "ProcessGone",
+    "downsample",
+    "Forecast",
+    "forecast",
+    "steps_of",
 ]

@@ -32,8 +32,8 @@ EMPTY = 2
 #: Of the ``BINS - 1`` moves from one span to the next, at most this many may fall: growth is sustained, a
 #: noisy or cycling level rises about half the time.
 FALLS = 1
-_MIN_POINTS = 12   # readings in the window
-_FIT_POINTS = 48   # readings the fit uses at most (evenly spaced): 1,128 pairs
+_MIN_POINTS = 12  # readings in the window
+_FIT_POINTS = 48  # readings the fit uses at most (evenly spaced): 1,128 pairs
 
 
 class Forecast(NamedTuple):
@@ -92,7 +92,7 @@ def steps_of(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, i
 
 def _theil_sen(xy: Sequence[tuple[float, int]], z: float) -> tuple[float, float]:
     """Median slope and its lower bound (Sen 1968: the pairwise slope of rank (N - C) / 2)."""
-    slopes = sorted((y1 - y0) / (x1 - x0) for i, (x0, y0) in enumerate(xy) for x1, y1 in xy[i + 1:] if x1 > x0)
+    slopes = sorted((y1 - y0) / (x1 - x0) for i, (x0, y0) in enumerate(xy) for x1, y1 in xy[i + 1 :] if x1 > x0)
     if not slopes:
         return 0.0, 0.0
     n, m = len(xy), len(slopes)
@@ -108,9 +108,16 @@ def _median(values: Sequence[float]) -> float:
     return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
 
 
-def forecast(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, int]], horizon: int, limit: int,
-             *, margin: float = 0.0, min_progress: float = MIN_PROGRESS,
-             confidence: float = CONFIDENCE) -> Forecast | None:
+def forecast(
+    points: Sequence[tuple[float, int]],
+    marks: Sequence[tuple[float, int]],
+    horizon: int,
+    limit: int,
+    *,
+    margin: float = 0.0,
+    min_progress: float = MIN_PROGRESS,
+    confidence: float = CONFIDENCE,
+) -> Forecast | None:
     """Project RSS to step ``horizon`` and say whether it will cross ``limit`` with high confidence.
 
     ``points`` are readings ``(t, rss)``, ``marks`` the steps reached ``(t, step)`` (any clock, the same for
@@ -165,9 +172,18 @@ def forecast(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, i
     held = _held(bins, slope, slope_low, step / horizon, min_progress)
     if not held and projected_low <= limit * (1 + margin):
         held = "the lower bound of the projection is within the limit"
-    return Forecast(step=step, horizon=horizon, level=int(level), slope=slope, slope_low=slope_low,
-                    projected=projected, projected_low=projected_low, over=not held, held=held,
-                    first=int(window[0][0]))
+    return Forecast(
+        step=step,
+        horizon=horizon,
+        level=int(level),
+        slope=slope,
+        slope_low=slope_low,
+        projected=projected,
+        projected_low=projected_low,
+        over=not held,
+        held=held,
+        first=int(window[0][0]),
+    )
 
 
 def _bins(window: list[tuple[float, int]]) -> list[tuple[float, float]]:
@@ -181,8 +197,7 @@ def _bins(window: list[tuple[float, int]]) -> list[tuple[float, float]]:
     return [(_median([x for x, _ in g]), _median([y for _, y in g])) for g in groups if g]
 
 
-def _held(bins: list[tuple[float, float]], slope: float, slope_low: float, progress: float,
-          min_progress: float) -> str:
+def _held(bins: list[tuple[float, float]], slope: float, slope_low: float, progress: float, min_progress: float) -> str:
     """Why the window is not confident growth, or ``""``."""
     if progress < min_progress:
         return f"only {progress:.1%} of the run observed (at least {min_progress:.0%} needed)"
@@ -197,6 +212,8 @@ def _held(bins: list[tuple[float, float]], slope: float, slope_low: float, progr
     for name, part in (("older", bins[:half]), ("recent", bins[half:])):
         h_slope, _ = _theil_sen(part, 0.0)
         if h_slope < CONSISTENT * slope:
-            return (f"the {name} half of the window does not grow like the whole (a plateau or a step: "
-                    f"{h_slope:.0f} against {slope:.0f} bytes a step)")
+            return (
+                f"the {name} half of the window does not grow like the whole (a plateau or a step: "
+                f"{h_slope:.0f} against {slope:.0f} bytes a step)"
+            )
     return ""

@@ -391,7 +391,6 @@ def open_tree(pid: int | None = None, *, backend: str | None = None) -> Any:
     raise ValueError(f"backend must be 'proc', 'psutil' or None, but got {backend!r}.")
 
 
-
 def read_tree(pid: int | None = None, *, pss: bool = False, gpu: Any = None) -> Reading:
     """Read the memory and threads of the process tree rooted at ``pid`` once.
 

@@ -20,8 +20,19 @@ from ._html import render as render_html
 from ._table import render as render_table
 
 __all__ = [
-    "ReportData", "GuardedTrial", "RunningTrial", "Quality", "Margin", "ReportError",
-    "load", "build", "render_table", "render_json", "render_html", "save_notes", "trial_note",
+    "ReportData",
+    "GuardedTrial",
+    "RunningTrial",
+    "Quality",
+    "Margin",
+    "ReportError",
+    "load",
+    "build",
+    "render_table",
+    "render_json",
+    "render_html",
+    "save_notes",
+    "trial_note",
 ]
 
 

@@ -22,9 +22,14 @@ def trial_note(t: GuardedTrial) -> str:
     """The markdown note for one guarded trial: decision, reason, predicted / peak / budget, what moved."""
     r = t.record
     shown = fmt.resources(t)
-    lines = [f"### memprune: {r.decision.value}", "", fmt.reason(t) or "(no reason recorded)", "",
-             "| | " + " | ".join(fmt.LABELS[x] for x in shown) + " |",
-             "|---|" + "---:|" * len(shown)]
+    lines = [
+        f"### memprune: {r.decision.value}",
+        "",
+        fmt.reason(t) or "(no reason recorded)",
+        "",
+        "| | " + " | ".join(fmt.LABELS[x] for x in shown) + " |",
+        "|---|" + "---:|" * len(shown),
+    ]
     for kind, label in (("pred", "predicted"), ("peak", "observed peak"), ("budget", "budget")):
         lines.append(f"| {label} | " + " | ".join(fmt.figure(x, t.figure(kind, x)) for x in shown) + " |")
     if r.clamped_from and r.decision is Decision.CLAMPED:
@@ -49,8 +54,9 @@ def save_notes(study: optuna.Study) -> int:
     try:
         import optuna_dashboard
     except ImportError:
-        raise ReportError("dashboard notes need optuna-dashboard, which is not installed: "
-                          'pip install "optuna-memprune[dashboard]"') from None
+        raise ReportError(
+            'dashboard notes need optuna-dashboard, which is not installed: pip install "optuna-memprune[dashboard]"'
+        ) from None
     ids = {t.number: _internals.trial_id(t) for t in study.get_trials(deepcopy=False)}
     changed = 0
     for t in build(study).trials:

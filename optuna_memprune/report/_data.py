@@ -21,10 +21,16 @@ if TYPE_CHECKING:
     import optuna
 
 SCHEMA = "memprune-report/1"
-NOTABLE = (Decision.REJECTED, Decision.CLAMPED, Decision.SOFT_PRUNED, Decision.STOPPED, Decision.OUT_OF_MEMORY,
-           Decision.FORECAST_STOPPED)
+NOTABLE = (
+    Decision.REJECTED,
+    Decision.CLAMPED,
+    Decision.SOFT_PRUNED,
+    Decision.STOPPED,
+    Decision.OUT_OF_MEMORY,
+    Decision.FORECAST_STOPPED,
+)
 TIMELINE_ADMITTED = 3  # admitted trials drawn beside the stopped ones: the highest peaks
-TIMELINE_STOPPED = 8   # at most this many stopped trials in the timeline plot (the last ones)
+TIMELINE_STOPPED = 8  # at most this many stopped trials in the timeline plot (the last ones)
 
 
 class ReportError(MemPruneError):
@@ -89,10 +95,12 @@ class RunningTrial:
     note: str
 
     def to_json_dict(self) -> dict[str, Any]:
-        runner = None if self.runner_pid is None else {"pid": self.runner_pid, "host": self.runner_host,
-                                                       "alive": self.runner_alive}
-        return {"number": self.number, "state": "RUNNING", "params": self.params, "runner": runner,
-                "note": self.note}
+        runner = (
+            None
+            if self.runner_pid is None
+            else {"pid": self.runner_pid, "host": self.runner_host, "alive": self.runner_alive}
+        )
+        return {"number": self.number, "state": "RUNNING", "params": self.params, "runner": runner, "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -105,13 +113,18 @@ class Quality:
     resource: str
     n: int
     median_rel_error: float | None
-    worst_rel_error: float | None   # the error of largest magnitude, signed
+    worst_rel_error: float | None  # the error of largest magnitude, signed
     worst_trial: int | None
-    under_predicted: int            # trials with peak > pred
+    under_predicted: int  # trials with peak > pred
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "median_rel_error": self.median_rel_error, "worst_rel_error": self.worst_rel_error,
-                "worst_trial": self.worst_trial, "under_predicted": self.under_predicted}
+        return {
+            "n": self.n,
+            "median_rel_error": self.median_rel_error,
+            "worst_rel_error": self.worst_rel_error,
+            "worst_trial": self.worst_trial,
+            "under_predicted": self.under_predicted,
+        }
 
 
 @dataclass(frozen=True)
@@ -170,8 +183,12 @@ class ReportData:
             largest = {"trial": t.number, "breakdown": t.record.breakdown}
         out = {
             "schema": SCHEMA,
-            "study": {"name": self.study_name, "directions": self.directions, "n_trials": self.n_trials,
-                      "n_guarded": len(self.trials)},
+            "study": {
+                "name": self.study_name,
+                "directions": self.directions,
+                "n_trials": self.n_trials,
+                "n_guarded": len(self.trials),
+            },
             "budget": {**self.budget, "soft": self.soft},
             "counts": self.counts,
             "trials": [t.to_json_dict() for t in self.trials],
@@ -207,8 +224,9 @@ def load(url: str, study_name: str | None = None) -> optuna.Study:
         raise ReportError(f"the storage at {where} holds no studies")
     if study_name is None:
         if len(names) > 1:
-            raise ReportError(f"the storage at {where} holds {len(names)} studies; name one with --study: "
-                              + ", ".join(sorted(names)))
+            raise ReportError(
+                f"the storage at {where} holds {len(names)} studies; name one with --study: " + ", ".join(sorted(names))
+            )
         study_name = names[0]
     elif study_name not in names:
         raise ReportError(f"no study {study_name!r} in {where}; it holds: " + ", ".join(sorted(names)))
@@ -224,13 +242,23 @@ def build(study: optuna.Study) -> ReportData:
     for t in sorted(frozen, key=lambda t: t.number):
         record = read(t.user_attrs)
         if record is not None:
-            trials.append(GuardedTrial(t.number, t.state.name, None if t.values is None else list(t.values),
-                                       dict(t.params), record, read_overrides(t.user_attrs)))
+            trials.append(
+                GuardedTrial(
+                    t.number,
+                    t.state.name,
+                    None if t.values is None else list(t.values),
+                    dict(t.params),
+                    record,
+                    read_overrides(t.user_attrs),
+                )
+            )
     running = _running(study, sorted((t for t in frozen if t.state is TrialState.RUNNING), key=lambda t: t.number))
     if not trials:
         still = "; RUNNING: " + "; ".join(f"#{t.number} ({t.note})" for t in running) if running else ""
-        raise ReportError(f"study {study.study_name!r} has no guarded trials ({len(frozen)} trials, none with "
-                          f"a memprune record{still}): run it with MemoryGuard's wrappers first")
+        raise ReportError(
+            f"study {study.study_name!r} has no guarded trials ({len(frozen)} trials, none with "
+            f"a memprune record{still}): run it with MemoryGuard's wrappers first"
+        )
     last = trials[-1].record
     return ReportData(
         study_name=study.study_name,
@@ -263,9 +291,20 @@ def _running(study: optuna.Study, frozen: list) -> list[RunningTrial]:
     for t in frozen:
         state = states.get(t.number)
         if state is None:
-            out.append(RunningTrial(t.number, dict(t.params), None, None, None, unread or (
-                "no runner of this host's ledger holds it (it runs in process, on another host or under "
-                "another ledger)")))
+            out.append(
+                RunningTrial(
+                    t.number,
+                    dict(t.params),
+                    None,
+                    None,
+                    None,
+                    unread
+                    or (
+                        "no runner of this host's ledger holds it (it runs in process, on another host or under "
+                        "another ledger)"
+                    ),
+                )
+            )
         else:
             out.append(RunningTrial(t.number, dict(t.params), state.pid, state.host, state.alive, state.note))
     return out
@@ -277,14 +316,16 @@ def rel_error(pred: int, peak: int) -> float:
 
 
 def _quality(trials: list[GuardedTrial], resource: str) -> Quality:
-    pairs = [(t.number, t.figure("pred", resource), t.figure("peak", resource)) for t in trials
-             if t.state == "COMPLETE"]
+    pairs = [
+        (t.number, t.figure("pred", resource), t.figure("peak", resource)) for t in trials if t.state == "COMPLETE"
+    ]
     errors = [(n, rel_error(pred, peak)) for n, pred, peak in pairs if pred is not None and peak]
     if not errors:
         return Quality(resource, 0, None, None, None, 0)
     worst_n, worst = max(errors, key=lambda e: abs(e[1]))
-    return Quality(resource, len(errors), statistics.median(e for _, e in errors), worst, worst_n,
-                   sum(e > 0 for _, e in errors))
+    return Quality(
+        resource, len(errors), statistics.median(e for _, e in errors), worst, worst_n, sum(e > 0 for _, e in errors)
+    )
 
 
 def _timeline_trials(trials: list[GuardedTrial]) -> list[int]:

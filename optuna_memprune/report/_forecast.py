@@ -50,9 +50,17 @@ class ForecastStop:
         return self.elapsed_s * self.horizon / max(self.step, 1)
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "step": self.step, "horizon": self.horizon, "level": self.level,
-                "projected": self.projected, "limit": self.limit, "peak_ram": self.peak_ram,
-                "elapsed_s": self.elapsed_s, "end_s": round(self.end_s, 3)}
+        return {
+            "number": self.number,
+            "step": self.step,
+            "horizon": self.horizon,
+            "level": self.level,
+            "projected": self.projected,
+            "limit": self.limit,
+            "peak_ram": self.peak_ram,
+            "elapsed_s": self.elapsed_s,
+            "end_s": round(self.end_s, 3),
+        }
 
 
 def forecast_stops(trials: Sequence[Any]) -> list[ForecastStop]:
@@ -61,9 +69,19 @@ def forecast_stops(trials: Sequence[Any]) -> list[ForecastStop]:
     for t in trials:
         f = t.record.forecast
         if t.decision is Decision.FORECAST_STOPPED and f.get("horizon") and f.get("step"):
-            out.append(ForecastStop(t.number, int(f["step"]), int(f["horizon"]), int(f["level"]),
-                                    int(f["projected"]), int(f["limit"]), t.record.peak_ram,
-                                    float(f.get("elapsed_s", 0.0)), list(t.record.timeline)))
+            out.append(
+                ForecastStop(
+                    t.number,
+                    int(f["step"]),
+                    int(f["horizon"]),
+                    int(f["level"]),
+                    int(f["projected"]),
+                    int(f["limit"]),
+                    t.record.peak_ram,
+                    float(f.get("elapsed_s", 0.0)),
+                    list(t.record.timeline),
+                )
+            )
     return out
 
 
@@ -80,18 +98,30 @@ def table(stops: Sequence[ForecastStop]) -> Table:
 
 
 def _cells(s: ForecastStop) -> list[str]:
-    return [str(s.number), f"{s.step:,}", f"{s.horizon:,}", f"{s.progress:.0%}", format_bytes(s.level),
-            format_bytes(s.projected), format_bytes(s.limit), f"{s.elapsed_s:.1f} s", f"{s.end_s:.1f} s"]
+    return [
+        str(s.number),
+        f"{s.step:,}",
+        f"{s.horizon:,}",
+        f"{s.progress:.0%}",
+        format_bytes(s.level),
+        format_bytes(s.projected),
+        format_bytes(s.limit),
+        f"{s.elapsed_s:.1f} s",
+        f"{s.end_s:.1f} s",
+    ]
 
 
 def html_rows(stops: Sequence[ForecastStop]) -> str:
     """The forecast stops as an HTML section (nothing when there are none)."""
     if not stops:
         return ""
-    heads = "".join(f"<th>{h}</th>" for h in ("#", "stopped at step", "of", "done", "RSS then", "projected",
-                                                "budget", "time", "est. full run"))
-    rows = "".join("<tr>" + "".join(f'<td class="num">{html.escape(c)}</td>' for c in _cells(s)) + "</tr>"
-                   for s in stops)
+    heads = "".join(
+        f"<th>{h}</th>"
+        for h in ("#", "stopped at step", "of", "done", "RSS then", "projected", "budget", "time", "est. full run")
+    )
+    rows = "".join(
+        "<tr>" + "".join(f'<td class="num">{html.escape(c)}</td>' for c in _cells(s)) + "</tr>" for s in stops
+    )
     return f'<section id="forecast-stops"><h2>Forecast stops</h2><table><tr>{heads}</tr>{rows}</table></section>'
 
 
@@ -110,17 +140,33 @@ def plot(stops: Sequence[ForecastStop]) -> tuple[Any, str] | None:
     ramp = colormaps["RdPu"]
     for i, s in enumerate(drawn):
         color = ramp(0.55 + 0.4 * i / max(len(drawn) - 1, 1))
-        ax.plot([p[0] for p in s.timeline], [p[1] / MiB for p in s.timeline], color=color, lw=1.6,
-                label=f"#{s.number} observed", gid=f"forecast-observed-{s.number}")
-        ax.plot([s.elapsed_s, s.end_s], [s.level / MiB, s.projected / MiB], color=color, lw=1.2, ls="--",
-                label=f"#{s.number} projected to step {s.horizon:,}", gid=f"forecast-projected-{s.number}")
+        ax.plot(
+            [p[0] for p in s.timeline],
+            [p[1] / MiB for p in s.timeline],
+            color=color,
+            lw=1.6,
+            label=f"#{s.number} observed",
+            gid=f"forecast-observed-{s.number}",
+        )
+        ax.plot(
+            [s.elapsed_s, s.end_s],
+            [s.level / MiB, s.projected / MiB],
+            color=color,
+            lw=1.2,
+            ls="--",
+            label=f"#{s.number} projected to step {s.horizon:,}",
+            gid=f"forecast-projected-{s.number}",
+        )
         ax.plot([s.elapsed_s], [s.level / MiB], color=color, marker="X", ms=8, ls="")
     for i, limit in enumerate(sorted({s.limit for s in drawn})):
-        ax.axhline(limit / MiB, color="#e03131", ls=":", lw=1, label=None if i else "budget",
-                   gid=f"forecast-budget-{i}")
+        ax.axhline(
+            limit / MiB, color="#e03131", ls=":", lw=1, label=None if i else "budget", gid=f"forecast-budget-{i}"
+        )
     ax.set(xlabel="seconds since the trial started", ylabel="RSS (MiB)", title="stopped on the forecast")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
-    return fig, ("Each trial's observed RSS up to its stop (X) and the projection that stopped it, drawn to "
-                 "when it would have reached its last step at the pace it had (elapsed x horizon / step).")
+    return fig, (
+        "Each trial's observed RSS up to its stop (X) and the projection that stopped it, drawn to "
+        "when it would have reached its last step at the pace it had (elapsed x horizon / step)."
+    )

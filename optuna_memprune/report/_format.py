@@ -48,8 +48,10 @@ def resources(t: GuardedTrial) -> list[str]:
 def quality_line(q: Quality) -> str:
     if q.n == 0:
         return f"{LABELS[q.resource]}: no trial ran to the end with both a prediction and a peak"
-    return (f"{LABELS[q.resource]}: median {pct(q.median_rel_error)}, worst {pct(q.worst_rel_error)} "
-            f"(#{q.worst_trial}), under-predicted {q.under_predicted}/{q.n}")
+    return (
+        f"{LABELS[q.resource]}: median {pct(q.median_rel_error)}, worst {pct(q.worst_rel_error)} "
+        f"(#{q.worst_trial}), under-predicted {q.under_predicted}/{q.n}"
+    )
 
 
 def reason(t: GuardedTrial) -> str:

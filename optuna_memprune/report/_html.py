@@ -23,16 +23,26 @@ if TYPE_CHECKING:
 
 MiB = 2**20
 COLORS = {  # one colour per decision, the same in every plot and table
-    Decision.ADMITTED: "#2b8a3e", Decision.CLAMPED: "#1c7ed6", Decision.REJECTED: "#868e96",
-    Decision.SOFT_PRUNED: "#f08c00", Decision.STOPPED: "#e03131", Decision.OUT_OF_MEMORY: "#0b7285",
-    Decision.UNCHECKED: "#ae3ec9", Decision.FORECAST_STOPPED: "#c2255c",
+    Decision.ADMITTED: "#2b8a3e",
+    Decision.CLAMPED: "#1c7ed6",
+    Decision.REJECTED: "#868e96",
+    Decision.SOFT_PRUNED: "#f08c00",
+    Decision.STOPPED: "#e03131",
+    Decision.OUT_OF_MEMORY: "#0b7285",
+    Decision.UNCHECKED: "#ae3ec9",
+    Decision.FORECAST_STOPPED: "#c2255c",
 }
 MARKERS = {"COMPLETE": "o", "PRUNED": "s", "FAIL": "X", "RUNNING": "^", "WAITING": "v"}
 UNITS = {"ram": "MiB", "vram": "MiB", "threads": "threads"}
 # Fixed salt for matplotlib's SVG ids: the same report gives the same file, and ids only repeat across
 # the inline SVGs where their content (a clip rectangle) is identical.
-_RC = {"svg.fonttype": "none", "svg.hashsalt": "memprune-report", "font.size": 9, "axes.titlesize": 10,
-       "font.family": "DejaVu Sans"}  # bundled with matplotlib: text is measured with the font it names
+_RC = {
+    "svg.fonttype": "none",
+    "svg.hashsalt": "memprune-report",
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "font.family": "DejaVu Sans",
+}  # bundled with matplotlib: text is measured with the font it names
 FAR = 3.0  # a budget more than this many times the largest figure is named, not drawn
 
 
@@ -51,26 +61,38 @@ def render(data: ReportData) -> str:
             ("timelines", "Memory timelines", _timelines),
             ("decisions", "Decisions over trial number", _decisions),
             ("breakdown", "Footprint of the largest admitted trial", _breakdown),
-            *((("learned", "Learned predictions over trial number",
-                lambda d: _learned.plot(d, _figure, _svg)),) if _learned.rows(data) else ()),
+            *(
+                (("learned", "Learned predictions over trial number", lambda d: _learned.plot(d, _figure, _svg)),)
+                if _learned.rows(data)
+                else ()
+            ),
         ):
             svg, caption = draw(data)
             svg = None if svg is None else _scoped(svg, plot_id)
             body = svg if svg is not None else f'<p class="empty">{_e(caption)}</p>'
-            sections.append(f'<section class="plot" id="plot-{plot_id}"><h2>{_e(title)}</h2>{body}'
-                            f'<p class="caption">{_e(caption) if svg is not None else ""}</p></section>')
+            sections.append(
+                f'<section class="plot" id="plot-{plot_id}"><h2>{_e(title)}</h2>{body}'
+                f'<p class="caption">{_e(caption) if svg is not None else ""}</p></section>'
+            )
         stops = _forecast.forecast_stops(data.trials)
         drawn = _forecast.plot(stops)
         if drawn is not None:
-            sections.append(f'<section class="plot" id="plot-forecast"><h2>Forecast stops: observed and projected '
-                            f'RSS</h2>{_scoped(_svg(drawn[0]), "forecast")}<p class="caption">{_e(drawn[1])}</p>'
-                            "</section>")
-    return _PAGE.format(title=_e(f"memprune report: {data.study_name}"), summary=_summary(data),
-                        plots="\n".join(sections), notable=_notable(data) + _running(data) + _forecast.html_rows(stops))
+            sections.append(
+                f'<section class="plot" id="plot-forecast"><h2>Forecast stops: observed and projected '
+                f'RSS</h2>{_scoped(_svg(drawn[0]), "forecast")}<p class="caption">{_e(drawn[1])}</p>'
+                "</section>"
+            )
+    return _PAGE.format(
+        title=_e(f"memprune report: {data.study_name}"),
+        summary=_summary(data),
+        plots="\n".join(sections),
+        notable=_notable(data) + _running(data) + _forecast.html_rows(stops),
+    )
 
 
 # -- the plots: each returns (svg or None, caption or why there is nothing to draw). The gids of the drawn
 # data start with the plot's id ("pred-vs-peak-ram-points-COMPLETE"): _scoped keeps them, tests find them.
+
 
 def _pred_vs_peak(data: ReportData) -> tuple[str | None, str]:
     shown = [r for r in RESOURCES if any(_pair(t, r) for t in data.trials)]
@@ -82,36 +104,65 @@ def _pred_vs_peak(data: ReportData) -> tuple[str | None, str]:
         scale = _scale(r)
         for state in sorted({t.state for t, _, _ in pairs}):
             group = [(t, pred, peak) for t, pred, peak in pairs if t.state == state]
-            ax.scatter([pred / scale for _, pred, _ in group], [peak / scale for _, _, peak in group],
-                       c=[COLORS[t.decision] for t, _, _ in group], marker=MARKERS.get(state, "o"), s=36,
-                       edgecolors="black", linewidths=0.4, zorder=3, gid=f"pred-vs-peak-{r}-points-{state}")
+            ax.scatter(
+                [pred / scale for _, pred, _ in group],
+                [peak / scale for _, _, peak in group],
+                c=[COLORS[t.decision] for t, _, _ in group],
+                marker=MARKERS.get(state, "o"),
+                s=36,
+                edgecolors="black",
+                linewidths=0.4,
+                zorder=3,
+                gid=f"pred-vs-peak-{r}-points-{state}",
+            )
         top = max(max(p, q) for _, p, q in pairs) / scale
         budgets = sorted({t.figure("budget", r) for t in data.trials} - {None})
         far = [b for b in budgets if b / scale > FAR * top]  # drawn, the points would crowd in a corner
         for i, budget in enumerate(b for b in budgets if b not in far):
             top = max(top, budget / scale)
             ax.axhline(budget / scale, color="#e03131", ls="--", lw=1, gid=f"pred-vs-peak-{r}-budget{_nth(i)}")
-            ax.axhline(budget * data.soft / scale, color="#f08c00", ls=":", lw=1,
-                       gid=f"pred-vs-peak-{r}-soft{_nth(i)}")
+            ax.axhline(budget * data.soft / scale, color="#f08c00", ls=":", lw=1, gid=f"pred-vs-peak-{r}-soft{_nth(i)}")
         if far:
-            ax.text(0.98, 0.02, "budget " + ", ".join(fmt.figure(r, b) for b in far) + " (off the chart)",
-                    transform=ax.transAxes, ha="right", va="bottom", fontsize=8, color="#e03131")
+            ax.text(
+                0.98,
+                0.02,
+                "budget " + ", ".join(fmt.figure(r, b) for b in far) + " (off the chart)",
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=8,
+                color="#e03131",
+            )
         top *= 1.08
         ax.plot([0, top], [0, top], color="#495057", lw=0.8, gid=f"pred-vs-peak-{r}-identity")
-        ax.set(xlim=(0, top), ylim=(0, top), xlabel=f"predicted peak ({UNITS[r]})",
-               ylabel=f"observed peak ({UNITS[r]})", title=fmt.LABELS[r])
+        ax.set(
+            xlim=(0, top),
+            ylim=(0, top),
+            xlabel=f"predicted peak ({UNITS[r]})",
+            ylabel=f"observed peak ({UNITS[r]})",
+            title=fmt.LABELS[r],
+        )
         ax.set_aspect("equal", adjustable="box")
         ax.grid(alpha=0.3)
-    _legend(fig, [t.decision for t in data.trials if any(_pair(t, r) for r in shown)], extra=[
-        ("y = x", "#495057", "-"), ("budget", "#e03131", "--"), (f"soft line ({data.soft:.0%})", "#f08c00", ":")])
+    _legend(
+        fig,
+        [t.decision for t in data.trials if any(_pair(t, r) for r in shown)],
+        extra=[
+            ("y = x", "#495057", "-"),
+            ("budget", "#e03131", "--"),
+            (f"soft line ({data.soft:.0%})", "#f08c00", ":"),
+        ],
+    )
     missing = [fmt.LABELS[r] for r in RESOURCES if r not in shown]
     note = f" No {', '.join(missing)} readings in this study." if missing else ""
     if "vram" not in shown:
         note += " VRAM is read through NVML only where a GPU exists."
     if any(t.decision is Decision.OUT_OF_MEMORY for t in data.trials):
         note += " Trials that ran out of memory are left out: their peak is only the least they needed."
-    return _svg(fig), (f"Every trial with both figures; above the line = under-predicted. Marker shape is the "
-                       f"trial's final state (circle COMPLETE, square PRUNED).{note}")
+    return _svg(fig), (
+        f"Every trial with both figures; above the line = under-predicted. Marker shape is the "
+        f"trial's final state (circle COMPLETE, square PRUNED).{note}"
+    )
 
 
 def _timelines(data: ReportData) -> tuple[str | None, str]:
@@ -125,23 +176,49 @@ def _timelines(data: ReportData) -> tuple[str | None, str]:
         for t in trials:
             color = (reds if t.decision is Decision.STOPPED else greens).get(t.number, COLORS[t.decision])
             points = [p for p in t.record.timeline if p[column] is not None]
-            ax.plot([p[0] for p in points], [p[column] / MiB for p in points], color=color, lw=1.6,
-                    marker=".", ms=3, label=f"#{t.number} {t.decision.value}", gid=f"timelines-{r}-{t.number}")
+            ax.plot(
+                [p[0] for p in points],
+                [p[column] / MiB for p in points],
+                color=color,
+                lw=1.6,
+                marker=".",
+                ms=3,
+                label=f"#{t.number} {t.decision.value}",
+                gid=f"timelines-{r}-{t.number}",
+            )
             if t.decision is Decision.STOPPED and points:  # the last reading: where the trial was stopped
                 ax.plot([points[-1][0]], [points[-1][column] / MiB], color=color, marker="X", ms=8, ls="")
         for i, budget in enumerate(sorted({t.figure("budget", r) for t in trials} - {None})):
-            ax.axhline(budget / MiB, color="#e03131", ls="--", lw=1, label=None if i else "budget",
-                       gid=f"timelines-{r}-budget{_nth(i)}")
-            ax.axhline(budget * data.soft / MiB, color="#f08c00", ls=":", lw=1,
-                       label=None if i else f"soft line ({data.soft:.0%})", gid=f"timelines-{r}-soft{_nth(i)}")
-        ax.set(xlabel="seconds since the trial started", ylabel=f"{'RSS' if r == 'ram' else 'VRAM'} (MiB)",
-               title="process RSS" if r == "ram" else "process VRAM")
+            ax.axhline(
+                budget / MiB,
+                color="#e03131",
+                ls="--",
+                lw=1,
+                label=None if i else "budget",
+                gid=f"timelines-{r}-budget{_nth(i)}",
+            )
+            ax.axhline(
+                budget * data.soft / MiB,
+                color="#f08c00",
+                ls=":",
+                lw=1,
+                label=None if i else f"soft line ({data.soft:.0%})",
+                gid=f"timelines-{r}-soft{_nth(i)}",
+            )
+        ax.set(
+            xlabel="seconds since the trial started",
+            ylabel=f"{'RSS' if r == 'ram' else 'VRAM'} (MiB)",
+            title="process RSS" if r == "ram" else "process VRAM",
+        )
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8, ncols=2)
     stopped = sum(t.decision is Decision.STOPPED for t in trials)
-    which = (f"The {stopped} stopped trial{'s' if stopped > 1 else ''} (X: its last reading) and"
-             if stopped else "No trial was stopped;") + " the admitted trials with the highest peaks"
+    which = (
+        f"The {stopped} stopped trial{'s' if stopped > 1 else ''} (X: its last reading) and"
+        if stopped
+        else "No trial was stopped;"
+    ) + " the admitted trials with the highest peaks"
     return _svg(fig), f"{which}, as the monitor read the whole process (downsampled, maxima kept)."
 
 
@@ -151,9 +228,17 @@ def _decisions(data: ReportData) -> tuple[str | None, str]:
     rows = list(Decision)
     for state in sorted({t.state for t in data.trials}):
         group = [t for t in data.trials if t.state == state]
-        ax.scatter([t.number for t in group], [rows.index(t.decision) for t in group],
-                   c=[COLORS[t.decision] for t in group], marker=MARKERS.get(state, "o"), s=40,
-                   edgecolors="black", linewidths=0.4, zorder=3, gid=f"decisions-points-{state}")
+        ax.scatter(
+            [t.number for t in group],
+            [rows.index(t.decision) for t in group],
+            c=[COLORS[t.decision] for t in group],
+            marker=MARKERS.get(state, "o"),
+            s=40,
+            edgecolors="black",
+            linewidths=0.4,
+            zorder=3,
+            gid=f"decisions-points-{state}",
+        )
     ax.set_yticks(range(len(rows)), [d.value for d in rows])
     ax.set(xlabel="trial number", ylim=(-0.6, len(rows) - 0.4), title="what the guard did, trial by trial")
     ax.xaxis.get_major_locator().set_params(integer=True)
@@ -179,8 +264,14 @@ def _breakdown(data: ReportData) -> tuple[str | None, str]:
         bars = ax.barh(range(len(names)), [s / MiB for s in sizes], color=colors)
         for i, (bar, size) in enumerate(zip(bars, sizes, strict=True)):
             bar.set_gid(f"breakdown-{r}-bar-{i}")
-            ax.annotate(fmt.figure(r, size), (bar.get_width(), bar.get_y() + bar.get_height() / 2),
-                        xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+            ax.annotate(
+                fmt.figure(r, size),
+                (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=8,
+            )
         budget = t.figure("budget", r)
         if budget is not None:
             ax.axvline(budget / MiB, color="#e03131", ls="--", lw=1, gid=f"breakdown-{r}-budget")
@@ -191,11 +282,14 @@ def _breakdown(data: ReportData) -> tuple[str | None, str]:
         ax.margins(x=0.15)
         ax.grid(axis="x", alpha=0.3)
     budget = ", ".join(f"{fmt.LABELS[r]} {fmt.figure(r, t.figure('budget', r))}" for r in shown)
-    return _svg(fig), (f"Trial #{t.number} ({fmt.params(t.params)}): the admitted trial with the largest "
-                       f"predicted RAM; dashed: the budget ({budget}), dotted: the soft line.")
+    return _svg(fig), (
+        f"Trial #{t.number} ({fmt.params(t.params)}): the admitted trial with the largest "
+        f"predicted RAM; dashed: the budget ({budget}), dotted: the soft line."
+    )
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
+
 
 def _pair(t: GuardedTrial, r: str) -> tuple[int, int] | None:
     """A trial's (predicted, observed) peak of ``r``; None where one is missing or, for a trial that ran out
@@ -234,8 +328,11 @@ def _figure(width: float, height: float, *, rows: int = 1, cols: int = 1):  # ty
 def _legend(fig: Any, decisions: list[Decision], *, extra: list[tuple[str, str, str]]) -> None:
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], ls="", marker="o", color=COLORS[d], markeredgecolor="black", label=d.value)
-               for d in Decision if d in decisions]
+    handles = [
+        Line2D([], [], ls="", marker="o", color=COLORS[d], markeredgecolor="black", label=d.value)
+        for d in Decision
+        if d in decisions
+    ]
     handles += [Line2D([], [], color=c, ls=ls, label=label) for label, c, ls in extra]
     fig.legend(handles=handles, loc="outside right upper", fontsize=8)
 
@@ -244,7 +341,7 @@ def _svg(fig: Any) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()
-    return text[text.index("<svg"):]  # inline: no XML declaration or DOCTYPE inside HTML
+    return text[text.index("<svg") :]  # inline: no XML declaration or DOCTYPE inside HTML
 
 
 def _scoped(svg: str, scope: str) -> str:
@@ -261,8 +358,11 @@ def _e(text: Any) -> str:
 
 def _summary(data: ReportData) -> str:
     budget = ", ".join(f"{fmt.LABELS[r]} {fmt.figure(r, v)}" for r, v in data.budget.items() if v is not None)
-    counts = "".join(f'<tr><td><span class="dot" style="background:{COLORS[Decision(k)]}"></span>{_e(k)}</td>'
-                     f'<td class="num">{v}</td></tr>' for k, v in data.counts.items())
+    counts = "".join(
+        f'<tr><td><span class="dot" style="background:{COLORS[Decision(k)]}"></span>{_e(k)}</td>'
+        f'<td class="num">{v}</td></tr>'
+        for k, v in data.counts.items()
+    )
     quality = "".join(f"<li>{_e(fmt.quality_line(q))}</li>" for q in data.quality.values())
     return (
         f"<h1>memprune report: study {_e(data.study_name)}</h1>"
@@ -275,13 +375,18 @@ def _summary(data: ReportData) -> str:
 
 
 def _notable(data: ReportData) -> str:
-    rows = "".join(
-        f'<tr><td class="num">{t.number}</td><td>{t.state}</td>'
-        f'<td class="nowrap"><span class="dot" style="background:{COLORS[t.decision]}"></span>{t.decision.value}</td>'
-        f"<td>{_e(fmt.params(t.params))}</td>"
-        + "".join(f'<td class="num">{_figures(t, kind)}</td>' for kind in ("pred", "peak", "budget"))
-        + f"<td>{_e(fmt.reason(t))}</td></tr>" for t in data.notable
-    ) or '<tr><td colspan="8">none: every guarded trial was admitted or unchecked</td></tr>'
+    rows = (
+        "".join(
+            f'<tr><td class="num">{t.number}</td><td>{t.state}</td>'
+            f'<td class="nowrap"><span class="dot" style="background:{COLORS[t.decision]}"></span>'
+            f"{t.decision.value}</td>"
+            f"<td>{_e(fmt.params(t.params))}</td>"
+            + "".join(f'<td class="num">{_figures(t, kind)}</td>' for kind in ("pred", "peak", "budget"))
+            + f"<td>{_e(fmt.reason(t))}</td></tr>"
+            for t in data.notable
+        )
+        or '<tr><td colspan="8">none: every guarded trial was admitted or unchecked</td></tr>'
+    )
     return (
         f'<section id="notable"><h2>Rejected, clamped, soft-pruned, stopped and out-of-memory trials</h2>'
         f"<table><tr><th>#</th><th>state</th><th>decision</th><th>params</th><th>predicted</th><th>peak</th>"
@@ -293,10 +398,15 @@ def _running(data: ReportData) -> str:
     """The trials still RUNNING, and whether their runner is alive (nothing when none is)."""
     if not data.running:
         return ""
-    rows = "".join(f'<tr><td class="num">{t.number}</td><td>RUNNING</td><td>{running_word(t)}</td>'
-                   f"<td>{_e(fmt.params(t.params))}</td><td>{_e(t.note)}</td></tr>" for t in data.running)
-    return (f'<section id="running"><h2>Running trials</h2><table><tr><th>#</th><th>state</th><th>runner</th>'
-            f"<th>params</th><th>note</th></tr>{rows}</table></section>")
+    rows = "".join(
+        f'<tr><td class="num">{t.number}</td><td>RUNNING</td><td>{running_word(t)}</td>'
+        f"<td>{_e(fmt.params(t.params))}</td><td>{_e(t.note)}</td></tr>"
+        for t in data.running
+    )
+    return (
+        f'<section id="running"><h2>Running trials</h2><table><tr><th>#</th><th>state</th><th>runner</th>'
+        f"<th>params</th><th>note</th></tr>{rows}</table></section>"
+    )
 
 
 def _figures(t: GuardedTrial, kind: str) -> str:

@@ -41,9 +41,18 @@ class LearnedRow:
     peak: int | None
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "state": self.state, "decision": self.decision, "mode": self.mode,
-                "phase": self.phase, "n": self.n, "bound_ram": self.bound, "center_ram": self.center,
-                "raw_ram": self.raw, "peak_ram": self.peak}
+        return {
+            "number": self.number,
+            "state": self.state,
+            "decision": self.decision,
+            "mode": self.mode,
+            "phase": self.phase,
+            "n": self.n,
+            "bound_ram": self.bound,
+            "center_ram": self.center,
+            "raw_ram": self.raw,
+            "peak_ram": self.peak,
+        }
 
 
 def rows(data: ReportData) -> list[LearnedRow]:
@@ -57,9 +66,18 @@ def _row(t: GuardedTrial) -> LearnedRow:
     if peak is not None and learned.get("mode") == "learned" and t.record.start_ram is not None:
         peak -= t.record.start_ram  # in a shared process the fit is of the trial's own increment
     bound = (learned.get("bound") or {}).get("ram", t.record.pred_ram)
-    return LearnedRow(t.number, t.state, t.decision.value, str(learned.get("mode", "")),
-                      str(learned.get("phase", "")), int(learned.get("n", 0)), bound,
-                      (learned.get("center") or {}).get("ram"), (learned.get("raw") or {}).get("ram"), peak)
+    return LearnedRow(
+        t.number,
+        t.state,
+        t.decision.value,
+        str(learned.get("mode", "")),
+        str(learned.get("phase", "")),
+        int(learned.get("n", 0)),
+        bound,
+        (learned.get("center") or {}).get("ram"),
+        (learned.get("raw") or {}).get("ram"),
+        peak,
+    )
 
 
 def quality(data: ReportData) -> dict[str, Any] | None:
@@ -74,9 +92,14 @@ def quality(data: ReportData) -> dict[str, Any] | None:
         errors = [(r.peak - getattr(r, kind)) / r.peak for r in done if getattr(r, kind) is not None]
         return statistics.median(errors) if errors else None
 
-    return {"mode": learned[-1].mode, "warmup_trials": sum(r.phase == "warm-up" for r in learned), "n": len(done),
-            "median_rel_error_bound": median("bound"), "median_rel_error_center": median("center"),
-            "median_rel_error_raw": median("raw")}
+    return {
+        "mode": learned[-1].mode,
+        "warmup_trials": sum(r.phase == "warm-up" for r in learned),
+        "n": len(done),
+        "median_rel_error_bound": median("bound"),
+        "median_rel_error_center": median("center"),
+        "median_rel_error_raw": median("raw"),
+    }
 
 
 def json_dict(data: ReportData) -> dict[str, Any] | None:
@@ -85,8 +108,10 @@ def json_dict(data: ReportData) -> dict[str, Any] | None:
     if not learned:
         return None
     q = quality(data) or {}
-    return {"rows": [r.to_json_dict() for r in learned],
-            **{k: (None if isinstance(v, float) and v != v else v) for k, v in q.items()}}
+    return {
+        "rows": [r.to_json_dict() for r in learned],
+        **{k: (None if isinstance(v, float) and v != v else v) for k, v in q.items()},
+    }
 
 
 def lines(data: ReportData) -> list[str]:
@@ -97,8 +122,10 @@ def lines(data: ReportData) -> list[str]:
     parts = [f"bound {fmt.pct(q['median_rel_error_bound'])}", f"fit {fmt.pct(q['median_rel_error_center'])}"]
     if q["median_rel_error_raw"] is not None:
         parts.append(f"footprint function alone {fmt.pct(q['median_rel_error_raw'])}")
-    return [f"learned footprint ({q['mode']}): {q['warmup_trials']} trials in the warm-up; median RAM error over "
-            f"the {q['n']} trials that ran to the end after it: " + ", ".join(parts)]
+    return [
+        f"learned footprint ({q['mode']}): {q['warmup_trials']} trials in the warm-up; median RAM error over "
+        f"the {q['n']} trials that ran to the end after it: " + ", ".join(parts)
+    ]
 
 
 def table(data: ReportData) -> Table | None:
@@ -113,8 +140,18 @@ def table(data: ReportData) -> Table | None:
         out.add_column(head, justify="left" if head in ("state", "decision", "phase") else "right")
     for r in learned:
         error = fmt.pct((r.peak - r.bound) / r.peak) if r.peak and r.bound is not None else "-"
-        out.add_row(str(r.number), r.state, r.decision, r.phase, f"{r.n} trials", _mib(r.bound), _mib(r.center),
-                    _mib(r.raw), _mib(r.peak), error)
+        out.add_row(
+            str(r.number),
+            r.state,
+            r.decision,
+            r.phase,
+            f"{r.n} trials",
+            _mib(r.bound),
+            _mib(r.center),
+            _mib(r.raw),
+            _mib(r.peak),
+            error,
+        )
     return out
 
 
@@ -127,14 +164,38 @@ def plot(data: ReportData, figure: Any, to_svg: Any) -> tuple[str | None, str]:
     fig = figure(9.0, 3.4)
     ax = fig.axes[0]
     peaks = [r for r in learned if r.peak is not None]
-    ax.scatter([r.number for r in peaks], [r.peak / MiB for r in peaks], c="#495057", s=26, zorder=3,
-               label="observed peak", gid="learned-peak")
+    ax.scatter(
+        [r.number for r in peaks],
+        [r.peak / MiB for r in peaks],
+        c="#495057",
+        s=26,
+        zorder=3,
+        label="observed peak",
+        gid="learned-peak",
+    )
     bounded = [r for r in learned if r.bound is not None]
-    ax.scatter([r.number for r in bounded], [r.bound / MiB for r in bounded], marker="_", s=140, c="#1c7ed6",
-               linewidths=2, zorder=4, label="learned bound (admission)", gid="learned-bound")
+    ax.scatter(
+        [r.number for r in bounded],
+        [r.bound / MiB for r in bounded],
+        marker="_",
+        s=140,
+        c="#1c7ed6",
+        linewidths=2,
+        zorder=4,
+        label="learned bound (admission)",
+        gid="learned-bound",
+    )
     fitted = [r for r in learned if r.center is not None]
-    ax.scatter([r.number for r in fitted], [r.center / MiB for r in fitted], marker="x", s=30, c="#f08c00",
-               zorder=4, label="fit", gid="learned-center")
+    ax.scatter(
+        [r.number for r in fitted],
+        [r.center / MiB for r in fitted],
+        marker="x",
+        s=30,
+        c="#f08c00",
+        zorder=4,
+        label="fit",
+        gid="learned-center",
+    )
     warm = [r.number for r in learned if r.phase == "warm-up"]
     if warm:
         ax.axvspan(min(warm) - 0.5, max(warm) + 0.5, color="#e9ecef", zorder=0, label="warm-up")
@@ -147,9 +208,11 @@ def plot(data: ReportData, figure: Any, to_svg: Any) -> tuple[str | None, str]:
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize=7)
     caption = " ".join(lines(data)) or "Learned predictions per trial."
-    return to_svg(fig), caption + (" Shaded: the warm-up (no footprint function: unchecked trials; with one: its "
-                                   "figures x1.10 or the largest ratio seen). Stopped and pruned trials show the "
-                                   "peak they reached.")
+    return to_svg(fig), caption + (
+        " Shaded: the warm-up (no footprint function: unchecked trials; with one: its "
+        "figures x1.10 or the largest ratio seen). Stopped and pruned trials show the "
+        "peak they reached."
+    )
 
 
 def _mib(value: int | None) -> str:

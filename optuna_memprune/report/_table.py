@@ -47,15 +47,34 @@ def render(data: ReportData) -> Group:
         by_state = [sum(t.decision is d and t.state == s for t in data.trials) for s in states]
         counts.add_row(d.value, str(data.counts[d.value]), *(str(n) if n else "-" for n in by_state))
 
-    notable = Table(title="rejected, clamped, soft-pruned, stopped and out-of-memory trials", title_justify="left",
-                    box=None, pad_edge=False)
-    for head, justify in (("#", "right"), ("state", "left"), ("decision", "left"), ("params", "left"),
-                          ("predicted", "right"), ("peak", "right"), ("budget", "right"), ("reason", "left")):
-        notable.add_column(head, justify=justify, no_wrap=head in ("#", "state", "decision", "predicted",
-                                                                   "peak", "budget"))
+    notable = Table(
+        title="rejected, clamped, soft-pruned, stopped and out-of-memory trials",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+    )
+    for head, justify in (
+        ("#", "right"),
+        ("state", "left"),
+        ("decision", "left"),
+        ("params", "left"),
+        ("predicted", "right"),
+        ("peak", "right"),
+        ("budget", "right"),
+        ("reason", "left"),
+    ):
+        notable.add_column(
+            head, justify=justify, no_wrap=head in ("#", "state", "decision", "predicted", "peak", "budget")
+        )
     for t in data.notable:
-        notable.add_row(str(t.number), t.state, t.decision.value, fmt.params(t.params),
-                        *(_figures(t, kind) for kind in ("pred", "peak", "budget")), fmt.reason(t))
+        notable.add_row(
+            str(t.number),
+            t.state,
+            t.decision.value,
+            fmt.params(t.params),
+            *(_figures(t, kind) for kind in ("pred", "peak", "budget")),
+            fmt.reason(t),
+        )
     if not data.notable:
         notable.add_row("", "", "none", "", "", "", "", "every guarded trial was admitted or unchecked")
 
@@ -67,8 +86,13 @@ def render(data: ReportData) -> Group:
         if q.n == 0:
             quality.add_row(fmt.LABELS[r], "0", "-", "-", "-")
         else:
-            quality.add_row(fmt.LABELS[r], str(q.n), fmt.pct(q.median_rel_error),
-                            f"{fmt.pct(q.worst_rel_error)} (#{q.worst_trial})", str(q.under_predicted))
+            quality.add_row(
+                fmt.LABELS[r],
+                str(q.n),
+                fmt.pct(q.median_rel_error),
+                f"{fmt.pct(q.worst_rel_error)} (#{q.worst_trial})",
+                str(q.under_predicted),
+            )
 
     note = Text("over the trials that ran to the end (COMPLETE); error = (peak - pred) / peak, + = under-predicted")
     running = [Text(), _running(data)] if data.running else []
@@ -77,23 +101,37 @@ def render(data: ReportData) -> Group:
     learned_table = _learned.table(data)
     learned = [Text(), learned_table, *(Text(line) for line in _learned.lines(data))] if learned_table else []
     lowered = [Text(line) for line in override_lines(data)]
-    return Group(header, *lowered, Text(), counts, Text(), notable, *running, Text(), quality, note, *learned, Text(),
-                 Text(margin_line(data)))
+    return Group(
+        header,
+        *lowered,
+        Text(),
+        counts,
+        Text(),
+        notable,
+        *running,
+        Text(),
+        quality,
+        note,
+        *learned,
+        Text(),
+        Text(margin_line(data)),
+    )
 
 
 def override_lines(data: ReportData) -> list[str]:
     """One line per fixed hyperparameter ``memprune run --clamp-fixed`` lowered, with the -params that
     replays a trial as it ran."""
-    return [f"fixed {name} lowered {was} -> {ran} by --clamp-fixed on {n} trials (the stored params plus this "
-            f"are what ran; replay a trial with -params {name}:{ran})"
-            for (name, was, ran), n in data.overrides.items()]
+    return [
+        f"fixed {name} lowered {was} -> {ran} by --clamp-fixed on {n} trials (the stored params plus this "
+        f"are what ran; replay a trial with -params {name}:{ran})"
+        for (name, was, ran), n in data.overrides.items()
+    ]
 
 
 def _running(data: ReportData) -> Table:
     """The trials still RUNNING in the storage, and whether their runner is alive."""
     table = parts().Table(title="running trials", title_justify="left", box=None, pad_edge=False)
-    for head, justify in (("#", "right"), ("state", "left"), ("runner", "left"), ("params", "left"),
-                          ("note", "left")):
+    for head, justify in (("#", "right"), ("state", "left"), ("runner", "left"), ("params", "left"), ("note", "left")):
         table.add_column(head, justify=justify, no_wrap=head in ("#", "state", "runner"))
     for t in data.running:
         table.add_row(str(t.number), "RUNNING", running_word(t), fmt.params(t.params), t.note)

@@ -44,7 +44,7 @@ DECLARED = "memprune_footprint"
 RLZOO3, RLZOO3_TRAIN = "rlzoo3", "rl_zoo3.train"
 
 _PYTHON = re.compile(r"^python[0-9.]*$")
-_FLAGS_WITH_VALUE = "WX"                       # -W arg, -X arg
+_FLAGS_WITH_VALUE = "WX"  # -W arg, -X arg
 _REFUSED = {"I": "-I (isolated mode)", "E": "-E (ignores PYTHON* variables)", "S": "-S (no site import)"}
 _LEARNED = "a footprint learned from the study's own trials (its first trials run unchecked under the monitor)"
 
@@ -100,8 +100,10 @@ def python_command(argv: Sequence[str]) -> Program:
             return Program((exe, *rest), "script", str(path), rest)
         if path.suffix == ".py":
             return Program((sys.executable, first, *rest), "script", first, rest)
-    raise ValueError("COMMAND must be a Python program (python ..., python -m MODULE ..., a .py file or a script "
-                     f"with a python shebang), but got {first!r}: nothing was run.")
+    raise ValueError(
+        "COMMAND must be a Python program (python ..., python -m MODULE ..., a .py file or a script "
+        f"with a python shebang), but got {first!r}: nothing was run."
+    )
 
 
 def _shebang(path: Path) -> bool:
@@ -128,23 +130,27 @@ def _interpreter(argv: tuple[str, ...]) -> Program:
         while j < len(token):
             flag = token[j]
             if flag in _REFUSED:
-                raise ValueError(f"python {_REFUSED[flag]} skips the startup hook memprune run injects the guard "
-                                 f"with: run the program without {token!r}")
+                raise ValueError(
+                    f"python {_REFUSED[flag]} skips the startup hook memprune run injects the guard "
+                    f"with: run the program without {token!r}"
+                )
             if flag in "cm":
-                value = token[j + 1:] or (argv[i + 1] if i + 1 < len(argv) else None)
+                value = token[j + 1 :] or (argv[i + 1] if i + 1 < len(argv) else None)
                 if value is None:
                     raise ValueError(f"python {token} needs a value, but the command ends there")
-                rest = argv[i + (1 if token[j + 1:] else 2):]
+                rest = argv[i + (1 if token[j + 1 :] else 2) :]
                 return Program(argv, "module" if flag == "m" else "code", value if flag == "m" else "-c", rest)
             if flag in _FLAGS_WITH_VALUE:
-                i += 0 if token[j + 1:] else 1
+                i += 0 if token[j + 1 :] else 1
                 break
             j += 1
         i += 1
     if i >= len(argv) or argv[i] == "-":
-        raise ValueError("the python command runs no script, -m module or -c code (an interactive or stdin "
-                         f"session cannot be guarded): {' '.join(argv)!r}")
-    return Program(argv, "script", argv[i], argv[i + 1:])
+        raise ValueError(
+            "the python command runs no script, -m module or -c code (an interactive or stdin "
+            f"session cannot be guarded): {' '.join(argv)!r}"
+        )
+    return Program(argv, "script", argv[i], argv[i + 1 :])
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,7 @@ class Options:
     program: Program
     workers: int = 1
     clamp_fixed: tuple[str, ...] = ()
-    storage: str | None = None   # --storage: where a study the program makes in memory goes
+    storage: str | None = None  # --storage: where a study the program makes in memory goes
 
     @property
     def budget(self) -> Budget:
@@ -171,11 +177,20 @@ class Options:
         process ``pid`` (the hook puts ``PYTHONPATH`` back as it was)."""
         env = dict(base)
         old = env.get("PYTHONPATH")
-        payload = {"pid": pid, "ram": self.ram, "vram": self.vram, "threads": self.threads,
-                   "on_infeasible": self.on_infeasible, "footprint": self.footprint,
-                   "program": [self.program.kind, self.program.target, list(self.program.args)],
-                   "workers": self.workers, "clamp_fixed": list(self.clamp_fixed), "storage": self.storage,
-                   "pythonpath": old, "package": str(Path(__file__).resolve().parents[3])}
+        payload = {
+            "pid": pid,
+            "ram": self.ram,
+            "vram": self.vram,
+            "threads": self.threads,
+            "on_infeasible": self.on_infeasible,
+            "footprint": self.footprint,
+            "program": [self.program.kind, self.program.target, list(self.program.args)],
+            "workers": self.workers,
+            "clamp_fixed": list(self.clamp_fixed),
+            "storage": self.storage,
+            "pythonpath": old,
+            "package": str(Path(__file__).resolve().parents[3]),
+        }
         env["PYTHONPATH"] = SITE_DIR + (os.pathsep + old if old else "")
         env[ENV_VAR] = json.dumps(payload)
         return env
@@ -183,14 +198,31 @@ class Options:
     @classmethod
     def from_environment(cls, payload: dict[str, Any]) -> Options:
         kind, target, args = payload["program"]
-        return cls(payload["ram"], payload["vram"], payload["threads"], payload["on_infeasible"],
-                   payload["footprint"], Program((), kind, target, tuple(args)), int(payload.get("workers", 1)),
-                   tuple(payload.get("clamp_fixed", ())), payload.get("storage"))
+        return cls(
+            payload["ram"],
+            payload["vram"],
+            payload["threads"],
+            payload["on_infeasible"],
+            payload["footprint"],
+            Program((), kind, target, tuple(args)),
+            int(payload.get("workers", 1)),
+            tuple(payload.get("clamp_fixed", ())),
+            payload.get("storage"),
+        )
 
 
-def prepare(command: Sequence[str], *, ram: Any = None, vram: Any = None, threads: Any = None,
-            on_infeasible: str = "clamp", footprint: str = "auto", workers: int = 1,
-            clamp_fixed: Sequence[str] = (), storage: str | None = None) -> tuple[Options, str]:
+def prepare(
+    command: Sequence[str],
+    *,
+    ram: Any = None,
+    vram: Any = None,
+    threads: Any = None,
+    on_infeasible: str = "clamp",
+    footprint: str = "auto",
+    workers: int = 1,
+    clamp_fixed: Sequence[str] = (),
+    storage: str | None = None,
+) -> tuple[Options, str]:
     """``memprune run``'s options checked before anything runs, and the footprint choice in words; ValueError
     (or TypeError) naming the bad one: a command that is not Python, no budget or one no guarded process
     fits in, ``workers`` below 1, a footprint that cannot be imported, ``clamp_fixed`` for a program that
@@ -212,8 +244,9 @@ def prepare(command: Sequence[str], *, ram: Any = None, vram: Any = None, thread
     MemoryGuard(MonitorOnly("check"), budget, on_infeasible=on_infeasible)  # the soft line holds a process
     footprint = RLZOO3 if footprint == "rl-zoo3" else footprint  # the project's name, and the registry's
     label = check_choice(footprint, program)
-    options = Options(budget.ram, budget.vram, budget.threads, on_infeasible, footprint, program, workers,
-                      tuple(clamp_fixed), storage)
+    options = Options(
+        budget.ram, budget.vram, budget.threads, on_infeasible, footprint, program, workers, tuple(clamp_fixed), storage
+    )
     if clamp_fixed:
         overrides(options)  # checked now: a name the recipe cannot lower is one line before anything runs
     return options, label
@@ -270,9 +303,11 @@ def overrides(options: Options) -> dict[str, tuple[Any, int]]:
     args = options.program.recipe_args
     module = recipe(RLZOO3) if args is not None and options.footprint in ("auto", RLZOO3) else None
     if module is None or not callable(getattr(module, "clamp_fixed", None)):
-        raise ValueError("--clamp-fixed lowers the fixed hyperparameters of an rl-zoo3 search guarded by the rlzoo3 "
-                         f"recipe (python -m rl_zoo3.train ...), but the command is {options.program.target!r} "
-                         f"with --footprint {options.footprint}")
+        raise ValueError(
+            "--clamp-fixed lowers the fixed hyperparameters of an rl-zoo3 search guarded by the rlzoo3 "
+            f"recipe (python -m rl_zoo3.train ...), but the command is {options.program.target!r} "
+            f"with --footprint {options.footprint}"
+        )
     return module.clamp_fixed(list(args), options.budget, list(options.clamp_fixed))
 
 
@@ -294,6 +329,7 @@ def recipe_args(options: Options, fixed: dict[str, tuple[Any, int]]) -> tuple[st
 
 
 # -- the footprint choice --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -327,22 +363,27 @@ def check_choice(spec: str, program: Program) -> str:
         if args is not None:
             if recipe(RLZOO3) is not None:
                 return f"auto: the {RLZOO3} recipe (estimate.recipes)"
-            return (f"auto: the {RLZOO3} recipe is not available in this version of optuna-memprune, so trials "
-                    "run unchecked under the monitor alone")
+            return (
+                f"auto: the {RLZOO3} recipe is not available in this version of optuna-memprune, so trials "
+                "run unchecked under the monitor alone"
+            )
         return f"auto: the program's own {DECLARED}(params) if its main module defines one, else {_LEARNED}"
     if ":" not in spec:
         from ..estimate.recipes import RECIPES
 
         if spec in RECIPES:
             if recipe(spec) is None:
-                raise ValueError(f"--footprint {spec!r}: the recipe cannot guard a command (it has no "
-                                 "for_command)")
+                raise ValueError(f"--footprint {spec!r}: the recipe cannot guard a command (it has no for_command)")
             return f"the {spec} recipe (estimate.recipes)"
         if spec == RLZOO3:
-            raise ValueError(f"--footprint {RLZOO3}: the {RLZOO3} recipe is not available in this version of "
-                             "optuna-memprune (use --footprint auto to run under the monitor alone)")
-        raise ValueError(f"--footprint must be auto, learned, none, a recipe ({', '.join(RECIPES)}) or "
-                         f"MODULE:FUNCTION, but got {spec!r}")
+            raise ValueError(
+                f"--footprint {RLZOO3}: the {RLZOO3} recipe is not available in this version of "
+                "optuna-memprune (use --footprint auto to run under the monitor alone)"
+            )
+        raise ValueError(
+            f"--footprint must be auto, learned, none, a recipe ({', '.join(RECIPES)}) or "
+            f"MODULE:FUNCTION, but got {spec!r}"
+        )
     function = ModuleFootprint(spec).load()
     if not callable(function):
         raise ValueError(f"--footprint {spec!r} is a {type(function).__name__}, not a function params -> Footprint")
@@ -354,8 +395,11 @@ def choose(spec: str, program: Program, main: Any = None, args: Sequence[str] | 
     (``main``: its ``__main__`` module, where ``auto`` looks for ``memprune_footprint``; ``args``: the
     recipe's arguments where they differ from the program's, with ``--clamp-fixed``'s overrides)."""
     if spec == "none":
-        return Choice(MonitorOnly("no footprint (--footprint none): the trial runs unchecked under the monitor"),
-                      "no footprint", False)
+        return Choice(
+            MonitorOnly("no footprint (--footprint none): the trial runs unchecked under the monitor"),
+            "no footprint",
+            False,
+        )
     if spec == "learned":
         return Choice(None, _LEARNED, True)
     args = program.recipe_args if args is None else tuple(args)
@@ -363,9 +407,13 @@ def choose(spec: str, program: Program, main: Any = None, args: Sequence[str] | 
         if args is not None:
             if recipe(RLZOO3) is not None:
                 return Choice(RecipeFootprint(RLZOO3, args), f"the {RLZOO3} recipe", True)
-            return Choice(MonitorOnly(f"the {RLZOO3} recipe is not available in this version; the trial runs "
-                                      "unchecked under the monitor"),
-                          f"the {RLZOO3} recipe is not available: the monitor alone", False)
+            return Choice(
+                MonitorOnly(
+                    f"the {RLZOO3} recipe is not available in this version; the trial runs unchecked under the monitor"
+                ),
+                f"the {RLZOO3} recipe is not available: the monitor alone",
+                False,
+            )
         declared = getattr(main, DECLARED, None)
         if callable(declared):
             return Choice(declared, f"the program's {DECLARED}", True)

@@ -48,8 +48,9 @@ class Overriding(BaseSampler):
         self.base.reseed_rng()
 
 
-def replay(argv: tuple[str, ...], recipe_args: tuple[str, ...] | None,
-           module: Any) -> tuple[tuple[str, ...], str] | None:
+def replay(
+    argv: tuple[str, ...], recipe_args: tuple[str, ...] | None, module: Any
+) -> tuple[tuple[str, ...], str] | None:
     """An rl-zoo3 command that replays a trial (``--trial-id N --storage S --study-name X``) whose record says
     ``--clamp-fixed`` lowered fixed hyperparameters for it: the command with those values added to its
     ``-params`` (rl-zoo3 takes ``-params`` over the trial's stored params) and a line saying so; ``None`` for any
@@ -77,7 +78,8 @@ def replay(argv: tuple[str, ...], recipe_args: tuple[str, ...] | None,
         return None
     if not fixed:
         return None
-    extra = module.with_params(list(recipe_args), {k: v[1] for k, v in fixed.items()})[len(recipe_args):]
+    extra = module.with_params(list(recipe_args), {k: v[1] for k, v in fixed.items()})[len(recipe_args) :]
     words = ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in fixed.items())
-    return (*argv, *extra), (f"trial {known.trial_id} ran with {words} (--clamp-fixed): replayed with "
-                             f"{' '.join(extra)}")
+    return (*argv, *extra), (
+        f"trial {known.trial_id} ran with {words} (--clamp-fixed): replayed with {' '.join(extra)}"
+    )

@@ -52,8 +52,10 @@ def install() -> None:
         _STATE.patch()
     except Exception as exc:  # noqa: BLE001 - the program must run even when the hook cannot
         _STATE = None
-        print(f"memprune: the guard could not be installed ({type(exc).__name__}: {exc}); the program runs "
-              "unguarded", file=sys.stderr)
+        print(
+            f"memprune: the guard could not be installed ({type(exc).__name__}: {exc}); the program runs unguarded",
+            file=sys.stderr,
+        )
 
 
 class _Injected:
@@ -66,15 +68,15 @@ class _Injected:
         self.budget = options.budget
         self.lock = threading.Lock()
         self.choice: Choice | None = None
-        self.guards: dict[int, Any] = {}          # id(study) -> its MemoryGuard
+        self.guards: dict[int, Any] = {}  # id(study) -> its MemoryGuard
         self.studies: list[tuple[Any, Any, set[int]]] = []  # (study, guard, numbers of the trials run here)
         self.jobs_said = False
-        self.fixed: dict[str, tuple[Any, int]] = {}   # --clamp-fixed: {name: (was, lowered to)}
-        self.applied: set[int] = set()                # id() of the rl-zoo3 managers the overrides were set on
-        self.shadows: dict[int, Any] = {}             # id(in-memory study) -> its copy on a journal file
-        self.threads_why: dict[int, str] = {}         # id(study) -> why its parallel jobs stayed threads
-        self.storage: Any = None                      # --storage, opened at the first study it takes
-        self.put_on_storage: set[int] = set()         # id() of the studies made in memory, put on --storage
+        self.fixed: dict[str, tuple[Any, int]] = {}  # --clamp-fixed: {name: (was, lowered to)}
+        self.applied: set[int] = set()  # id() of the rl-zoo3 managers the overrides were set on
+        self.shadows: dict[int, Any] = {}  # id(in-memory study) -> its copy on a journal file
+        self.threads_why: dict[int, str] = {}  # id(study) -> why its parallel jobs stayed threads
+        self.storage: Any = None  # --storage, opened at the first study it takes
+        self.put_on_storage: set[int] = set()  # id() of the studies made in memory, put on --storage
         self.optuna = optuna
         self.originals = (optuna.create_study, optuna.load_study, optuna.Study.optimize)
 
@@ -132,8 +134,11 @@ class _Injected:
 
                     self.storage = open_storage(url)
         except Exception as exc:  # noqa: BLE001 - the program runs on, with its study in memory
-            print(f"memprune: --storage {shown(url)} cannot be opened ({type(exc).__name__}: {exc}); the study "
-                  "stays in memory", file=sys.stderr)
+            print(
+                f"memprune: --storage {shown(url)} cannot be opened ({type(exc).__name__}: {exc}); the study "
+                "stays in memory",
+                file=sys.stderr,
+            )
             return create(*args, **kwargs)
         call.arguments["storage"] = self.storage
         try:
@@ -142,8 +147,10 @@ class _Injected:
             name = call.arguments["study_name"]
             call.arguments["study_name"] = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
             study = create(*call.args, **call.kwargs)
-            print(f"memprune: --storage {shown(url)} has a study {name!r} already: this run's is "
-                  f"{study.study_name!r}", file=sys.stderr)
+            print(
+                f"memprune: --storage {shown(url)} has a study {name!r} already: this run's is {study.study_name!r}",
+                file=sys.stderr,
+            )
         self.put_on_storage.add(id(study))
         return study
 
@@ -156,10 +163,18 @@ class _Injected:
                 return study
             if self.choice is None:
                 self._fixed_message()
-                self.choice = choose(self.options.footprint, self.options.program, sys.modules.get("__main__"),
-                                     recipe_args(self.options, self.fixed))
-            guard = MemoryGuard(self.choice.footprint, self.budget, on_infeasible=self.options.on_infeasible,
-                                search_space=self._search_space())
+                self.choice = choose(
+                    self.options.footprint,
+                    self.options.program,
+                    sys.modules.get("__main__"),
+                    recipe_args(self.options, self.fixed),
+                )
+            guard = MemoryGuard(
+                self.choice.footprint,
+                self.budget,
+                on_infeasible=self.options.on_infeasible,
+                search_space=self._search_space(),
+            )
             if self.fixed:
                 from ._fixed import Overriding
 
@@ -170,8 +185,10 @@ class _Injected:
             study.pruner = guard.wrap_pruner(study.pruner)
             self.guards[id(study)] = guard
             self.studies.append((study, guard, set()))
-        print(f"memprune: guarding study {study.study_name!r}: budget {self.budget}, footprint: "
-              f"{self.choice.label}", file=sys.stderr)
+        print(
+            f"memprune: guarding study {study.study_name!r}: budget {self.budget}, footprint: {self.choice.label}",
+            file=sys.stderr,
+        )
         return study
 
     def _search_space(self) -> dict[str, Any] | None:
@@ -182,8 +199,11 @@ class _Injected:
         try:
             return rlzoo3_space(args)
         except Exception as exc:  # noqa: BLE001 - the first trial then runs unchecked, as it would anyway
-            print(f"memprune: rl-zoo3's search space could not be read ({type(exc).__name__}: {exc}); its "
-                  "first trial runs unchecked", file=sys.stderr)
+            print(
+                f"memprune: rl-zoo3's search space could not be read ({type(exc).__name__}: {exc}); its "
+                "first trial runs unchecked",
+                file=sys.stderr,
+            )
             return None
 
     def _fixed_message(self) -> None:
@@ -197,9 +217,12 @@ class _Injected:
             for name in self.options.clamp_fixed:
                 if name in self.fixed:
                     was, ran = self.fixed[name]
-                    print(f"memprune: --clamp-fixed: {name} {was} -> {ran} on every trial (the largest value that "
-                          f"fits under the soft line, {format_bytes(int(soft or 0))}), recorded on each trial as "
-                          f"{records.OVERRIDES}; replay a trial as it ran with -params {name}:{ran}", file=sys.stderr)
+                    print(
+                        f"memprune: --clamp-fixed: {name} {was} -> {ran} on every trial (the largest value that "
+                        f"fits under the soft line, {format_bytes(int(soft or 0))}), recorded on each trial as "
+                        f"{records.OVERRIDES}; replay a trial as it ran with -params {name}:{ran}",
+                        file=sys.stderr,
+                    )
                 else:
                     print(f"memprune: --clamp-fixed: {name} fits as it is; nothing lowered", file=sys.stderr)
             return
@@ -217,9 +240,12 @@ class _Injected:
         if id(manager) in self.applied:
             return
         if not isinstance(fixed, dict) or not all(name in fixed for name in self.fixed):
-            print(f"memprune: --clamp-fixed could not set {sorted(self.fixed)} in the objective "
-                  f"{getattr(objective, '__qualname__', objective)!r} (not rl-zoo3's ExperimentManager.objective): "
-                  "its trials run with the program's values, predicted with the lowered ones", file=sys.stderr)
+            print(
+                f"memprune: --clamp-fixed could not set {sorted(self.fixed)} in the objective "
+                f"{getattr(objective, '__qualname__', objective)!r} (not rl-zoo3's ExperimentManager.objective): "
+                "its trials run with the program's values, predicted with the lowered ones",
+                file=sys.stderr,
+            )
             return
         for name, (_, ran) in self.fixed.items():
             fixed[name] = ran
@@ -235,8 +261,9 @@ class _Injected:
         except Exception as exc:  # noqa: BLE001 - any failure to pickle means the threads' way
             why = f"the objective cannot be sent to another process: {type(exc).__name__}: {str(exc)[:200]}"
         else:
-            why = _split.unsendable(getattr(study.sampler, "base_sampler", study.sampler), "sampler") or \
-                _split.unsendable(getattr(study.pruner, "wrapped_pruner", study.pruner), "pruner")
+            why = _split.unsendable(
+                getattr(study.sampler, "base_sampler", study.sampler), "sampler"
+            ) or _split.unsendable(getattr(study.pruner, "wrapped_pruner", study.pruner), "pruner")
             objective = None if why else objective
         if objective is None:
             self.threads_why[id(study)] = f"n_jobs={k} ran as threads ({why})"
@@ -245,17 +272,30 @@ class _Injected:
         from ..runner import optimize as run_trials
 
         shared = _split.shared_study(study, writable_dir(cache_dir() / "runs"))
-        where = (f"a journal file made for the in-memory study: {shared.path}" if shared.path is not None
-                 else f"the study's storage {shown(_location(study) or '')}")
-        print(f"memprune: {k} jobs run as one process per trial ({k} at a time; the objective sent by "
-              f"{objective.by}), each with its own budget ({self.budget}) reserved on this host's ledger, on {where}",
-              file=sys.stderr)
+        where = (
+            f"a journal file made for the in-memory study: {shared.path}"
+            if shared.path is not None
+            else f"the study's storage {shown(_location(study) or '')}"
+        )
+        print(
+            f"memprune: {k} jobs run as one process per trial ({k} at a time; the objective sent by "
+            f"{objective.by}), each with its own budget ({self.budget}) reserved on this host's ledger, on {where}",
+            file=sys.stderr,
+        )
         start = len(shared.study.get_trials(deepcopy=False))
         if shared.path is not None:
             self.shadows[id(study)] = shared.study
         try:
-            run_trials(shared.study, objective, guard=guard, n_trials=call["n_trials"], timeout=call["timeout"],
-                       n_jobs=k, catch=call["catch"], callbacks=call["callbacks"])
+            run_trials(
+                shared.study,
+                objective,
+                guard=guard,
+                n_trials=call["n_trials"],
+                timeout=call["timeout"],
+                n_jobs=k,
+                catch=call["catch"],
+                callbacks=call["callbacks"],
+            )
         finally:
             numbers.update(t.number for t in shared.study.get_trials(deepcopy=False)[start:])
             _split.copy_back(shared, study)
@@ -284,9 +324,12 @@ class _Injected:
             if self.jobs_said:
                 return
             self.jobs_said = True
-        print(f"memprune: n_jobs={n_jobs} runs trials as threads of one process, so the budget ({self.budget}) "
-              "is the whole process's: each trial is admitted on its own prediction, and a breach stops every "
-              "trial running in it", file=sys.stderr)
+        print(
+            f"memprune: n_jobs={n_jobs} runs trials as threads of one process, so the budget ({self.budget}) "
+            "is the whole process's: each trial is admitted on its own prediction, and a breach stops every "
+            "trial running in it",
+            file=sys.stderr,
+        )
 
     def summary(self) -> None:
         """One line per guarded study (or one saying there was none), on stderr, at the program's exit."""
@@ -330,8 +373,10 @@ class _Injected:
             line += f"; footprint: {self.choice.label}"  # the monitor alone, or learned
         where = _location(study)
         if where is None:
-            return line + "; the study was in memory, so the records ended with the program (memprune run " \
-                          "--storage URL keeps them for memprune report)"
+            return (
+                line + "; the study was in memory, so the records ended with the program (memprune run "
+                "--storage URL keeps them for memprune report)"
+            )
         if id(study) in self.put_on_storage:
             line += f"; the program made it in memory: its records are on --storage {shown(where)}"
         return line + f"; memprune report {shown(where)} --study-name {study.study_name}"

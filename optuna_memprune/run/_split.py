@@ -91,8 +91,9 @@ def transport(objective: Callable) -> Transported:
     data = (cloudpickle or pickle).dumps(objective)
     _NoMain(io.BytesIO(data)).load()
     torch = sys.modules.get("torch")
-    moved = Transported(data, torch.get_num_threads() if torch is not None else None,
-                        "pickle" if cloudpickle is None else "cloudpickle")
+    moved = Transported(
+        data, torch.get_num_threads() if torch is not None else None, "pickle" if cloudpickle is None else "cloudpickle"
+    )
     module = getattr(objective, "__module__", None)
     if isinstance(module, str) and module != "__main__":
         moved.__module__ = module  # the runner's fork server imports it once, not every trial's process
@@ -114,8 +115,9 @@ class _NoMain(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if module in ("__main__", "__mp_main__"):
-            raise pickle.UnpicklingError(f"{name} is named in the program's main module, which a trial's process "
-                                         "does not import")
+            raise pickle.UnpicklingError(
+                f"{name} is named in the program's main module, which a trial's process does not import"
+            )
         return super().find_class(module, name)
 
 
@@ -152,7 +154,7 @@ def copy_back(shared: Shared, study: Any) -> int:
     """The trials the runner added to a journal copy, added to the program's in-memory ``study``; how many."""
     if shared.path is None:
         return 0
-    new = [t for t in shared.study.get_trials(deepcopy=True)[shared.before:] if t.state.is_finished()]
+    new = [t for t in shared.study.get_trials(deepcopy=True)[shared.before :] if t.state.is_finished()]
     if new:
         study.add_trials(new)
     return len(new)
@@ -195,5 +197,7 @@ class Gate:
 
 def whole_process_words(k: int, why: str, line: int) -> str:
     """The line that says trials run as threads under whole-process admission, and why."""
-    return (f"{k} jobs run as threads of this process ({why}), with whole-process admission: a trial starts "
-            f"only when its prediction and those of the running trials fit under {format_bytes(line)} together")
+    return (
+        f"{k} jobs run as threads of this process ({why}), with whole-process admission: a trial starts "
+        f"only when its prediction and those of the running trials fit under {format_bytes(line)} together"
+    )

@@ -27,8 +27,10 @@ POLLING = "polling"
 def check_enforce(enforce: object) -> str:
     """``enforce`` as given, or ValueError naming it."""
     if not isinstance(enforce, str) or enforce not in ENFORCE:
-        raise ValueError(f"enforce must be 'auto' (a cgroup per trial where one can be made, else polling), "
-                         f"'cgroup' (a cgroup per trial or an error) or 'polling', but got {enforce!r}.")
+        raise ValueError(
+            f"enforce must be 'auto' (a cgroup per trial where one can be made, else polling), "
+            f"'cgroup' (a cgroup per trial or an error) or 'polling', but got {enforce!r}."
+        )
     return enforce
 
 
@@ -53,9 +55,11 @@ class Enforcement:
         self.place, self.reason = cgroups.place()
         if self.place is None:
             if enforce == "cgroup":
-                raise EnforcementError(f"enforce='cgroup', but no cgroup can be made for the trials here: "
-                                       f"{self.reason}. Use enforce='auto' (polling where no group can be made) "
-                                       "or 'polling'.")
+                raise EnforcementError(
+                    f"enforce='cgroup', but no cgroup can be made for the trials here: "
+                    f"{self.reason}. Use enforce='auto' (polling where no group can be made) "
+                    "or 'polling'."
+                )
             _logger.info("Trials are watched by polling only: no cgroup can be made here (%s).", self.reason)
             return
         reaped = cgroups.reap(self.place)
@@ -66,8 +70,11 @@ class Enforcement:
         """One line: what holds the trials to their RAM budget here."""
         if self.place is None:
             return f"trials are held to their RAM budget by polling ({self.reason})"
-        what = "the kernel's limit on a cgroup per trial" if self.place.memory and self.hard is not None else (
-            "polling, with a cgroup per trial for the tree kill")
+        what = (
+            "the kernel's limit on a cgroup per trial"
+            if self.place.memory and self.hard is not None
+            else ("polling, with a cgroup per trial for the tree kill")
+        )
         return f"trials are held to their RAM budget by {what} ({self.place.label} {self.place.name})"
 
     def open(self, number: int) -> TrialCgroup | None:
@@ -94,7 +101,7 @@ class TrialCgroup:
 
     def __init__(self, group: cgroups.TrialGroup, hard: int | None, high: int | None) -> None:
         self.group, self.hard = group, hard
-        self.join = group.join_spec(hard, high)   # what the trial's process passes to cgroups.join
+        self.join = group.join_spec(hard, high)  # what the trial's process passes to cgroups.join
 
     def label(self) -> str:
         """The record's ``enforcement``: which one applied to the trial that ran."""

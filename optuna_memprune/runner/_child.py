@@ -23,7 +23,7 @@ from optuna.samplers import BaseSampler
 from .. import _internals, cgroups
 from ..guard.backend import peak_rss
 
-SOFT_SIGNAL = signal.SIGUSR1   # runner -> child: the tree crossed the soft line; prune at should_prune()
+SOFT_SIGNAL = signal.SIGUSR1  # runner -> child: the tree crossed the soft line; prune at should_prune()
 
 
 class Outcome(str, enum.Enum):
@@ -40,13 +40,13 @@ class ChildResult:
     """What the trial's process sends the runner when the objective ended."""
 
     outcome: Outcome
-    values: Any = None                      # COMPLETE: the value(s)
-    message: str = ""                       # PRUNED: the message; FAIL: ``Type: text`` of the exception
-    soft: bool = False                      # PRUNED: the soft line answered the pruner
-    error: BaseException | None = None      # FAIL: the exception, where it pickles
-    traceback: str = ""                     # FAIL
-    stop_asked: bool = False                # the objective called ``study.stop()``
-    peak_rss: int = 0                       # the process's own peak RSS (VmHWM), bytes
+    values: Any = None  # COMPLETE: the value(s)
+    message: str = ""  # PRUNED: the message; FAIL: ``Type: text`` of the exception
+    soft: bool = False  # PRUNED: the soft line answered the pruner
+    error: BaseException | None = None  # FAIL: the exception, where it pickles
+    traceback: str = ""  # FAIL
+    stop_asked: bool = False  # the objective called ``study.stop()``
+    peak_rss: int = 0  # the process's own peak RSS (VmHWM), bytes
 
 
 #: What the runner records when the pipe gave nothing it could read.
@@ -66,9 +66,9 @@ class Payload:
     sampler: BaseSampler
     pruner: Any
     gpu: int | None
-    environ: dict[str, str]   # the runner's, now: the fork server was started with an older copy
+    environ: dict[str, str]  # the runner's, now: the fork server was started with an older copy
     cwd: str
-    cgroup: Any = None        # the trial's cgroup (``cgroups.Join``) or None: joined before anything else
+    cgroup: Any = None  # the trial's cgroup (``cgroups.Join``) or None: joined before anything else
 
 
 class _Served(BaseSampler):
@@ -116,9 +116,12 @@ def child_main(payload: Payload, conn: Any) -> None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         os.environ["CUDA_VISIBLE_DEVICES"] = str(payload.gpu)
     payload.sampler.reseed_rng()  # every child starts from the parent's copy of the rng
-    study = optuna.Study(payload.study_name, payload.storage,
-                         sampler=_Served(payload.sampler, payload.assignment, payload.space),
-                         pruner=_Signalled(payload.pruner))
+    study = optuna.Study(
+        payload.study_name,
+        payload.storage,
+        sampler=_Served(payload.sampler, payload.assignment, payload.space),
+        pruner=_Signalled(payload.pruner),
+    )
     trial = optuna.Trial(study, payload.trial_id)
     _internals.set_in_optimize_loop(study, True)  # trial.study.stop() works here as under Study.optimize
     try:
@@ -126,8 +129,12 @@ def child_main(payload: Payload, conn: Any) -> None:
     except optuna.TrialPruned as exc:
         ended = ChildResult(Outcome.PRUNED, message=str(exc), soft=_Signalled.answered)
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-        ended = ChildResult(Outcome.FAIL, message=f"{type(exc).__name__}: {exc}", error=_picklable(exc),
-                            traceback=traceback.format_exc())
+        ended = ChildResult(
+            Outcome.FAIL,
+            message=f"{type(exc).__name__}: {exc}",
+            error=_picklable(exc),
+            traceback=traceback.format_exc(),
+        )
     else:
         ended = ChildResult(Outcome.COMPLETE, values=_values(value))
     conn.send(dataclasses.replace(ended, stop_asked=_internals.stop_requested(study), peak_rss=peak_rss()))
@@ -161,7 +168,8 @@ def _join(spec: Any) -> None:
         cgroups.join(spec)
     except (OSError, ValueError) as exc:
         logging.getLogger("optuna_memprune.guard").warning(
-            "The trial's process could not join its cgroup (%s): it is watched by polling only.", exc)
+            "The trial's process could not join its cgroup (%s): it is watched by polling only.", exc
+        )
 
 
 def _own_session() -> None:

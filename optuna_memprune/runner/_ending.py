@@ -45,8 +45,11 @@ def judge(child: TrialProcess, catch: tuple) -> Ending:
     result = child.result if child.result is not None and child.result.outcome is not Outcome.LOST else None
     peak = child.monitor.peak if child.monitor is not None else None
     child_hwm = result.peak_rss if result else 0
-    peaks = {"ram": max(peak.rss if peak else 0, child_hwm) or None,
-             "vram": peak.vram if peak else None, "threads": peak.threads if peak else None}
+    peaks = {
+        "ram": max(peak.rss if peak else 0, child_hwm) or None,
+        "vram": peak.vram if peak else None,
+        "threads": peak.threads if peak else None,
+    }
     peaks["ram"], kernel = child.kernel_verdict(peaks["ram"])  # kernel: why it killed at the cgroup limit
     end = Ending(TrialState.FAIL, peaks, kernel=kernel, stop_asked=bool(result and result.stop_asked))
     stopped = child.hard_reading is not None or kernel is not None or child.forecast_reason() is not None
@@ -55,8 +58,11 @@ def judge(child: TrialProcess, catch: tuple) -> Ending:
         end.state = TrialState.PRUNED
     elif result is None:
         code = child.process.exitcode
-        end.failed = (f"its process died from signal {signal.Signals(-code).name}" if code is not None and code < 0
-                      else f"its process exited with code {code} without a result")
+        end.failed = (
+            f"its process died from signal {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"its process exited with code {code} without a result"
+        )
         # the host's count rises for any OOM kill; the trial's own group, where it counts, is exact
         exact = child.cgroup is not None and child.cgroup.counts_oom_kills()
         end.oom = None if exact else killed_by_oom_killer(code, child.state.oom_kills)

@@ -29,8 +29,21 @@ _logger = logging.getLogger("optuna_memprune.guard")
 # Without them each trial of a program sent by value (memprune run) imported its libraries itself: with
 # them preloaded the median Keras trial of bench_clients (n_jobs=2) went from 2.59 s to 2.23 s.
 _PRELOAD = ("optuna", "sqlalchemy", "alembic.migration", "alembic.script", *_internals.rdb_modules(), "psutil")
-_PRELOAD_IF_LOADED = ("numpy", "pandas", "torch", "gymnasium", "stable_baselines3", "lightning",
-                      "pytorch_lightning", "transformers", "lightgbm", "xgboost", "sklearn", "tensorflow", "keras")
+_PRELOAD_IF_LOADED = (
+    "numpy",
+    "pandas",
+    "torch",
+    "gymnasium",
+    "stable_baselines3",
+    "lightning",
+    "pytorch_lightning",
+    "transformers",
+    "lightgbm",
+    "xgboost",
+    "sklearn",
+    "tensorflow",
+    "keras",
+)
 
 _SERVERS: dict[str, Any] = {}
 

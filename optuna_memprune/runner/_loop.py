@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
-GRACE_S = 2.0          # SIGTERM to SIGKILL when the runner stops a trial's process tree
-_TICK_S = 0.05         # the runner's loop wakes at least this often
+GRACE_S = 2.0  # SIGTERM to SIGKILL when the runner stops a trial's process tree
+_TICK_S = 0.05  # the runner's loop wakes at least this often
 
 
 @dataclasses.dataclass
@@ -57,7 +57,7 @@ class _Waiting:
     margins: dict[str, float]
     since: float
     hold: Entry | None  # the empty entry that names the trial on the ledger until its reservation does
-    due: float = 0.0      # when to try the ledger again (``next_try``)
+    due: float = 0.0  # when to try the ledger again (``next_try``)
 
 
 class RunnerTerminated(SystemExit):
@@ -80,9 +80,21 @@ def _why(exc: BaseException) -> str:
 class Runner:
     """The parent's loop of ``optimize``: ask, check, reserve, launch, watch, reap, tell."""
 
-    def __init__(self, study: optuna.Study, objective: Callable, guard: Guard, ledger: Ledger, *,
-                 n_trials: int | None, timeout: float | None, n_workers: int, catch: tuple,
-                 callbacks: list, on_host_full: str, enforcement: Enforcement) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        objective: Callable,
+        guard: Guard,
+        ledger: Ledger,
+        *,
+        n_trials: int | None,
+        timeout: float | None,
+        n_workers: int,
+        catch: tuple,
+        callbacks: list,
+        on_host_full: str,
+        enforcement: Enforcement,
+    ) -> None:
         self.study, self.objective, self.guard, self.ledger = study, objective, guard, ledger
         self.policy = guard.policy
         self.n_trials, self.n_workers, self.catch = n_trials, n_workers, catch
@@ -139,8 +151,9 @@ class Runner:
     def status(self) -> Status:
         """Where the run stands, for the progress bar (the host's figures are left out if unreadable)."""
         c = self.counts
-        status = Status(running=len(self.children), done=c["done"], rejected=c["rejected"], pruned=c["pruned"],
-                        failed=c["failed"])
+        status = Status(
+            running=len(self.children), done=c["done"], rejected=c["rejected"], pruned=c["pruned"], failed=c["failed"]
+        )
         try:
             return status._replace(host_ram=self.ledger.in_use().ram, host_capacity=self.ledger.capacity.ram)
         except Exception:  # noqa: BLE001 - the bar must never stop the study
@@ -168,9 +181,12 @@ class Runner:
             raise self.fatal
 
     def _may_ask(self) -> bool:
-        return (self.fatal is None and not _internals.stop_requested(self.study)
-                and (self.n_trials is None or self.asked < self.n_trials)
-                and (self.deadline is None or time.monotonic() < self.deadline))
+        return (
+            self.fatal is None
+            and not _internals.stop_requested(self.study)
+            and (self.n_trials is None or self.asked < self.n_trials)
+            and (self.deadline is None or time.monotonic() < self.deadline)
+        )
 
     def _wait(self) -> None:
         handles = [c.conn for c in self.children.values()] + [c.process.sentinel for c in self.children.values()]
@@ -204,8 +220,10 @@ class Runner:
             self._release(hold)
             raise
         if not state.sampled:
-            guard.warnings.once("unguarded-sampler", "study.sampler is not guard.wrap_sampler(...): trials run "
-                                "unchecked, under the watchdog only.")
+            guard.warnings.once(
+                "unguarded-sampler",
+                "study.sampler is not guard.wrap_sampler(...): trials run unchecked, under the watchdog only.",
+            )
             state.uncheck("the study's sampler is not wrapped by this guard")
         if state.decision is Decision.REJECTED:
             self._end_rejected(trial, state)
@@ -216,8 +234,9 @@ class Runner:
         self.waiting = _Waiting(trial, state, request, margins, time.monotonic(), hold)
 
     def _key(self, trial: optuna.Trial, decision: Decision, phase: str) -> str:
-        return TrialKey(self.storage_id, self.study.study_name, _internals.trial_id(trial), trial.number,
-                        decision.value, phase).dumps()
+        return TrialKey(
+            self.storage_id, self.study.study_name, _internals.trial_id(trial), trial.number, decision.value, phase
+        ).dumps()
 
     def _hold(self, trial: optuna.Trial) -> Entry | None:
         """An empty entry naming the trial on the ledger while it is checked and waits for its reservation."""
@@ -245,8 +264,9 @@ class Runner:
         misfit = ledger.misfit(request)
         if misfit:
             self.waiting = None
-            self._end_rejected(waiting.trial, waiting.state,
-                               reason=f"its reservation can never fit host {ledger.host}: {misfit}")
+            self._end_rejected(
+                waiting.trial, waiting.state, reason=f"its reservation can never fit host {ledger.host}: {misfit}"
+            )
             self._release(waiting.hold)
             return
         entry = ledger.try_admit(request, self._key(waiting.trial, waiting.state.decision, LAUNCHED))
@@ -256,16 +276,20 @@ class Runner:
             waiting.due = time.monotonic() + next_try(time.monotonic() - waiting.since)
             if self.on_host_full == "reject":
                 self.waiting = None
-                self._end_rejected(waiting.trial, waiting.state, reason=(
-                    f"the host was full: its reservation ({describe(request)}) did not fit beside the running "
-                    f"trials' ({describe(ledger.in_use())}) in {describe(ledger.capacity)}"))
+                self._end_rejected(
+                    waiting.trial,
+                    waiting.state,
+                    reason=(
+                        f"the host was full: its reservation ({describe(request)}) did not fit beside the running "
+                        f"trials' ({describe(ledger.in_use())}) in {describe(ledger.capacity)}"
+                    ),
+                )
                 self._release(waiting.hold)
             return
         self.waiting = None
         waited = time.monotonic() - waiting.since
         if waited > 1.0:
-            _logger.info("Trial %d waited %.1f s for its reservation on %s.", waiting.trial.number, waited,
-                         ledger.host)
+            _logger.info("Trial %d waited %.1f s for its reservation on %s.", waiting.trial.number, waited, ledger.host)
         try:
             self._launch(waiting, entry)
         finally:
@@ -275,10 +299,18 @@ class Runner:
         trial, state = waiting.trial, waiting.state
         cgroup = self.enforcement.open(trial.number)
         payload = Payload(
-            objective=self.objective, storage=_internals.storage_of(self.study), study_name=self.study.study_name,
-            trial_id=state.trial_id, assignment=dict(state.assignment), space=dict(state.space),
-            sampler=self.base_sampler, pruner=self.inner_pruner, gpu=entry.gpu,
-            environ=dict(os.environ), cwd=os.getcwd(), cgroup=cgroup.join if cgroup is not None else None,
+            objective=self.objective,
+            storage=_internals.storage_of(self.study),
+            study_name=self.study.study_name,
+            trial_id=state.trial_id,
+            assignment=dict(state.assignment),
+            space=dict(state.space),
+            sampler=self.base_sampler,
+            pruner=self.inner_pruner,
+            gpu=entry.gpu,
+            environ=dict(os.environ),
+            cwd=os.getcwd(),
+            cgroup=cgroup.join if cgroup is not None else None,
         )
         receive, send = self.ctx.Pipe(duplex=False)
         state.oom_kills = procfs.oom_kills()  # an OOM kill counted from here on may have been this trial's
@@ -292,18 +324,30 @@ class Runner:
             self.ledger.release(entry)
             died = isinstance(exc, (BrokenPipeError, ConnectionResetError))  # killed from outside as it started
             reason = f"the trial could not be started in its own process: {type(exc).__name__}: {exc}" + (
-                " (the process died while it read the trial from the runner)" if died else "")
+                " (the process died while it read the trial from the runner)" if died else ""
+            )
             self._fail_before_launch(trial, state, reason)
             if died:
                 return
             if "pickle" in str(exc).lower() or isinstance(exc, (TypeError, AttributeError)):
-                raise TypeError(f"{reason}. optimize() needs a picklable objective: a module-level function "
-                                "or a functools.partial of one.") from exc
+                raise TypeError(
+                    f"{reason}. optimize() needs a picklable objective: a module-level function "
+                    "or a functools.partial of one."
+                ) from exc
             raise
         finally:
             send.close()
-        child = TrialProcess(self.policy, trial, state, waiting.margins, entry, process, receive, cgroup,
-                             trial_forecast(self.guard, _internals.storage_of(self.study), state))
+        child = TrialProcess(
+            self.policy,
+            trial,
+            state,
+            waiting.margins,
+            entry,
+            process,
+            receive,
+            cgroup,
+            trial_forecast(self.guard, _internals.storage_of(self.study), state),
+        )
         self.children[state.trial_id] = child
         child.watch()
         if self.heartbeats:
@@ -343,25 +387,46 @@ class Runner:
         end = judge(child, self.catch)
         if end.stop_asked:  # the objective called trial.study.stop()
             self.study.stop()
-        frozen = _retry("reading the trial",
-                        lambda: _internals.storage_of(self.study).get_trial(child.state.trial_id))
+        frozen = _retry("reading the trial", lambda: _internals.storage_of(self.study).get_trial(child.state.trial_id))
         params = _without_prediction(child.state, frozen.params)
-        outcome = trial_outcome(policy, child.state.reason, soft_reading=child.soft_reading,
-                                hard_reading=child.hard_reading,
-                                stopped_by="by the runner" if end.stopped and not end.kernel else None,
-                                soft_pruned=end.soft_pruned, failed=end.failed, out_of_memory=end.oom,
-                                forecast=child.forecast_reason())
+        outcome = trial_outcome(
+            policy,
+            child.state.reason,
+            soft_reading=child.soft_reading,
+            hard_reading=child.hard_reading,
+            stopped_by="by the runner" if end.stopped and not end.kernel else None,
+            soft_pruned=end.soft_pruned,
+            failed=end.failed,
+            out_of_memory=end.oom,
+            forecast=child.forecast_reason(),
+        )
         peaks = end.oom.needs(end.peaks, policy.budget) if end.oom is not None else end.peaks
         timeline = child.monitor.timeline() if child.monitor is not None else []
-        record = policy.record(child.state, params, decision=outcome.decision, reason=outcome.reason, peaks=peaks,
-                               timeline=timeline, breach=outcome.breach)
+        record = policy.record(
+            child.state,
+            params,
+            decision=outcome.decision,
+            reason=outcome.reason,
+            peaks=peaks,
+            timeline=timeline,
+            breach=outcome.breach,
+        )
         if end.stopped and end.kernel:
             record = dataclasses.replace(record, decision=Decision.STOPPED, reason=end.kernel)
         # the margin its reservation applied; a trial unchecked at launch reserved the budget instead
-        budgeted = ({r: m for r, m in child.margins.items() if r in policy.budget.resources}
-                    if child.reserved_prediction else {})
-        record = dataclasses.replace(record, margin=budgeted, host=self.ledger.host, gpu=child.entry.gpu,
-                                     enforcement=child.enforcement(), forecast=child.forecast_record())
+        budgeted = (
+            {r: m for r, m in child.margins.items() if r in policy.budget.resources}
+            if child.reserved_prediction
+            else {}
+        )
+        record = dataclasses.replace(
+            record,
+            margin=budgeted,
+            host=self.ledger.host,
+            gpu=child.entry.gpu,
+            enforcement=child.enforcement(),
+            forecast=child.forecast_record(),
+        )
         if outcome.decision is Decision.STOPPED and child.hard_reading is not None:  # crossing reading -> tree gone
             stop_ms = round((child.ended - child.hard_reading.t) * 1000, 1)
             record = dataclasses.replace(record, breach={**record.breach, "stop_ms": stop_ms})
@@ -369,8 +434,14 @@ class Runner:
         if end.failure is not None and self.fatal is None:
             self.fatal = end.failure
 
-    def _end(self, trial: optuna.Trial, state: TrialGuardState, record: records.TrialRecord,
-             final: TrialState, values: Any = None) -> None:
+    def _end(
+        self,
+        trial: optuna.Trial,
+        state: TrialGuardState,
+        record: records.TrialRecord,
+        final: TrialState,
+        values: Any = None,
+    ) -> None:
         """Write the record, then the final state, then run the callbacks."""
         try:
             _retry("writing the record", lambda: records.write_frozen(self.study, state.trial_id, record))
@@ -387,8 +458,9 @@ class Runner:
         self.counts[key] += 1
         if record.decision is Decision.REJECTED:
             self.counts["rejected"] += 1
-        _logger.info("Trial %d finished %s (%s): %s", trial.number, frozen.state.name, record.decision.value,
-                     record.reason)
+        _logger.info(
+            "Trial %d finished %s (%s): %s", trial.number, frozen.state.name, record.decision.value, record.reason
+        )
         for callback in self.callbacks:
             callback(self.study, frozen)
 
@@ -419,8 +491,7 @@ class Runner:
             child.process.join(5)
             child.kill_group()
             try:
-                record = self.policy.record(child.state, {}, reason=f"{child.state.reason}; {why} while the "
-                                            "trial ran")
+                record = self.policy.record(child.state, {}, reason=f"{child.state.reason}; {why} while the trial ran")
                 self._end(child.trial, child.state, record, TrialState.FAIL)
             except Exception:  # best effort: the next runner reaps what is left
                 _logger.exception("Trial %d: could not be failed", child.trial.number)
@@ -430,8 +501,9 @@ class Runner:
         self.children.clear()
         if self.waiting is not None:
             try:
-                self._fail_before_launch(self.waiting.trial, self.waiting.state,
-                                         f"{why} while the trial waited for its reservation")
+                self._fail_before_launch(
+                    self.waiting.trial, self.waiting.state, f"{why} while the trial waited for its reservation"
+                )
             except Exception:
                 _logger.exception("Trial %d: could not be failed", self.waiting.trial.number)
             self._release(self.waiting.hold)

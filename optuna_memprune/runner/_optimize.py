@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
+
 def optimize(
     study: optuna.Study,
     objective: Callable[[optuna.Trial], Any],
@@ -122,8 +123,10 @@ def optimize(
     if not callable(objective):
         raise TypeError(f"objective must be callable, but got {type(objective).__name__}.")
     if isinstance(_internals.storage_of(study), optuna.storages.InMemoryStorage):
-        raise ValueError("optimize() runs each trial in its own process, which cannot open an in-memory "
-                         "study: create the study with a storage URL (sqlite:///file.db, postgresql+psycopg://...).")
+        raise ValueError(
+            "optimize() runs each trial in its own process, which cannot open an in-memory "
+            "study: create the study with a storage URL (sqlite:///file.db, postgresql+psycopg://...)."
+        )
     n_jobs = _renamed("n_workers", n_workers, "n_jobs", n_jobs, 1)
     show_progress_bar = _renamed("progress", progress, "show_progress_bar", show_progress_bar, None)
     check_int(n_trials, "n_trials", minimum=0, optional=True)
@@ -160,8 +163,19 @@ def optimize(
     from ..ledger import describe
 
     _logger.info("Host %s: trials may reserve %s; %s.", ledger.host, describe(ledger.capacity), enforcement.describe())
-    runner = Runner(study, objective, guard, ledger, n_trials=n_trials, timeout=timeout, n_workers=n_jobs,
-                     catch=catch, callbacks=callbacks, on_host_full=on_host_full, enforcement=enforcement)
+    runner = Runner(
+        study,
+        objective,
+        guard,
+        ledger,
+        n_trials=n_trials,
+        timeout=timeout,
+        n_workers=n_jobs,
+        catch=catch,
+        callbacks=callbacks,
+        on_host_full=on_host_full,
+        enforcement=enforcement,
+    )
     show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
     try:
         if show:
@@ -180,13 +194,17 @@ def _check_callbacks(callbacks: Any) -> list:
     if callbacks is None:
         return []
     if callable(callbacks) or isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
-        raise TypeError(f"callbacks must be a list of functions callback(study, frozen_trial), but got "
-                        f"{type(callbacks).__name__} {callbacks!r}.")
+        raise TypeError(
+            f"callbacks must be a list of functions callback(study, frozen_trial), but got "
+            f"{type(callbacks).__name__} {callbacks!r}."
+        )
     callbacks = list(callbacks)
     for i, callback in enumerate(callbacks):
         if not callable(callback):
-            raise TypeError(f"callbacks must be a list of functions callback(study, frozen_trial), but "
-                            f"callbacks[{i}] is {type(callback).__name__} {callback!r}.")
+            raise TypeError(
+                f"callbacks must be a list of functions callback(study, frozen_trial), but "
+                f"callbacks[{i}] is {type(callback).__name__} {callback!r}."
+            )
     return callbacks
 
 
@@ -197,6 +215,9 @@ def _renamed(old: str, old_value: Any, new: str, new_value: Any, default: Any) -
         return new_value
     if new_value != default:
         raise TypeError(f"optimize() got both {new}= and {old}=, its old name: give {new}= only.")
-    warnings.warn(f"optimize({old}=) is renamed {new}= (Optuna's name); {old}= goes in the next release.",
-                  FutureWarning, stacklevel=3)
+    warnings.warn(
+        f"optimize({old}=) is renamed {new}= (Optuna's name); {old}= goes in the next release.",
+        FutureWarning,
+        stacklevel=3,
+    )
     return old_value

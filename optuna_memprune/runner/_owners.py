@@ -31,7 +31,7 @@ _logger = logging.getLogger("optuna_memprune.guard")
 
 #: How long a reaped entry is left to the live process that reaped it before another runner ends its trial.
 _REAPER_S = 30.0
-ASKED = "asked"        # the trial was asked and waits to be checked, reserved and launched
+ASKED = "asked"  # the trial was asked and waits to be checked, reserved and launched
 LAUNCHED = "launched"  # the trial's process was started
 #: The trial's system attr naming the runner that asked it ({"host", "pid", "start"}), written with the trial.
 RUNNER = "memprune:runner"
@@ -57,17 +57,30 @@ class TrialKey(NamedTuple):
     phase: str = LAUNCHED
 
     def dumps(self) -> str:
-        return json.dumps({"storage": self.storage, "study": self.study, "trial_id": self.trial_id,
-                           "number": self.number, "decision": self.decision, "phase": self.phase})
+        return json.dumps(
+            {
+                "storage": self.storage,
+                "study": self.study,
+                "trial_id": self.trial_id,
+                "number": self.number,
+                "decision": self.decision,
+                "phase": self.phase,
+            }
+        )
 
 
 def parse_key(text: str) -> TrialKey | None:
     """The key of a runner's entry, None for an entry a runner did not make."""
     try:
         key = json.loads(text)
-        return TrialKey(storage=key.get("storage"), study=str(key["study"]), trial_id=int(key["trial_id"]),
-                        number=int(key.get("number", -1)), decision=str(key.get("decision", "unchecked")),
-                        phase=str(key.get("phase", LAUNCHED)))
+        return TrialKey(
+            storage=key.get("storage"),
+            study=str(key["study"]),
+            trial_id=int(key["trial_id"]),
+            number=int(key.get("number", -1)),
+            decision=str(key.get("decision", "unchecked")),
+            phase=str(key.get("phase", LAUNCHED)),
+        )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -118,15 +131,19 @@ class DeadRunners:
                     _logger.warning(
                         "The runner of trial %d of study %r (pid %d) died; that study is in another storage, so "
                         "the trial stays RUNNING until a runner of its storage starts on this host and fails it.",
-                        key.number, key.study, reaped.entry.owner_pid)
+                        key.number,
+                        key.study,
+                        reaped.entry.owner_pid,
+                    )
                 continue
             if _reaper_at_work(reaped):
                 continue
             try:
                 self._fail(reaped, key)
             except Exception:  # tried again at the next trial; the study goes on
-                _logger.exception("Trial %d of study %r: could not be failed after its runner died",
-                                  key.number, key.study)
+                _logger.exception(
+                    "Trial %d of study %r: could not be failed after its runner died", key.number, key.study
+                )
                 continue
             self._ledger.settle(reaped)
 
@@ -135,8 +152,9 @@ class DeadRunners:
         on the ledger: killed between the ask and the ledger's write, or while the ledger could not be
         written. A trial an entry names is left to :meth:`end_trials`' reaping."""
         host = self._ledger.host
-        running = retry("reading the running trials",
-                        lambda: self._study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        running = retry(
+            "reading the running trials", lambda: self._study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        )
         dead = []
         for t in running:
             mark = t.system_attrs.get(RUNNER)
@@ -144,8 +162,11 @@ class DeadRunners:
                 dead.append((t, mark))
         if not dead:
             return
-        named = {key.trial_id for entry in [*self._ledger.entries(), *(r.entry for r in self._ledger.reaped())]
-                 if (key := parse_key(entry.key)) is not None and key.storage == self._storage}
+        named = {
+            key.trial_id
+            for entry in [*self._ledger.entries(), *(r.entry for r in self._ledger.reaped())]
+            if (key := parse_key(entry.key)) is not None and key.storage == self._storage
+        }
         for t, mark in dead:
             if _internals.trial_id(t) not in named:
                 why = f"its runner (pid {mark['pid']} on host {host}) died before it named the trial on the host ledger"
@@ -153,11 +174,18 @@ class DeadRunners:
 
     def _fail(self, reaped: Reaped, key: TrialKey) -> None:
         entry = reaped.entry
-        self._fail_trial(key.trial_id, key.decision, _died(entry, key.phase),
-                         f"{_died(entry, key.phase)}; reaped by pid {reaped.reaped_by}", entry.host, entry.gpu)
+        self._fail_trial(
+            key.trial_id,
+            key.decision,
+            _died(entry, key.phase),
+            f"{_died(entry, key.phase)}; reaped by pid {reaped.reaped_by}",
+            entry.host,
+            entry.gpu,
+        )
 
-    def _fail_trial(self, trial_id: int, decision_name: str, died: str, reason: str, host: str,
-                    gpu: str | None) -> None:
+    def _fail_trial(
+        self, trial_id: int, decision_name: str, died: str, reason: str, host: str, gpu: str | None
+    ) -> None:
         """Fail a RUNNING trial whose runner died, its record saying ``reason`` (``died``: the words another
         runner failing it at the same time writes too)."""
         storage = _internals.storage_of(self._study)
@@ -177,16 +205,22 @@ class DeadRunners:
                 decision = Decision(decision_name)
             except ValueError:
                 decision = Decision.UNCHECKED
-            record = records.TrialRecord(decision=decision, reason=reason, host=host, gpu=gpu,
-                                         **{f"budget_{r}": getattr(self._budget, r) for r in RESOURCES})
+            record = records.TrialRecord(
+                decision=decision,
+                reason=reason,
+                host=host,
+                gpu=gpu,
+                **{f"budget_{r}": getattr(self._budget, r) for r in RESOURCES},
+            )
         if record is not None:
             retry("writing the record", lambda: records.write_frozen(self._study, trial_id, record))
         try:
             retry("failing the trial", lambda: storage.set_trial_state_values(trial_id, state=TrialState.FAIL))
         except UpdateFinishedTrialError:  # that other runner failed it first
             return
-        _logger.warning("Trial %d of study %r failed: %s", frozen.number, self._study.study_name,
-                        (record or written).reason)
+        _logger.warning(
+            "Trial %d of study %r failed: %s", frozen.number, self._study.study_name, (record or written).reason
+        )
 
 
 def _alive(pid: object, start: object) -> bool:
@@ -227,15 +261,18 @@ def runner_states(study: optuna.Study, *, url: str | None = None, host: str | No
             continue
         if owner_alive(entry.owner_pid, entry.owner_start):
             doing = "runs the trial" if key.phase == LAUNCHED else "is about to launch the trial"
-            out[key.number] = RunnerState(entry.owner_pid, entry.host, True,
-                                          f"its runner (pid {entry.owner_pid} on host {entry.host}) {doing}")
+            out[key.number] = RunnerState(
+                entry.owner_pid, entry.host, True, f"its runner (pid {entry.owner_pid} on host {entry.host}) {doing}"
+            )
         else:
-            out[key.number] = RunnerState(entry.owner_pid, entry.host, False,
-                                          f"{_died(entry, key.phase)}; {next_runner}")
+            out[key.number] = RunnerState(
+                entry.owner_pid, entry.host, False, f"{_died(entry, key.phase)}; {next_runner}"
+            )
     for r in reaped:
         key = parse_key(r.entry.key)
         if key is None or key.storage != mine or key.study != study.study_name:
             continue
-        out[key.number] = RunnerState(r.entry.owner_pid, r.entry.host, False,
-                                      f"{_died(r.entry, key.phase)}; {next_runner}")
+        out[key.number] = RunnerState(
+            r.entry.owner_pid, r.entry.host, False, f"{_died(r.entry, key.phase)}; {next_runner}"
+        )
     return out

@@ -25,8 +25,8 @@ class Status(NamedTuple):
     rejected: int
     pruned: int
     failed: int
-    host_ram: int | None = None          # bytes reserved on this host now
-    host_capacity: int | None = None     # bytes this host may reserve
+    host_ram: int | None = None  # bytes reserved on this host now
+    host_capacity: int | None = None  # bytes this host may reserve
 
     @property
     def finished(self) -> int:
@@ -50,8 +50,15 @@ class Progress:
             self._every, self._start = _PLAIN_EVERY_S, time.monotonic()
             return
         self._every = _REFRESH_S
-        self._bar = Bar(TextColumn("memprune"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.description}"), console=Console(stderr=True), transient=False)
+        self._bar = Bar(
+            TextColumn("memprune"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=Console(stderr=True),
+            transient=False,
+        )
         self._task = self._bar.add_task("", total=total)
 
     def __enter__(self) -> Progress:
@@ -74,8 +81,11 @@ class Progress:
             self._bar.update(self._task, completed=status.finished, description=describe(status))
             return
         of = "" if self._total is None else f"/{self._total}"
-        print(f"memprune {status.finished}{of} {time.monotonic() - self._start:.0f} s: {describe(status)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"memprune {status.finished}{of} {time.monotonic() - self._start:.0f} s: {describe(status)}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def describe(status: Status) -> str:

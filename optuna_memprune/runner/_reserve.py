@@ -55,11 +55,18 @@ class Reservations:
             record = records.read(t.user_attrs)
             if record is not None and record.learned:
                 self._learned = True
-            ran = (record is not None and not record.concurrent and not record.learned
-                   and t.state == TrialState.COMPLETE and record.decision in (Decision.ADMITTED, Decision.CLAMPED))
+            ran = (
+                record is not None
+                and not record.concurrent
+                and not record.learned
+                and t.state == TrialState.COMPLETE
+                and record.decision in (Decision.ADMITTED, Decision.CLAMPED)
+            )
             self._pairs[_internals.trial_id(t)] = {
-                r: (getattr(record, f"peak_{r}"), getattr(record, f"pred_{r}")) for r in RESOURCES
-                if ran and getattr(record, f"pred_{r}") and getattr(record, f"peak_{r}") is not None}
+                r: (getattr(record, f"peak_{r}"), getattr(record, f"pred_{r}"))
+                for r in RESOURCES
+                if ran and getattr(record, f"pred_{r}") and getattr(record, f"peak_{r}") is not None
+            }
         if self._learned:
             return {r: 1.0 for r in RESOURCES}
         return {r: learned_margin(p[r] for p in self._pairs.values() if r in p) for r in RESOURCES}
@@ -112,12 +119,15 @@ def check_budget_fits(budget: Budget, ledger: Ledger) -> str:
             f"{ledger.host!r} may reserve {capacity} for all its trials); lower the budget (one meant for a bigger "
             "machine?)."
         )
-    whole = Request(ram=budget.ram or 0, vram=(budget.vram or 0) if ledger.capacity.gpus else 0,
-                    threads=budget.threads or 0)
+    whole = Request(
+        ram=budget.ram or 0, vram=(budget.vram or 0) if ledger.capacity.gpus else 0, threads=budget.threads or 0
+    )
     misfit = ledger.misfit(whole)
     if not misfit:
         return ""
-    return (f"The per-trial {budget} is more than host {ledger.host!r} may reserve for all its trials ({misfit}): "
-            "a trial unchecked at launch reserves the host's whole capacity instead (it runs alone) and is still "
-            "stopped at its budget. Give the host's real capacity (host=HostBudget(...); memprune worker "
-            "--host-ram, --host-threads, --host-gpus) or lower the budget.")
+    return (
+        f"The per-trial {budget} is more than host {ledger.host!r} may reserve for all its trials ({misfit}): "
+        "a trial unchecked at launch reserves the host's whole capacity instead (it runs alone) and is still "
+        "stopped at its budget. Give the host's real capacity (host=HostBudget(...); memprune worker "
+        "--host-ram, --host-threads, --host-gpus) or lower the budget."
+    )

@@ -31,8 +31,7 @@ def retry(what: str, call: Callable[[], Any]) -> Any:
     import optuna
     import sqlalchemy.exc
 
-    errors = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError,
-              sqlalchemy.exc.InterfaceError)
+    errors = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
     deadline, delay, attempt = time.monotonic() + RETRY_S, 0.1, 0
     while True:
         attempt += 1
@@ -42,8 +41,14 @@ def retry(what: str, call: Callable[[], Any]) -> Any:
             if time.monotonic() + delay > deadline:
                 raise
             cause = str(getattr(exc, "__cause__", None) or exc).strip().splitlines()[0]
-            _logger.warning("Storage error while %s (attempt %d, retrying in %.1f s for up to %.0f s in all): %s",
-                            what, attempt, delay, RETRY_S, cause)
+            _logger.warning(
+                "Storage error while %s (attempt %d, retrying in %.1f s for up to %.0f s in all): %s",
+                what,
+                attempt,
+                delay,
+                RETRY_S,
+                cause,
+            )
             time.sleep(delay)
             delay = min(2 * delay, 2.0)
 

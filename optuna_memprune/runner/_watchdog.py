@@ -28,9 +28,18 @@ _logger = logging.getLogger("optuna_memprune.guard")
 class TrialProcess:
     """One trial's process: its watchdog, its reservation, what came back."""
 
-    def __init__(self, policy: Policy, trial: optuna.Trial, state: TrialGuardState, margins: dict[str, float],
-                 entry: Entry, process: Any, conn: Any, cgroup: TrialCgroup | None = None,
-                 forecast: StepForecast | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        trial: optuna.Trial,
+        state: TrialGuardState,
+        margins: dict[str, float],
+        entry: Entry,
+        process: Any,
+        conn: Any,
+        cgroup: TrialCgroup | None = None,
+        forecast: StepForecast | None = None,
+    ) -> None:
         self.trial, self.state, self.margins = trial, state, margins
         self.reserved_prediction = state.prediction is not None  # else it reserved the budget
         self.entry, self.process, self.conn = entry, process, conn
@@ -48,8 +57,7 @@ class TrialProcess:
 
     def watch(self) -> None:
         try:
-            self.monitor = Monitor(self.process.pid, interval=self.policy.interval,
-                                   on_reading=self.on_reading).start()
+            self.monitor = Monitor(self.process.pid, interval=self.policy.interval, on_reading=self.on_reading).start()
         except Exception as exc:  # noqa: BLE001 - gone already (it ends below) or unreadable
             _logger.warning("Trial %d: its process could not be watched: %s", self.trial.number, exc)
 

@@ -67,10 +67,26 @@ def helpers() -> dict[str, Any]:
         host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())
         return Path(os.environ["MEMPRUNE_CACHE_DIR"]) / f"ledger-{host}.sqlite"
 
-    return {"omp": omp, "optuna": optuna, "report": report, "o": o, "faults": faults, "MiB": o.MiB,
-            "GiB": 2**30, "host_total": psutil.virtual_memory().total, "guard": guard, "study": study,
-            "run": run, "inproc": inproc, "write": write, "calibration": calibration,
-            "edit_calibration": edit_calibration, "ledger_file": ledger_file, "os": os, "Path": Path}
+    return {
+        "omp": omp,
+        "optuna": optuna,
+        "report": report,
+        "o": o,
+        "faults": faults,
+        "MiB": o.MiB,
+        "GiB": 2**30,
+        "host_total": psutil.virtual_memory().total,
+        "guard": guard,
+        "study": study,
+        "run": run,
+        "inproc": inproc,
+        "write": write,
+        "calibration": calibration,
+        "edit_calibration": edit_calibration,
+        "ledger_file": ledger_file,
+        "os": os,
+        "Path": Path,
+    }
 
 
 def _documented(exc: BaseException) -> bool:

@@ -29,8 +29,14 @@ def _start(*args: str, marker: str | None = None, session: bool = False) -> subp
     env = dict(os.environ)
     if marker:
         env["PROBE_MARKER"] = str(Path(marker).resolve())
-    return subprocess.Popen([sys.executable, "-m", "optuna_memprune.cli", *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=session)
+    return subprocess.Popen(
+        [sys.executable, "-m", "optuna_memprune.cli", *args],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=session,
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 40) -> int:
@@ -66,8 +72,16 @@ def _wait_for(marker: str, proc: subprocess.Popen, timeout: float = 30) -> int:
 def worker_killed_then_rerun(*, other_storage_between: bool) -> None:
     """A runner SIGKILLed mid-trial, (another storage's runner on the same host ledger,) then its own study
     run again: its trial #0 must end FAIL, never stay RUNNING."""
-    victim = _start(*WORKER, "_bad_inputs.objectives:wait_to_be_killed", "--storage", "sqlite:///c.db",
-                    "--study", "c", *GUARD, marker="c.pid")
+    victim = _start(
+        *WORKER,
+        "_bad_inputs.objectives:wait_to_be_killed",
+        "--storage",
+        "sqlite:///c.db",
+        "--study",
+        "c",
+        *GUARD,
+        marker="c.pid",
+    )
     _wait_for("c.pid", victim)
     victim.kill()
     _finish(victim)
@@ -79,14 +93,33 @@ def worker_killed_then_rerun(*, other_storage_between: bool) -> None:
 def slow_footprint_then_killed() -> None:
     """A footprint that sleeps 30 s, a trial (unchecked: no search space yet) whose objective returned, its
     runner SIGKILLed 3 s later, then the study run again with a fast footprint: nothing may stay RUNNING."""
-    victim = _start(*WORKER, "_bad_inputs.objectives:mark_and_return", "--storage", "sqlite:///study.db",
-                    "--study", "s", "--guard", "_bad_inputs.objectives:make_slow_guard", marker="t.pid")
+    victim = _start(
+        *WORKER,
+        "_bad_inputs.objectives:mark_and_return",
+        "--storage",
+        "sqlite:///study.db",
+        "--study",
+        "s",
+        "--guard",
+        "_bad_inputs.objectives:make_slow_guard",
+        marker="t.pid",
+    )
     _wait_for("t.pid", victim, timeout=45)
     time.sleep(3)  # the objective has returned; the runner is in its bookkeeping
     victim.kill()
     _finish(victim)
-    sys.exit(_run(*WORKER, "_bad_inputs.objectives:quick", "--storage", "sqlite:///study.db", "--study", "s",
-                  "--guard", "_bad_inputs.objectives:make_guard"))
+    sys.exit(
+        _run(
+            *WORKER,
+            "_bad_inputs.objectives:quick",
+            "--storage",
+            "sqlite:///study.db",
+            "--study",
+            "s",
+            "--guard",
+            "_bad_inputs.objectives:make_guard",
+        )
+    )
 
 
 def trial_process_killed() -> None:
@@ -107,8 +140,9 @@ def trial_process_killed() -> None:
             time.sleep(0.05)
 
     guard = omp.MemoryGuard(o.footprint, omp.Budget(ram="1GiB"), search_space=o.SPACE)
-    study = optuna.create_study(storage="sqlite:///study.db", study_name="s",
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study = optuna.create_study(
+        storage="sqlite:///study.db", study_name="s", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0))
+    )
     killer = threading.Thread(target=kill_when_started, daemon=True)
     killer.start()
     omp.optimize(study, o.wait_to_be_killed, guard=guard, n_trials=1, show_progress_bar=False)
@@ -124,8 +158,17 @@ def _sigint_as_in_a_terminal() -> None:
 def interrupt_worker() -> None:
     """Ctrl-C in the terminal of ``memprune worker`` mid-trial: SIGINT to its whole process group."""
     _sigint_as_in_a_terminal()
-    proc = _start(*WORKER, "_bad_inputs.objectives:wait_to_be_killed", "--storage", "sqlite:///study.db",
-                  "--study", "s", *GUARD, marker="t.pid", session=True)
+    proc = _start(
+        *WORKER,
+        "_bad_inputs.objectives:wait_to_be_killed",
+        "--storage",
+        "sqlite:///study.db",
+        "--study",
+        "s",
+        *GUARD,
+        marker="t.pid",
+        session=True,
+    )
     _wait_for("t.pid", proc)
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
@@ -153,8 +196,16 @@ def interrupt_calibrate_parent() -> None:
 
 def terminate_worker() -> None:
     """``kill PID`` (SIGTERM) of ``memprune worker`` mid-trial, as a scheduler stops a job."""
-    proc = _start(*WORKER, "_bad_inputs.objectives:wait_to_be_killed", "--storage", "sqlite:///study.db",
-                  "--study", "s", *GUARD, marker="t.pid")
+    proc = _start(
+        *WORKER,
+        "_bad_inputs.objectives:wait_to_be_killed",
+        "--storage",
+        "sqlite:///study.db",
+        "--study",
+        "s",
+        *GUARD,
+        marker="t.pid",
+    )
     _wait_for("t.pid", proc)
     proc.terminate()
     rc = _finish(proc, timeout=30)
@@ -167,8 +218,22 @@ def concurrent_calibrations() -> None:
     first = _start("calibrate", "--env", "Acrobot-v1")
     second = _start("calibrate", "--env", "MountainCar-v0")
     rcs = [_finish(first, 90), _finish(second, 90)]
-    check = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "-v", "calibrate", "--env", "Acrobot-v1",
-                            "--env", "MountainCar-v0"], capture_output=True, text=True, timeout=90)
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "optuna_memprune.cli",
+            "-v",
+            "calibrate",
+            "--env",
+            "Acrobot-v1",
+            "--env",
+            "MountainCar-v0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     remeasured = [env for env in ("Acrobot-v1", "MountainCar-v0") if f"Calibrating environment {env}" in check.stderr]
     sys.stdout.write(check.stdout)
     sys.stderr.write(check.stderr)
@@ -180,8 +245,16 @@ def leave_running_trial() -> None:
     """Setup: one guarded trial that ran, then a worker SIGKILLed mid-trial leaves its trial RUNNING (until a
     runner of this study reaps it)."""
     _run(*WORKER, "_bad_inputs.objectives:quick", "--storage", "sqlite:///study.db", "--study", "s", *GUARD)
-    victim = _start(*WORKER, "_bad_inputs.objectives:wait_to_be_killed", "--storage", "sqlite:///study.db",
-                    "--study", "s", *GUARD, marker="t.pid")
+    victim = _start(
+        *WORKER,
+        "_bad_inputs.objectives:wait_to_be_killed",
+        "--storage",
+        "sqlite:///study.db",
+        "--study",
+        "s",
+        *GUARD,
+        marker="t.pid",
+    )
     _wait_for("t.pid", victim)
     victim.kill()
     _finish(victim)

@@ -61,22 +61,25 @@ Post = Callable[[Result], "str | None"]  # None when the post-condition holds, e
 class Case:
     name: str
     area: str
-    expect: str                   # ERROR, ACCEPT or EITHER
-    run: str | list[str]          # Python lines (run by _bad_inputs.child) or `memprune` arguments
-    names: tuple[str, ...] = ()   # what the error's last line must name ({dir}, {cache}: the case's paths)
-    post: Post | None = None      # ERROR: checked on the error; ACCEPT, EITHER: on exit 0
-    setup: str | None = None      # Python lines run first, in a process of their own
+    expect: str  # ERROR, ACCEPT or EITHER
+    run: str | list[str]  # Python lines (run by _bad_inputs.child) or `memprune` arguments
+    names: tuple[str, ...] = ()  # what the error's last line must name ({dir}, {cache}: the case's paths)
+    post: Post | None = None  # ERROR: checked on the error; ACCEPT, EITHER: on exit 0
+    setup: str | None = None  # Python lines run first, in a process of their own
     env: dict = field(default_factory=dict)
-    rc: int | None = None         # the exit status an error must have (e.g. 130 for Ctrl-C)
-    readonly: bool = False        # run without the power to write read-only files (when run as root)
-    running_ok: bool = False      # the setup leaves a RUNNING trial on purpose
+    rc: int | None = None  # the exit status an error must have (e.g. 130 for Ctrl-C)
+    readonly: bool = False  # run without the power to write read-only files (when run as root)
+    running_ok: bool = False  # the setup leaves a RUNNING trial on purpose
     timeout: float = 60
 
     def expected(self) -> str:
         what = getattr(self.post, "__doc__", None) or "exit 0"
         if self.expect == ERROR:
-            return (f"error naming {' and '.join(self.names) or '-'}" + (f" (exit {self.rc})" if self.rc else "")
-                    + (f"; {what}" if self.post else ""))
+            return (
+                f"error naming {' and '.join(self.names) or '-'}"
+                + (f" (exit {self.rc})" if self.rc else "")
+                + (f"; {what}" if self.post else "")
+            )
         return f"error naming {' and '.join(self.names)}, or {what}" if self.expect == EITHER else what
 
 
@@ -96,6 +99,7 @@ def EA(name: str, area: str, run: str | list[str], names: str, post: Post, **kw)
 
 
 # -- post-conditions ---------------------------------------------------------------------------------
+
 
 def read_trials(path: Path) -> list[Trial]:
     """The trials of an Optuna SQLite file (every study), read with sqlite3; [] when it is none."""
@@ -119,12 +123,15 @@ def _post(doc: str):
     def wrap(check: Post) -> Post:
         check.__doc__ = doc
         return check
+
     return wrap
 
 
-def trial(n: int, state: str | None = None, *, decision: str | None = None, reason: str | None = None,
-          db: str = "study.db") -> Post:
+def trial(
+    n: int, state: str | None = None, *, decision: str | None = None, reason: str | None = None, db: str = "study.db"
+) -> Post:
     """Trial ``n`` of ``db`` ended in ``state`` (regex), with the record's decision and a reason matching."""
+
     @_post(f"trial #{n} {state or ''} {decision or ''} {'reason ~ ' + repr(reason) if reason else ''}".strip())
     def check(r: Result) -> str | None:
         t = next((t for t in r.trials(db) if t.number == n), None)
@@ -138,6 +145,7 @@ def trial(n: int, state: str | None = None, *, decision: str | None = None, reas
         if reason and not re.search(reason, str(got_reason), re.I):
             return f"trial #{n} reason {str(got_reason)[:150]!r} does not say {reason!r}"
         return None
+
     return check
 
 
@@ -147,14 +155,17 @@ def every_trial(state: str, db: str = "study.db") -> Post:
         trials = r.trials(db)
         bad = [f"#{t.number} {t.state}" for t in trials if not re.fullmatch(state, t.state)]
         return f"expected every trial {state}, got {bad}" if bad or not trials else None
+
     return check
 
 
 def warns(pattern: str) -> Post:
     """stderr says something matching ``pattern`` (a warning the user sees, not only a log record)."""
+
     @_post(f"exit 0 with a warning ~ {pattern!r}")
     def check(r: Result) -> str | None:
         return None if re.search(pattern, r.err, re.I) else f"accepted without a warning matching {pattern!r}"
+
     return check
 
 
@@ -162,6 +173,7 @@ def prints(pattern: str) -> Post:
     @_post(f"exit 0, output ~ {pattern!r}")
     def check(r: Result) -> str | None:
         return None if re.search(pattern, r.out, re.I) else f"output does not show {pattern!r}"
+
     return check
 
 
@@ -172,6 +184,7 @@ def reasons(*, absent: str, present: str) -> Post:
         if any(re.search(absent, s) for s in said):
             return f"a reason says {absent!r}: " + next(s for s in said if re.search(absent, s))[:150]
         return None if any(re.search(present, s, re.I) for s in said) else f"no reason says {present!r}"
+
     return check
 
 
@@ -180,11 +193,13 @@ def fact(key: str, test: Callable, text: str) -> Post:
     def check(r: Result) -> str | None:
         value = r.facts().get(key)
         return None if value is not None and test(value) else f"{key}={value}, expected {text}"
+
     return check
 
 
 def no_study(db: str = "study.db") -> Post:
     """nothing created: no study in ``db``"""
+
     @_post(f"no study created in {db}")
     def check(r: Result) -> str | None:
         path = r.dir / db
@@ -199,6 +214,7 @@ def no_study(db: str = "study.db") -> Post:
         except sqlite3.Error:
             return None
         return f"the study was created in {db} before the input was refused" if n else None
+
     return check
 
 
@@ -207,6 +223,7 @@ def short_line(limit: int = 200) -> Post:
     def check(r: Result) -> str | None:
         line = last_line(r)
         return f"the error line is {len(line)} characters long" if len(line) > limit else None
+
     return check
 
 
@@ -225,6 +242,7 @@ def no_running(db: str = "study.db") -> Post:
 
 
 # -- running a case -------------------------------------------------------------------------------
+
 
 def has_gpu() -> bool:
     return Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
@@ -247,7 +265,7 @@ def _case_pids(sid: int, token: str) -> list[int]:
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             if fields[0] == "Z":
                 continue
             if int(fields[3]) == sid or needle in Path(f"/proc/{entry}/environ").read_bytes():
@@ -326,23 +344,45 @@ def run_case(case: Case, base_cache: Path, work: Path, keep: bool) -> Outcome:
         return text.replace("{dir}", str(case_dir)).replace("{cache}", str(cache))
 
     token = f"{os.getpid()}-{case.name}"
-    env = {**os.environ, "MEMPRUNE_CACHE_DIR": str(cache), MARKER: token, "COLUMNS": "200",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(SCRIPTS), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "MEMPRUNE_CACHE_DIR": str(cache),
+        MARKER: token,
+        "COLUMNS": "200",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("OPTUNA_STORAGE", None)
     env.update({k: subst(v) for k, v in case.env.items()})
     child = [sys.executable, "-m", "_bad_inputs.child"]
     if case.setup:
-        setup = subprocess.run([*child, case.setup], cwd=case_dir, env={**env, "MEMPRUNE_CACHE_DIR": str(cache)},
-                               capture_output=True, text=True, timeout=180)
+        setup = subprocess.run(
+            [*child, case.setup],
+            cwd=case_dir,
+            env={**env, "MEMPRUNE_CACHE_DIR": str(cache)},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         if setup.returncode != 0:
             print(f"[probe] setup of {case.name} failed: {setup.stderr.strip()[-300:]}", file=sys.stderr)
-    cmd = [*child, case.run] if isinstance(case.run, str) else [sys.executable, "-m", "optuna_memprune.cli",
-                                                                 *map(subst, case.run)]
+    cmd = (
+        [*child, case.run]
+        if isinstance(case.run, str)
+        else [sys.executable, "-m", "optuna_memprune.cli", *map(subst, case.run)]
+    )
     preexec = _drop_write_override if case.readonly and os.geteuid() == 0 else None
     start = time.monotonic()
     with open(case_dir / "stdout", "w") as out, open(case_dir / "stderr", "w") as err:
-        proc = subprocess.Popen(cmd, cwd=case_dir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True, preexec_fn=preexec)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=case_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            preexec_fn=preexec,
+        )
         try:
             rc, timed_out = proc.wait(timeout=case.timeout), False
         except subprocess.TimeoutExpired:
@@ -351,8 +391,14 @@ def run_case(case: Case, base_cache: Path, work: Path, keep: bool) -> Outcome:
     elapsed = time.monotonic() - start
     strays = _reap(proc.pid, token)
     running = 0 if case.running_ok else _running(case_dir)
-    result = Result(rc, (case_dir / "stdout").read_text(errors="replace"),
-                    (case_dir / "stderr").read_text(errors="replace"), elapsed, timed_out, case_dir)
+    result = Result(
+        rc,
+        (case_dir / "stdout").read_text(errors="replace"),
+        (case_dir / "stderr").read_text(errors="replace"),
+        elapsed,
+        timed_out,
+        case_dir,
+    )
     cls, line = classify(case, result, subst)
     if not keep and cls == "clear" and not running and not strays:
         shutil.rmtree(case_dir, ignore_errors=True)
@@ -363,7 +409,13 @@ def prepare_cache(base: Path) -> None:
     """Calibrate once (torch, SB3 and CartPole-v1: about a minute), reused by every case and later runs."""
     base.mkdir(parents=True, exist_ok=True)
     print(f"[probe] calibration cache {base} (calibrating where it is missing)", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "-q", "calibrate", "--env", "CartPole-v1"],
-                   env={**os.environ, "MEMPRUNE_CACHE_DIR": str(base),
-                        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "optuna_memprune.cli", "-q", "calibrate", "--env", "CartPole-v1"],
+        env={
+            **os.environ,
+            "MEMPRUNE_CACHE_DIR": str(base),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        },
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )

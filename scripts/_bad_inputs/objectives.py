@@ -28,6 +28,7 @@ class UserError(Exception):
 
 # -- footprints ------------------------------------------------------------------------------------
 
+
 def footprint(params: dict) -> omp.Footprint:
     return omp.Footprint.of(ram=(BASE_MB + params["mb"]) * MiB, name="probe baseline + mb")
 
@@ -67,6 +68,7 @@ def conditional_footprint(params: dict) -> omp.Footprint:
 
 
 # -- objectives ------------------------------------------------------------------------------------
+
 
 def quick(trial: optuna.Trial) -> float:
     mb = trial.suggest_int("mb", 8, 64)
@@ -147,6 +149,7 @@ def mark_and_return(trial: optuna.Trial) -> float:
 
 
 # -- guards for ``memprune worker --guard`` ----------------------------------------------------------
+
 
 def make_guard() -> omp.MemoryGuard:
     return omp.MemoryGuard(footprint, omp.Budget(ram="1GiB"), search_space=SPACE)

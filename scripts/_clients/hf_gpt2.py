@@ -31,17 +31,29 @@ def model_init(trial):
 
 
 def hp_space(trial):
-    return {"learning_rate": trial.suggest_float("learning_rate", 1e-5, 1e-3, log=True),
-            "per_device_train_batch_size": trial.suggest_int("per_device_train_batch_size", 8, 128, log=True)}
+    return {
+        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 1e-3, log=True),
+        "per_device_train_batch_size": trial.suggest_int("per_device_train_batch_size", 8, 128, log=True),
+    }
 
 
-args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-search-"), max_steps=3, per_device_eval_batch_size=32,
-                         eval_strategy="no", save_strategy="no", logging_strategy="no", report_to="none",
-                         disable_tqdm=True, use_cpu=True, seed=SEED)
+args = TrainingArguments(
+    output_dir=tempfile.mkdtemp(prefix="hf-search-"),
+    max_steps=3,
+    per_device_eval_batch_size=32,
+    eval_strategy="no",
+    save_strategy="no",
+    logging_strategy="no",
+    report_to="none",
+    disable_tqdm=True,
+    use_cpu=True,
+    seed=SEED,
+)
 trainer = Trainer(model_init=model_init, args=args, train_dataset=train, eval_dataset=valid)
 search = {"sampler": optuna.samplers.TPESampler(seed=SEED), "n_jobs": N_JOBS}
 if os.environ.get("OPTUNA_STORAGE"):
     search.update(storage=os.environ["OPTUNA_STORAGE"], study_name=os.environ.get("STUDY_NAME"), load_if_exists=True)
-best = trainer.hyperparameter_search(direction="minimize", backend="optuna", hp_space=hp_space, n_trials=N_TRIALS,
-                                     **search)
+best = trainer.hyperparameter_search(
+    direction="minimize", backend="optuna", hp_space=hp_space, n_trials=N_TRIALS, **search
+)
 print("best", best)

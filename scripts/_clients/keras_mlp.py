@@ -26,15 +26,22 @@ def objective(trial):
     layers = trial.suggest_int("layers", 1, 4)
     batch_size = trial.suggest_int("batch_size", 16, 256, log=True)
     lr = trial.suggest_float("lr", 1e-5, 1e-1, log=True)
-    model = keras.Sequential([keras.Input((64,))] + [keras.layers.Dense(width, activation="relu")
-                                                     for _ in range(layers)] + [keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [keras.Input((64,))]
+        + [keras.layers.Dense(width, activation="relu") for _ in range(layers)]
+        + [keras.layers.Dense(1)]
+    )
     model.compile(optimizer=keras.optimizers.Adam(learning_rate=lr), loss="mse")
     history = model.fit(x[: 3 * batch_size], y[: 3 * batch_size], batch_size=batch_size, epochs=1, verbose=0)
     return float(history.history["loss"][-1])
 
 
 if __name__ == "__main__":
-    study = optuna.create_study(storage=os.environ.get("OPTUNA_STORAGE"), study_name=os.environ.get("STUDY_NAME"),
-                                load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=SEED))
+    study = optuna.create_study(
+        storage=os.environ.get("OPTUNA_STORAGE"),
+        study_name=os.environ.get("STUDY_NAME"),
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=SEED),
+    )
     study.optimize(objective, n_trials=N_TRIALS, n_jobs=N_JOBS)
     print("best", study.best_params)

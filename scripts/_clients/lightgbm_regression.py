@@ -40,7 +40,11 @@ def objective(trial):
 
 
 if __name__ == "__main__":
-    study = optuna.create_study(storage=os.environ.get("OPTUNA_STORAGE"), study_name=os.environ.get("STUDY_NAME"),
-                                load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=SEED))
+    study = optuna.create_study(
+        storage=os.environ.get("OPTUNA_STORAGE"),
+        study_name=os.environ.get("STUDY_NAME"),
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=SEED),
+    )
     study.optimize(objective, n_trials=N_TRIALS, n_jobs=N_JOBS)
     print("best", study.best_params)

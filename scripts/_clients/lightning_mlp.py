@@ -53,18 +53,33 @@ def objective(trial):
     layers = trial.suggest_int("layers", 1, 6)
     batch_size = trial.suggest_int("batch_size", 8, 128, log=True)
     lr = trial.suggest_float("lr", 1e-5, 1e-1, log=True)
-    trainer = L.Trainer(max_epochs=3, limit_train_batches=1, limit_val_batches=1, accelerator="cpu", devices=1,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False,
-                        callbacks=[PyTorchLightningPruningCallback(trial, monitor="val_loss")])
-    trainer.fit(Net(width, layers, lr), DataLoader(data(512, SEED), batch_size=batch_size, shuffle=True),
-                DataLoader(data(128, SEED + 1), batch_size=128))
+    trainer = L.Trainer(
+        max_epochs=3,
+        limit_train_batches=1,
+        limit_val_batches=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[PyTorchLightningPruningCallback(trial, monitor="val_loss")],
+    )
+    trainer.fit(
+        Net(width, layers, lr),
+        DataLoader(data(512, SEED), batch_size=batch_size, shuffle=True),
+        DataLoader(data(128, SEED + 1), batch_size=128),
+    )
     return trainer.callback_metrics["val_loss"].item()
 
 
 if __name__ == "__main__":
-    study = optuna.create_study(storage=os.environ.get("OPTUNA_STORAGE"), study_name=os.environ.get("STUDY_NAME"),
-                                load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=SEED),
-                                pruner=optuna.pruners.MedianPruner())
+    study = optuna.create_study(
+        storage=os.environ.get("OPTUNA_STORAGE"),
+        study_name=os.environ.get("STUDY_NAME"),
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=SEED),
+        pruner=optuna.pruners.MedianPruner(),
+    )
     study.optimize(objective, n_trials=N_TRIALS, n_jobs=N_JOBS)
     print("best", study.best_params)

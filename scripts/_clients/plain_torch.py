@@ -41,7 +41,11 @@ def objective(trial):
         return nn.functional.mse_loss(model(x[:512]), y[:512]).item()
 
 
-study = optuna.create_study(storage=os.environ.get("OPTUNA_STORAGE"), study_name=os.environ.get("STUDY_NAME"),
-                            load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=SEED))
+study = optuna.create_study(
+    storage=os.environ.get("OPTUNA_STORAGE"),
+    study_name=os.environ.get("STUDY_NAME"),
+    load_if_exists=True,
+    sampler=optuna.samplers.TPESampler(seed=SEED),
+)
 study.optimize(objective, n_trials=N_TRIALS, n_jobs=N_JOBS)
 print("best", study.best_params)

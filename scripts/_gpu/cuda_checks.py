@@ -19,7 +19,7 @@ from .results import MIB, failed_row, score_vram
 from .rows import STEPS, VramCase, factory, input_spec, optimizer, predict, without_context
 
 Emit = Callable[[dict], None]
-CONTEXT_SLACK = 32 * MIB     # a check's first ops against the calibration probe's: other kernels, other handles
+CONTEXT_SLACK = 32 * MIB  # a check's first ops against the calibration probe's: other kernels, other handles
 
 
 @contextlib.contextmanager
@@ -47,15 +47,16 @@ def _nvml_self() -> Callable[[], int | None]:
 
 def _batch(case: VramCase, torch: Any, dev: Any):
     shape, dtype = input_spec(case)
-    if dtype == "uint8":                       # SB3 converts images inside the step: the float copy is live
+    if dtype == "uint8":  # SB3 converts images inside the step: the float copy is live
         return torch.randint(0, 256, (case.batch, *shape), dtype=torch.uint8, device=dev).float() / 255
     if dtype == "int64":
         return torch.randint(0, 1000, (case.batch, *shape), dtype=torch.int64, device=dev)
     return torch.randn((case.batch, *shape), device=dev)
 
 
-def train_steps(case: VramCase, steps: int = STEPS, on_step: Callable[[int], None] | None = None, *,
-                device: str = "cuda") -> float:
+def train_steps(
+    case: VramCase, steps: int = STEPS, on_step: Callable[[int], None] | None = None, *, device: str = "cuda"
+) -> float:
     """The traced step for real (on CUDA unless ``device`` says otherwise), ``steps`` times: frozen copies
     forward under ``no_grad`` on a batch of their own, the batch, forward, the mean of the outputs as loss,
     ``zero_grad(set_to_none=True)``, backward, the optimizer's step (torch's defaults: ``foreach`` on CUDA).
@@ -100,11 +101,25 @@ def predictions(args: dict, emit: Emit) -> None:
     for c in args["cases"]:
         case = VramCase(**c)
         try:
-            emit({"check": f"predict {case.key}", "kind": "prediction", "ok": None, "key": case.key,
-                  "parts": predict(case)})
+            emit(
+                {
+                    "check": f"predict {case.key}",
+                    "kind": "prediction",
+                    "ok": None,
+                    "key": case.key,
+                    "parts": predict(case),
+                }
+            )
         except Exception as e:  # noqa: BLE001 - a model the tracer cannot take is a row saying so
-            emit({"check": f"predict {case.key}", "kind": "prediction", "ok": None, "key": case.key,
-                  "error": f"{type(e).__name__}: {e}"})
+            emit(
+                {
+                    "check": f"predict {case.key}",
+                    "kind": "prediction",
+                    "ok": None,
+                    "key": case.key,
+                    "error": f"{type(e).__name__}: {e}",
+                }
+            )
 
 
 def vram_model(args: dict, emit: Emit) -> None:
@@ -125,22 +140,34 @@ def vram_model(args: dict, emit: Emit) -> None:
         for bench in args.get("benchmark", (False, True)):
             torch.backends.cudnn.benchmark = bool(bench)
             for case in cases:
-                row = {"check": f"vram {case.key} bench={int(bench)}", "kind": "vram", "ok": None,
-                       "benchmark": bool(bench), **case.to_dict()}
+                row = {
+                    "check": f"vram {case.key} bench={int(bench)}",
+                    "kind": "vram",
+                    "ok": None,
+                    "benchmark": bool(bench),
+                    **case.to_dict(),
+                }
                 parts = preds[case.key]
                 if isinstance(parts, str):
                     emit(failed_row(row["check"], f"not predicted: {parts}", **_fields(row)))
                     continue
                 overhead = sum(v for k, v in parts.items() if k.endswith("allocator overhead"))
-                row.update(pred_reserved=without_context(parts), pred_total=sum(parts.values()),
-                           pred_allocated=without_context(parts) - overhead, parts=parts)
+                row.update(
+                    pred_reserved=without_context(parts),
+                    pred_total=sum(parts.values()),
+                    pred_allocated=without_context(parts) - overhead,
+                    parts=parts,
+                )
                 try:
                     _release()
                     torch.cuda.reset_peak_memory_stats()
                     row["reserved_at_start"] = torch.cuda.memory_reserved()
                     train_steps(case)
-                    row.update(max_reserved=torch.cuda.max_memory_reserved(),
-                               max_allocated=torch.cuda.max_memory_allocated(), nvml=nvml())
+                    row.update(
+                        max_reserved=torch.cuda.max_memory_reserved(),
+                        max_allocated=torch.cuda.max_memory_allocated(),
+                        nvml=nvml(),
+                    )
                     emit(score_vram(row))
                 except Exception as e:  # noqa: BLE001 - CUDA OOM or a model's failure: this row only
                     emit(failed_row(row["check"], f"{type(e).__name__}: {e}", **_fields(row)))
@@ -168,9 +195,24 @@ def conv_workspaces(args: dict, emit: Emit) -> None:
             case = VramCase("CNN", model, 1, "SGD")
             make, _ = factory(case)
             net = make().net.to(dev)
-            hooks = [m.register_forward_hook(lambda m, i, o: shapes.setdefault(
-                (tuple(i[0].shape[1:]), m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation,
-                 m.groups), None)) for m in net.modules() if isinstance(m, nn.Conv2d)]
+            hooks = [
+                m.register_forward_hook(
+                    lambda m, i, o: shapes.setdefault(
+                        (
+                            tuple(i[0].shape[1:]),
+                            m.out_channels,
+                            m.kernel_size,
+                            m.stride,
+                            m.padding,
+                            m.dilation,
+                            m.groups,
+                        ),
+                        None,
+                    )
+                )
+                for m in net.modules()
+                if isinstance(m, nn.Conv2d)
+            ]
             with torch.no_grad():
                 net(torch.randn((1, *CNN_INPUT), device=dev))
             for h in hooks:
@@ -199,9 +241,14 @@ def conv_workspaces(args: dict, emit: Emit) -> None:
                     bwd = torch.cuda.max_memory_allocated() - base - made
                     row[f"fwd_ws_bench{int(bench)}"], row[f"bwd_ws_bench{int(bench)}"] = max(0, fwd), max(0, bwd)
                     del conv, x, y, grad
-                row["detail"] = label + " workspace MiB fwd/bwd: benchmark off " + (
-                    f"{row['fwd_ws_bench0'] / MIB:.1f}/{row['bwd_ws_bench0'] / MIB:.1f}, on "
-                    f"{row['fwd_ws_bench1'] / MIB:.1f}/{row['bwd_ws_bench1'] / MIB:.1f} (algorithm: not exposed by torch)")
+                row["detail"] = (
+                    label
+                    + " workspace MiB fwd/bwd: benchmark off "
+                    + (
+                        f"{row['fwd_ws_bench0'] / MIB:.1f}/{row['bwd_ws_bench0'] / MIB:.1f}, on "
+                        f"{row['fwd_ws_bench1'] / MIB:.1f}/{row['bwd_ws_bench1'] / MIB:.1f} (algorithm: not exposed by torch)"
+                    )
+                )
                 emit(row)
             except Exception as e:  # noqa: BLE001
                 emit(failed_row(row["check"], f"{type(e).__name__}: {e}", kind="cudnn"))
@@ -252,24 +299,47 @@ def context(args: dict, emit: Emit) -> None:
         torch.optim.Adam(lin.parameters()).step()
         mark("first Adam step")
         del x, a, conv, img, q, lin
-        costs = load().cuda_costs()         # the calibrated figure under this loading (its probe: seconds)
+        costs = load().cuda_costs()  # the calibrated figure under this loading (its probe: seconds)
         calibrated = costs.context
         tag = loading or os.environ.get("CUDA_MODULE_LOADING", "default(lazy)")
         for name, used, reserved in stages:
             outside = None if used is None else used - reserved
-            emit({"check": f"context {tag} {name}", "kind": "context", "ok": None, "stage": name,
-                  "loading": tag, "nvml": used, "reserved": reserved, "outside_allocator": outside,
-                  "detail": (f"NVML {used / MIB:.0f} MiB, reserved {reserved / MIB:.0f} MiB, outside the "
-                             f"allocator {outside / MIB:.0f} MiB (calibrated context {calibrated / MIB:.0f} MiB)"
-                             if used is not None else "NVML gives no figure for this process")})
+            emit(
+                {
+                    "check": f"context {tag} {name}",
+                    "kind": "context",
+                    "ok": None,
+                    "stage": name,
+                    "loading": tag,
+                    "nvml": used,
+                    "reserved": reserved,
+                    "outside_allocator": outside,
+                    "detail": (
+                        f"NVML {used / MIB:.0f} MiB, reserved {reserved / MIB:.0f} MiB, outside the "
+                        f"allocator {outside / MIB:.0f} MiB (calibrated context {calibrated / MIB:.0f} MiB)"
+                        if used is not None
+                        else "NVML gives no figure for this process"
+                    ),
+                }
+            )
         final = stages[-1][1]
         ok = final is not None and costs.measured and stages[-1][1] - stages[-1][2] <= calibrated + CONTEXT_SLACK
-        emit({"check": f"context {tag} within the calibrated figure", "kind": "context", "ok": ok,
-              "calibrated": calibrated, "measured": costs.measured, "cublas_workspace": costs.cublas_workspace,
-              "detail": (f"after the first ops {((final or 0) - stages[-1][2]) / MIB:.0f} MiB outside the "
-                         f"allocator vs {calibrated / MIB:.0f} MiB calibrated on {costs.gpu or 'nothing'}"
-                         + ("" if costs.measured else f" (not measured: {costs.error}; the default)")
-                         + f"; cuBLAS workspace {costs.cublas_workspace / MIB:.1f} MiB")})
+        emit(
+            {
+                "check": f"context {tag} within the calibrated figure",
+                "kind": "context",
+                "ok": ok,
+                "calibrated": calibrated,
+                "measured": costs.measured,
+                "cublas_workspace": costs.cublas_workspace,
+                "detail": (
+                    f"after the first ops {((final or 0) - stages[-1][2]) / MIB:.0f} MiB outside the "
+                    f"allocator vs {calibrated / MIB:.0f} MiB calibrated on {costs.gpu or 'nothing'}"
+                    + ("" if costs.measured else f" (not measured: {costs.error}; the default)")
+                    + f"; cuBLAS workspace {costs.cublas_workspace / MIB:.1f} MiB"
+                ),
+            }
+        )
 
 
 def allocator_steps(args: dict, emit: Emit) -> None:
@@ -282,12 +352,29 @@ def allocator_steps(args: dict, emit: Emit) -> None:
         _release()
         torch.cuda.reset_peak_memory_stats()
         seen: list[dict[str, int]] = []
-        train_steps(case, steps=4, on_step=lambda s: seen.append({
-            "step": s + 1, "reserved": torch.cuda.memory_reserved(),
-            "max_reserved": torch.cuda.max_memory_reserved(), "max_allocated": torch.cuda.max_memory_allocated(),
-            "segments": torch.cuda.memory_stats().get("segment.all.current", 0)}))
+        train_steps(
+            case,
+            steps=4,
+            on_step=lambda s: seen.append(
+                {
+                    "step": s + 1,
+                    "reserved": torch.cuda.memory_reserved(),
+                    "max_reserved": torch.cuda.max_memory_reserved(),
+                    "max_allocated": torch.cuda.max_memory_allocated(),
+                    "segments": torch.cuda.memory_stats().get("segment.all.current", 0),
+                }
+            ),
+        )
         steady = seen[1]["max_reserved"] == seen[-1]["max_reserved"]
-        emit({"check": f"allocator 4 steps {case.key}", "kind": "allocator", "ok": steady, "steps": seen,
-              "detail": "max reserved MiB per step " + ", ".join(f"{s['max_reserved'] / MIB:.1f}" for s in seen)
-              + ("; steady from step 2" if steady else "; still growing after step 2 (the model replays 2)")})
+        emit(
+            {
+                "check": f"allocator 4 steps {case.key}",
+                "kind": "allocator",
+                "ok": steady,
+                "steps": seen,
+                "detail": "max reserved MiB per step "
+                + ", ".join(f"{s['max_reserved'] / MIB:.1f}" for s in seen)
+                + ("; steady from step 2" if steady else "; still growing after step 2 (the model replays 2)"),
+            }
+        )
         _release()

@@ -14,14 +14,23 @@ import time
 from typing import Any, Callable
 
 from .results import MIB
-from .rows import (FRAME, FRAME_STACK, SMALL_CARD_BATCHES, SMALL_CARD_BUDGET, SMALL_CARD_ENVS,
-                   SMALL_CARD_STEPS, SMALL_CARD_VARIANTS, qnet, replay_bytes)
+from .rows import (
+    FRAME,
+    FRAME_STACK,
+    SMALL_CARD_BATCHES,
+    SMALL_CARD_BUDGET,
+    SMALL_CARD_ENVS,
+    SMALL_CARD_STEPS,
+    SMALL_CARD_VARIANTS,
+    qnet,
+    replay_bytes,
+)
 
 Emit = Callable[[dict], None]
 GIB = 1 << 30
-GROW_STEP, GROW_STEPS, GROW_PAUSE_S = 256 * MIB, 48, 0.1    # up to 12 GiB, 2.5 GiB a second
+GROW_STEP, GROW_STEPS, GROW_PAUSE_S = 256 * MIB, 48, 0.1  # up to 12 GiB, 2.5 GiB a second
 BREACH_BUDGET = "2GiB"
-LEARNED_MISS_RATE = 0.2    # a warm-up of 4 trials (README: max(4, ceil((1 - rate) / rate))), 8 trials after it
+LEARNED_MISS_RATE = 0.2  # a warm-up of 4 trials (README: max(4, ceil((1 - rate) / rate))), 8 trials after it
 
 
 def _quiet_optuna():
@@ -129,9 +138,16 @@ def small_card_footprint(p: dict):
     import optuna_memprune as omp
     from optuna_memprune.estimate import torch_training
 
-    step = torch_training(lambda: qnet(SMALL_CARD_VARIANTS[p["model"]]), (FRAME_STACK, *FRAME),
-                          batch_size=p["batch_size"], input_dtype="uint8", optimizer="adam", frozen=1,
-                          device="cuda", cache_key=("gpu_check small card", p["model"]))
+    step = torch_training(
+        lambda: qnet(SMALL_CARD_VARIANTS[p["model"]]),
+        (FRAME_STACK, *FRAME),
+        batch_size=p["batch_size"],
+        input_dtype="uint8",
+        optimizer="adam",
+        frozen=1,
+        device="cuda",
+        cache_key=("gpu_check small card", p["model"]),
+    )
     return step + omp.Footprint.of(vram=replay_bytes(p["n_envs"]), name="GPU replay buffer")
 
 
@@ -141,14 +157,21 @@ def _breach_guard():
     from optuna.distributions import IntDistribution
 
     mib = GROW_STEP // MIB
-    return omp.MemoryGuard(lambda p: omp.Footprint.of(vram="512MiB"), omp.Budget(vram=BREACH_BUDGET),
-                           on_infeasible="reject", search_space={"chunk_mib": IntDistribution(mib, mib)})
+    return omp.MemoryGuard(
+        lambda p: omp.Footprint.of(vram="512MiB"),
+        omp.Budget(vram=BREACH_BUDGET),
+        on_infeasible="reject",
+        search_space={"chunk_mib": IntDistribution(mib, mib)},
+    )
 
 
 def _study(optuna, guard, **kwargs):
     """A study whose sampler and pruner the guard wraps, as a user writes it (README, DESIGN)."""
-    return optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
-                               pruner=guard.wrap_pruner(optuna.pruners.NopPruner()), **kwargs)
+    return optuna.create_study(
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+        pruner=guard.wrap_pruner(optuna.pruners.NopPruner()),
+        **kwargs,
+    )
 
 
 def _breach_row(name: str, study) -> dict:
@@ -157,9 +180,15 @@ def _breach_row(name: str, study) -> dict:
     t = trials[-1]
     rec = _record(t)
     ok = t.state == optuna.trial.TrialState.PRUNED and rec is not None and rec.decision.value == "stopped"
-    return _row(name, ok, f"{t.state.name} {_decision(t)}, peak {_gib(rec and rec.peak_vram)} over the "
-                f"{BREACH_BUDGET} budget; {rec.reason if rec else ''}"[:280],
-                state=t.state.name, decision=_decision(t), peak_vram=rec and rec.peak_vram)
+    return _row(
+        name,
+        ok,
+        f"{t.state.name} {_decision(t)}, peak {_gib(rec and rec.peak_vram)} over the "
+        f"{BREACH_BUDGET} budget; {rec.reason if rec else ''}"[:280],
+        state=t.state.name,
+        decision=_decision(t),
+        peak_vram=rec and rec.peak_vram,
+    )
 
 
 def breach_in_process(args: dict, emit: Emit) -> None:
@@ -188,8 +217,12 @@ def cuda_oom(args: dict, emit: Emit) -> None:
     from optuna.distributions import CategoricalDistribution
 
     total = torch.cuda.get_device_properties(0).total_memory
-    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(vram="1536MiB"), omp.Budget(vram=int(total * 0.9)),
-                            on_infeasible="reject", search_space={"big": CategoricalDistribution([True, False])})
+    guard = omp.MemoryGuard(
+        lambda p: omp.Footprint.of(vram="1536MiB"),
+        omp.Budget(vram=int(total * 0.9)),
+        on_infeasible="reject",
+        search_space={"big": CategoricalDistribution([True, False])},
+    )
     study = _study(optuna, guard)
     study.enqueue_trial({"big": True})
     study.enqueue_trial({"big": False})
@@ -197,15 +230,32 @@ def cuda_oom(args: dict, emit: Emit) -> None:
     first, second = study.get_trials(deepcopy=False)[:2]
     constraint = first.system_attrs.get("constraints:memprune_vram")
     start = second.user_attrs.get("reserved_at_start")
-    ok = (first.state == optuna.trial.TrialState.PRUNED and _decision(first) == "out_of_memory"
-          and constraint is not None and constraint > 0)
-    emit(_row("real CUDA OOM ends PRUNED out_of_memory with a positive constraint", ok,
-              f"{first.state.name} {_decision(first)}, constraint memprune_vram {constraint}",
-              state=first.state.name, decision=_decision(first), constraint=constraint))
+    ok = (
+        first.state == optuna.trial.TrialState.PRUNED
+        and _decision(first) == "out_of_memory"
+        and constraint is not None
+        and constraint > 0
+    )
+    emit(
+        _row(
+            "real CUDA OOM ends PRUNED out_of_memory with a positive constraint",
+            ok,
+            f"{first.state.name} {_decision(first)}, constraint memprune_vram {constraint}",
+            state=first.state.name,
+            decision=_decision(first),
+            constraint=constraint,
+        )
+    )
     ok2 = second.state == optuna.trial.TrialState.COMPLETE and start is not None and start < GIB // 2
-    emit(_row("the trial after the OOM starts with the cache empty", ok2,
-              f"{second.state.name}, torch reserved at its start {_gib(start)} (the OOM trial held 1 GiB)",
-              state=second.state.name, reserved_at_start=start))
+    emit(
+        _row(
+            "the trial after the OOM starts with the cache empty",
+            ok2,
+            f"{second.state.name}, torch reserved at its start {_gib(start)} (the OOM trial held 1 GiB)",
+            state=second.state.name,
+            reserved_at_start=start,
+        )
+    )
 
 
 def nvml_vs_torch(args: dict, emit: Emit) -> None:
@@ -224,16 +274,29 @@ def nvml_vs_torch(args: dict, emit: Emit) -> None:
         after, reserved1 = mon.latest.vram, torch.cuda.memory_reserved()
         del held
     if before is None or after is None:
-        emit(_row("monitor's NVML reading vs torch", False, "the monitor read no VRAM for this process (NVML "
-                  "gave none: pid namespace, driver)"))
+        emit(
+            _row(
+                "monitor's NVML reading vs torch",
+                False,
+                "the monitor read no VRAM for this process (NVML gave none: pid namespace, driver)",
+            )
+        )
         return
     d_nvml, d_torch = after - before, reserved1 - reserved0
     ok = abs(d_nvml - d_torch) <= 32 * MIB
-    emit(_row("monitor's NVML reading vs torch", ok,
-              f"4 GiB tensor: NVML +{d_nvml / MIB:.0f} MiB, torch reserved +{d_torch / MIB:.0f} MiB; NVML "
-              f"{after / MIB:.0f} MiB in all = reserved {reserved1 / MIB:.0f} + {(after - reserved1) / MIB:.0f} "
-              "outside the allocator", nvml_before=before, nvml_after=after, reserved_before=reserved0,
-              reserved_after=reserved1))
+    emit(
+        _row(
+            "monitor's NVML reading vs torch",
+            ok,
+            f"4 GiB tensor: NVML +{d_nvml / MIB:.0f} MiB, torch reserved +{d_torch / MIB:.0f} MiB; NVML "
+            f"{after / MIB:.0f} MiB in all = reserved {reserved1 / MIB:.0f} + {(after - reserved1) / MIB:.0f} "
+            "outside the allocator",
+            nvml_before=before,
+            nvml_after=after,
+            reserved_before=reserved0,
+            reserved_after=reserved1,
+        )
+    )
 
 
 def learned_vram(args: dict, emit: Emit) -> None:
@@ -242,8 +305,12 @@ def learned_vram(args: dict, emit: Emit) -> None:
     from optuna.distributions import IntDistribution
 
     n = int(args.get("trials", 12))
-    guard = omp.MemoryGuard(None, omp.Budget(vram="20GiB"), learn=omp.estimate.learned(miss_rate=LEARNED_MISS_RATE),
-                            search_space={"gib": IntDistribution(1, 8)})
+    guard = omp.MemoryGuard(
+        None,
+        omp.Budget(vram="20GiB"),
+        learn=omp.estimate.learned(miss_rate=LEARNED_MISS_RATE),
+        search_space={"gib": IntDistribution(1, 8)},
+    )
     study = _study(optuna, guard)
     study.optimize(guard.wrap_objective(hold_gib), n_trials=n)
     after = []
@@ -255,11 +322,19 @@ def learned_vram(args: dict, emit: Emit) -> None:
             start = (rec.start_vram or 0) if "vram" in rec.need else 0
             after.append((t.params["gib"], start + rec.pred_vram, start + bound, rec.peak_vram))
     misses = sum(peak > bound for _, _, bound, peak in after)
-    ok = bool(after) and misses <= math.ceil(LEARNED_MISS_RATE * len(after))   # the bound's own promise
-    emit(_row("learned VRAM after its warm-up", ok,
-              f"{len(after)} of {n} trials predicted from the bound, {misses} peaked above it; "
-              + ", ".join(f"{g} GiB: fit {p / GIB:.2f} bound {b / GIB:.2f} peak {k / GIB:.2f}"
-                          for g, p, b, k in after[:5]), trials=after, misses=misses))
+    ok = bool(after) and misses <= math.ceil(LEARNED_MISS_RATE * len(after))  # the bound's own promise
+    emit(
+        _row(
+            "learned VRAM after its warm-up",
+            ok,
+            f"{len(after)} of {n} trials predicted from the bound, {misses} peaked above it; "
+            + ", ".join(
+                f"{g} GiB: fit {p / GIB:.2f} bound {b / GIB:.2f} peak {k / GIB:.2f}" for g, p, b, k in after[:5]
+            ),
+            trials=after,
+            misses=misses,
+        )
+    )
 
 
 def small_card(args: dict, emit: Emit) -> None:
@@ -268,8 +343,11 @@ def small_card(args: dict, emit: Emit) -> None:
     from optuna.distributions import CategoricalDistribution as Cat
 
     budget = omp.Budget(vram=SMALL_CARD_BUDGET)
-    space = {"model": Cat(list(SMALL_CARD_VARIANTS)), "batch_size": Cat(list(SMALL_CARD_BATCHES)),
-             "n_envs": Cat(list(SMALL_CARD_ENVS))}
+    space = {
+        "model": Cat(list(SMALL_CARD_VARIANTS)),
+        "batch_size": Cat(list(SMALL_CARD_BATCHES)),
+        "n_envs": Cat(list(SMALL_CARD_ENVS)),
+    }
     guard = omp.MemoryGuard(small_card_footprint, budget, on_infeasible="reject", search_space=space)
     n = int(args.get("trials", 8))
     with tempfile.TemporaryDirectory() as tmp:
@@ -279,15 +357,28 @@ def small_card(args: dict, emit: Emit) -> None:
     limit = budget.vram
     ran = [(t, _record(t)) for t in trials if _decision(t) not in ("rejected", "no record")]
     over = [(t, r) for t, r in ran if r is not None and r.peak_vram is not None and r.peak_vram > limit]
-    unread = [t for t, r in ran if r is None or r.peak_vram is None]       # no NVML figure: nothing was checked
+    unread = [t for t, r in ran if r is None or r.peak_vram is None]  # no NVML figure: nothing was checked
     ok = len(trials) == n and not over and not unread and any(t.state.name == "COMPLETE" for t, _ in ran)
-    rows = [{"params": t.params, "state": t.state.name, "decision": _decision(t),
-             "pred_vram": r and r.pred_vram, "peak_vram": r and r.peak_vram, "gpu": r and r.gpu,
-             "torch_max_reserved": t.user_attrs.get("torch_max_memory_reserved")} for t, r in
-            [(t, _record(t)) for t in trials]]
-    emit(_row(f"small card ({SMALL_CARD_BUDGET} VRAM budget, batch and env count swept)", ok,
-              f"{len(trials)} trials, {len(ran)} ran, {len(trials) - len(ran)} rejected, {len(over)} peaked over "
-              f"the budget, {len(unread)} without a VRAM reading; highest peak "
-              f"{_gib(max((r.peak_vram or 0 for _, r in ran if r), default=None))}; "
-              f"ledger placed them on GPU {sorted({str(r.gpu) for _, r in ran if r})}",
-              trials=rows))
+    rows = [
+        {
+            "params": t.params,
+            "state": t.state.name,
+            "decision": _decision(t),
+            "pred_vram": r and r.pred_vram,
+            "peak_vram": r and r.peak_vram,
+            "gpu": r and r.gpu,
+            "torch_max_reserved": t.user_attrs.get("torch_max_memory_reserved"),
+        }
+        for t, r in [(t, _record(t)) for t in trials]
+    ]
+    emit(
+        _row(
+            f"small card ({SMALL_CARD_BUDGET} VRAM budget, batch and env count swept)",
+            ok,
+            f"{len(trials)} trials, {len(ran)} ran, {len(trials) - len(ran)} rejected, {len(over)} peaked over "
+            f"the budget, {len(unread)} without a VRAM reading; highest peak "
+            f"{_gib(max((r.peak_vram or 0 for _, r in ran if r), default=None))}; "
+            f"ledger placed them on GPU {sorted({str(r.gpu) for _, r in ran if r})}",
+            trials=rows,
+        )
+    )

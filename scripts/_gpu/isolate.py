@@ -21,7 +21,7 @@ from typing import Any
 from .results import failed_row
 from .rows import ROOT, SCRIPTS
 
-LOCK_ENV = "GPU_CHECK_LOCK"      # a file the children lock while they use the GPU (measurements one at a time)
+LOCK_ENV = "GPU_CHECK_LOCK"  # a file the children lock while they use the GPU (measurements one at a time)
 
 
 def child_env(lock: str | None = None) -> dict[str, str]:
@@ -35,8 +35,9 @@ def child_env(lock: str | None = None) -> dict[str, str]:
     return env
 
 
-def run_check(check: str, args: dict[str, Any], *, timeout: float, lock: str | None = None,
-              label: str | None = None) -> list[dict[str, Any]]:
+def run_check(
+    check: str, args: dict[str, Any], *, timeout: float, lock: str | None = None, label: str | None = None
+) -> list[dict[str, Any]]:
     """Run ``check`` of ``_gpu.worker`` with ``args`` in a new process group, killed after ``timeout`` s.
 
     Returns the rows the check wrote, plus a failed row (named ``label`` or ``check``) when it ran out of
@@ -51,8 +52,9 @@ def run_check(check: str, args: dict[str, Any], *, timeout: float, lock: str | N
         cmd = [sys.executable, "-m", "_gpu.worker", check, json.dumps({**args, "label": label}), str(out)]
         t0 = time.monotonic()
         with open(log, "wb") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=child_env(lock),
-                                    cwd=str(ROOT), start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=logf, stderr=subprocess.STDOUT, env=child_env(lock), cwd=str(ROOT), start_new_session=True
+            )
             try:
                 rc = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -65,17 +67,19 @@ def run_check(check: str, args: dict[str, Any], *, timeout: float, lock: str | N
             rows.append(failed_row(label, f"timed out after {timeout:.0f} s; last output: {tail}"))
         elif rc != 0:
             why = f"exit {rc} after {time.monotonic() - t0:.0f} s: {tail}"
-            if any(r.get("ok") is False for r in rows):     # the check's own failure row says it already
+            if any(r.get("ok") is False for r in rows):  # the check's own failure row says it already
                 rows[-1]["exit"] = why
             else:
                 rows.append(failed_row(label, why))
         return rows
 
 
-def run_many(jobs: list[tuple[str, dict[str, Any], float, str]], *, parallel: int, lock: str | None,
-             deadline: float) -> list[list[dict]]:
+def run_many(
+    jobs: list[tuple[str, dict[str, Any], float, str]], *, parallel: int, lock: str | None, deadline: float
+) -> list[list[dict]]:
     """Run ``(check, args, time limit, label)`` jobs, ``parallel`` at a time, none past ``deadline``
     (``time.monotonic()``); each job's limit is cut to the time left when it starts. Results in order."""
+
     def one(check: str, args: dict[str, Any], limit: float, label: str) -> list[dict]:
         return run_check(check, args, timeout=min(limit, deadline - time.monotonic()), lock=lock, label=label)
 
@@ -99,6 +103,6 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     for line in path.read_text().splitlines():
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:      # a line cut short by the kill
+        except json.JSONDecodeError:  # a line cut short by the kill
             continue
     return rows

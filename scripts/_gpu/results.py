@@ -30,8 +30,11 @@ def score_vram(row: Mapping[str, Any]) -> dict[str, Any]:
     ``max_memory_reserved``, the headline), ``err_allocated`` (the tensor timeline's peak allocated against
     ``max_memory_allocated``) and ``err_nvml`` (the whole prediction against NVML's per-process figure)."""
     out = dict(row)
-    pairs = (("err", "pred_reserved", "max_reserved"), ("err_allocated", "pred_allocated", "max_allocated"),
-             ("err_nvml", "pred_total", "nvml"))
+    pairs = (
+        ("err", "pred_reserved", "max_reserved"),
+        ("err_allocated", "pred_allocated", "max_allocated"),
+        ("err_nvml", "pred_total", "nvml"),
+    )
     for name, pred, meas in pairs:
         if out.get(pred) is not None and out.get(meas):
             out[name] = signed_error(out[pred], out[meas])
@@ -44,8 +47,11 @@ def vram_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     errs = [r["err"] for r in rows if r.get("err") is not None]
     s: dict[str, Any] = {"rows": len(errs), "failed": sum(1 for r in rows if r.get("ok") is False)}
     if errs:
-        s.update(median_err=statistics.median(abs(e) for e in errs), max_err=max(abs(e) for e in errs),
-                 under=sum(e < 0 for e in errs))
+        s.update(
+            median_err=statistics.median(abs(e) for e in errs),
+            max_err=max(abs(e) for e in errs),
+            under=sum(e < 0 for e in errs),
+        )
     for extra in ("err_allocated", "err_nvml"):
         vals = [abs(r[extra]) for r in rows if r.get(extra) is not None]
         if vals:
@@ -58,8 +64,10 @@ def _pct(x: float | None) -> str:
 
 
 def vram_line(s: Mapping[str, Any]) -> str:
-    return (f"GPU_VRAM rows={s['rows']} median_err={_pct(s.get('median_err'))}% under={s.get('under', 0)} "
-            f"max_err={_pct(s.get('max_err'))}%")
+    return (
+        f"GPU_VRAM rows={s['rows']} median_err={_pct(s.get('median_err'))}% under={s.get('under', 0)} "
+        f"max_err={_pct(s.get('max_err'))}%"
+    )
 
 
 def guard_summary(checks: Iterable[Mapping[str, Any]]) -> dict[str, int]:
@@ -82,10 +90,12 @@ def format_row(row: Mapping[str, Any]) -> str:
     if row.get("kind") == "vram" and row.get("max_reserved"):
         mib = lambda k: f"{row[k] / MIB:8.1f}" if row.get(k) is not None else "     n/a"  # noqa: E731
         err = lambda k: f"{100 * row[k]:+6.1f}%" if row.get(k) is not None else "    n/a"  # noqa: E731
-        return (f"{status:<4} vram {row['model'][:22]:<22} b{row['batch']:<5}{row['optimizer']:<5} "
-                f"bench={int(row['benchmark'])} pred {mib('pred_reserved')} reserved {mib('max_reserved')} "
-                f"{err('err')} | alloc {mib('max_allocated')} {err('err_allocated')} | nvml {mib('nvml')} "
-                f"{err('err_nvml')} MiB")
+        return (
+            f"{status:<4} vram {row['model'][:22]:<22} b{row['batch']:<5}{row['optimizer']:<5} "
+            f"bench={int(row['benchmark'])} pred {mib('pred_reserved')} reserved {mib('max_reserved')} "
+            f"{err('err')} | alloc {mib('max_allocated')} {err('err_allocated')} | nvml {mib('nvml')} "
+            f"{err('err_nvml')} MiB"
+        )
     return f"{status:<4} {row.get('check', '?')}: {row.get('detail', '')}"
 
 
@@ -100,9 +110,13 @@ def default_out(environ: Mapping[str, str] | None = None) -> Path:
 def build(meta: Mapping[str, Any], vram_rows: list[dict], other_rows: list[dict], guard_rows: list[dict]) -> dict:
     """The whole result: the host, every row, both summaries and their printed lines."""
     vs, gs = vram_summary(vram_rows), guard_summary(guard_rows)
-    return {"meta": dict(meta), "vram": vram_rows, "cuda": other_rows, "guard": guard_rows,
-            "summary": {"vram": vs, "vram_by": breakdown(vram_rows), "guard": gs,
-                        "lines": [vram_line(vs), guard_line(gs)]}}
+    return {
+        "meta": dict(meta),
+        "vram": vram_rows,
+        "cuda": other_rows,
+        "guard": guard_rows,
+        "summary": {"vram": vs, "vram_by": breakdown(vram_rows), "guard": gs, "lines": [vram_line(vs), guard_line(gs)]},
+    }
 
 
 def breakdown(vram_rows: list[dict]) -> dict[str, dict[str, Any]]:

@@ -17,10 +17,10 @@ for _p in (str(ROOT), str(SCRIPTS)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-CNN_INPUT = (3, 224, 224)        # ImageNet-sized images, float32, int64 labels (the models' own 1000 classes)
-SEQ_LEN = 128                    # transformer rows: token ids of this length, labels = the ids
-FRAME_STACK, FRAME, N_ACTIONS = 4, (84, 84), 6   # Atari frames as SB3's AtariWrapper + VecFrameStack(4) give them
-STEPS = 4                        # real training steps per measured row (xMem's runs measured 4 too)
+CNN_INPUT = (3, 224, 224)  # ImageNet-sized images, float32, int64 labels (the models' own 1000 classes)
+SEQ_LEN = 128  # transformer rows: token ids of this length, labels = the ids
+FRAME_STACK, FRAME, N_ACTIONS = 4, (84, 84), 6  # Atari frames as SB3's AtariWrapper + VecFrameStack(4) give them
+STEPS = 4  # real training steps per measured row (xMem's runs measured 4 too)
 
 # family, model name (bench_vram_published's tables for CNN/transformer), batches
 MODELS: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -34,15 +34,15 @@ MODELS: dict[str, tuple[str, tuple[int, ...]]] = {
     "ppo-nature": ("rl", (32, 256, 1024)),
 }
 OPTIMIZERS = ("Adam", "SGD")
-RL_OPTIMIZERS = ("Adam",)        # what SB3's DQN and PPO use
-BENCHMARK = (False, True)        # torch.backends.cudnn.benchmark, off then on
+RL_OPTIMIZERS = ("Adam",)  # what SB3's DQN and PPO use
+BENCHMARK = (False, True)  # torch.backends.cudnn.benchmark, off then on
 
 
 @dataclass(frozen=True)
 class VramCase:
     """One predicted network step: measured on the GPU once per ``cudnn.benchmark`` setting."""
 
-    family: str          # "CNN", "transformer" or "rl"
+    family: str  # "CNN", "transformer" or "rl"
     model: str
     batch: int
     optimizer: str
@@ -84,8 +84,17 @@ def _nature_trunk(channels: tuple[int, int, int, int] = (32, 64, 64, 512)):
     from torch import nn
 
     c1, c2, c3, hidden = channels
-    return [nn.Conv2d(FRAME_STACK, c1, 8, 4), nn.ReLU(), nn.Conv2d(c1, c2, 4, 2), nn.ReLU(),
-            nn.Conv2d(c2, c3, 3, 1), nn.ReLU(), nn.Flatten(), nn.Linear(c3 * 7 * 7, hidden), nn.ReLU()]
+    return [
+        nn.Conv2d(FRAME_STACK, c1, 8, 4),
+        nn.ReLU(),
+        nn.Conv2d(c1, c2, 4, 2),
+        nn.ReLU(),
+        nn.Conv2d(c2, c3, 3, 1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(c3 * 7 * 7, hidden),
+        nn.ReLU(),
+    ]
 
 
 def qnet(channels: tuple[int, int, int, int] = (32, 64, 64, 512)):
@@ -154,8 +163,16 @@ def predict(case: VramCase) -> dict[str, int]:
 
     make, frozen = factory(case)
     shape, dtype = input_spec(case)
-    fp = torch_training(make, shape, batch_size=case.batch, input_dtype=dtype, optimizer=optimizer(case),
-                        frozen=frozen, device="cuda", cache_key=("gpu_check", case.model, case.optimizer))
+    fp = torch_training(
+        make,
+        shape,
+        batch_size=case.batch,
+        input_dtype=dtype,
+        optimizer=optimizer(case),
+        frozen=frozen,
+        device="cuda",
+        cache_key=("gpu_check", case.model, case.optimizer),
+    )
     return {c.name: c.vram for c in fp.components}
 
 
@@ -171,11 +188,15 @@ def without_context(parts: dict[str, int]) -> int:
 # The small-card case (studies/qnet_gpu.py on a 3.7 GiB card): its sweep
 # ----------------------------------------------------------------------------------------------------------
 SMALL_CARD_BUDGET = "3.7GiB"
-SMALL_CARD_VARIANTS = {"nature": (32, 64, 64, 512), "wide": (64, 128, 128, 1024), "large": (128, 256, 256, 2048),
-                       "xlarge": (256, 512, 512, 4096)}
+SMALL_CARD_VARIANTS = {
+    "nature": (32, 64, 64, 512),
+    "wide": (64, 128, 128, 1024),
+    "large": (128, 256, 256, 2048),
+    "xlarge": (256, 512, 512, 4096),
+}
 SMALL_CARD_BATCHES = (32, 128, 512, 1024)
 SMALL_CARD_ENVS = (1, 4, 8, 16)
-SMALL_CARD_STEPS = 2048          # replay steps per env kept on the GPU: n_envs x 2048 stacked uint8 frames
+SMALL_CARD_STEPS = 2048  # replay steps per env kept on the GPU: n_envs x 2048 stacked uint8 frames
 
 
 def replay_bytes(n_envs: int) -> int:

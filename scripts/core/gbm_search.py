@@ -3,6 +3,7 @@
 Run unchanged under ``memprune run --ram 1GiB --storage sqlite:///gbm.db -- python gbm_search.py`` by
 ``scripts/core_check.py`` in a venv of the core install alone (no torch, rich or matplotlib).
 """
+
 import lightgbm as lgb
 import optuna
 from sklearn.datasets import make_classification
@@ -17,7 +18,9 @@ def objective(trial):
         num_leaves=trial.suggest_int("num_leaves", 8, 256, log=True),
         max_bin=trial.suggest_int("max_bin", 15, 511, log=True),
         learning_rate=trial.suggest_float("learning_rate", 1e-3, 0.3, log=True),
-        verbose=-1, n_jobs=1)
+        verbose=-1,
+        n_jobs=1,
+    )
     return cross_val_score(model, X, y, cv=3).mean()
 
 

@@ -3,6 +3,7 @@
 
 Run by ``scripts/core_check.py`` as ``python learned_study.py STORAGE_URL``.
 """
+
 import sys
 
 import numpy as np
@@ -21,9 +22,12 @@ def objective(trial):
 
 
 guard = omp.MemoryGuard(None, omp.Budget(ram="700MiB"))
-study = optuna.create_study(storage=sys.argv[1], study_name="learned",
-                            sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=0)),
-                            pruner=guard.wrap_pruner(optuna.pruners.NopPruner()))
+study = optuna.create_study(
+    storage=sys.argv[1],
+    study_name="learned",
+    sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=0)),
+    pruner=guard.wrap_pruner(optuna.pruners.NopPruner()),
+)
 study.optimize(guard.wrap_objective(objective), n_trials=20)
 decisions = [omp.read_record(t.user_attrs).decision.value for t in study.trials]
 print("decisions", " ".join(decisions))

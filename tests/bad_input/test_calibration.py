@@ -35,7 +35,7 @@ def error_line(proc: subprocess.CompletedProcess, code: int) -> str:
     assert proc.returncode == code, (proc.returncode, proc.stderr)
     assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr  # no "Calibrating ..." line: no probe
     assert proc.stderr.startswith("memprune: error: ") and "Traceback" not in proc.stderr, proc.stderr
-    return proc.stderr[len("memprune: error: "):].rstrip("\n")
+    return proc.stderr[len("memprune: error: ") :].rstrip("\n")
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +55,14 @@ def _seed(cache: Path, measured: calibration.Calibration, **changes) -> Path:
 
 # -- the cache directory (issue 14, item 6) ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", [PREDICT, ["calibrate"]], ids=["predict", "calibrate"])
 def test_a_cache_dir_that_is_a_file(command: list[str], tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.write_text("")
     assert error_line(memprune(*command, cache=cache), 1) == (
-        f"cannot use {str(cache)!r} as the cache directory: it is a file, not a directory; {ADVICE}")
+        f"cannot use {str(cache)!r} as the cache directory: it is a file, not a directory; {ADVICE}"
+    )
 
 
 def test_a_cache_dir_under_a_file(tmp_path: Path) -> None:
@@ -68,7 +70,8 @@ def test_a_cache_dir_under_a_file(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     cache = tmp_path / "file" / "cache"
     assert error_line(memprune(*PREDICT, cache=cache), 1) == (
-        f"cannot use {str(cache)!r} as the cache directory: a part of its path is a file, not a directory; {ADVICE}")
+        f"cannot use {str(cache)!r} as the cache directory: a part of its path is a file, not a directory; {ADVICE}"
+    )
 
 
 @pytest.mark.parametrize("exists", [True, False], ids=["existing", "to-create"])
@@ -84,12 +87,10 @@ def test_an_unwritable_cache_dir(exists: bool, tmp_path: Path) -> None:
         proc = memprune(*PREDICT, cache=cache, run=_unwritable.run)
     finally:
         parent.chmod(0o755)
-    assert error_line(proc, 1) == (
-        f"cannot use {str(cache)!r} as the cache directory: permission denied; {ADVICE}")
+    assert error_line(proc, 1) == (f"cannot use {str(cache)!r} as the cache directory: permission denied; {ADVICE}")
 
 
-def test_a_complete_cache_in_a_read_only_dir_is_still_read(measured: calibration.Calibration,
-                                                            tmp_path: Path) -> None:
+def test_a_complete_cache_in_a_read_only_dir_is_still_read(measured: calibration.Calibration, tmp_path: Path) -> None:
     """Nothing to measure, nothing to write: a read-only cache that holds every figure serves predictions."""
     cache = tmp_path / "cache"
     _seed(cache, measured)
@@ -109,8 +110,9 @@ def _predict_read_only(cache: Path) -> subprocess.CompletedProcess:
         cache.chmod(0o755)
 
 
-def test_an_old_entry_in_a_read_only_cache_is_read_without_a_recheck(measured: calibration.Calibration,
-                                                                     tmp_path: Path) -> None:
+def test_an_old_entry_in_a_read_only_cache_is_read_without_a_recheck(
+    measured: calibration.Calibration, tmp_path: Path
+) -> None:
     """A recheck that could not note its result is not run (issue 13, item 4): no probe, no warning."""
     cache = tmp_path / "cache"
     path = _seed(cache, measured)
@@ -129,12 +131,21 @@ def test_an_old_entry_in_a_read_only_cache_is_read_without_a_recheck(measured: c
 
 # -- a cache file with the wrong types (item 6) ----------------------------------------------------------------
 
+
 def test_entries_of_the_wrong_types_are_measured_again_with_a_warning(tmp_path: Path, caplog) -> None:
     """The issue's case (``points: []`` gave an IndexError) and its kin: each entry is measured again."""
     path = tmp_path / "calibration.json"
     key = calibration._stack_key((), False, ())
-    path.write_text(json.dumps({"schema": calibration.SCHEMA, "stacks": {key: {"points": []}},
-                                "envs": ["not", "a", "dict"], "cpu_kernels": {"rules": "x", "coef": 1}}))
+    path.write_text(
+        json.dumps(
+            {
+                "schema": calibration.SCHEMA,
+                "stacks": {key: {"points": []}},
+                "envs": ["not", "a", "dict"],
+                "cpu_kernels": {"rules": "x", "coef": 1},
+            }
+        )
+    )
     with caplog.at_level(logging.WARNING, logger="optuna_memprune"):
         cal = calibration.load(path)
         base = cal.stack(())
@@ -148,12 +159,18 @@ def test_entries_of_the_wrong_types_are_measured_again_with_a_warning(tmp_path: 
     assert calibration.load(path).stack(()) == base  # now read back, not measured
 
 
-@pytest.mark.parametrize("raw, why", [
-    ({"points": [[1, {"warm": {"VmHWM": "big", "Threads": 1}}]]}, "points/0/1/warm/VmHWM is 'big', not a non-negative int"),
-    ({"points": [[1, {"warm": {"VmHWM": 1}}]]}, "no points/0/1/warm/Threads"),
-    ({"points": [[True, {"warm": {"VmHWM": 1, "Threads": 1}}]]}, "points/0/0 is True, not a non-negative int"),
-    ([1, 2], "no points"),
-])
+@pytest.mark.parametrize(
+    "raw, why",
+    [
+        (
+            {"points": [[1, {"warm": {"VmHWM": "big", "Threads": 1}}]]},
+            "points/0/1/warm/VmHWM is 'big', not a non-negative int",
+        ),
+        ({"points": [[1, {"warm": {"VmHWM": 1}}]]}, "no points/0/1/warm/Threads"),
+        ({"points": [[True, {"warm": {"VmHWM": 1, "Threads": 1}}]]}, "points/0/0 is True, not a non-negative int"),
+        ([1, 2], "no points"),
+    ],
+)
 def test_each_malformed_stack_entry_is_named(raw, why: str, tmp_path: Path, caplog) -> None:
     path = tmp_path / "calibration.json"
     key = calibration._stack_key((), False, ())
@@ -161,11 +178,11 @@ def test_each_malformed_stack_entry_is_named(raw, why: str, tmp_path: Path, capl
     with caplog.at_level(logging.WARNING, logger="optuna_memprune"):
         calibration.load(path).stack(())
     assert [r.getMessage() for r in caplog.records] == [
-        f"The calibration entry {key} in {path} is malformed ({why}): measuring it again."]
+        f"The calibration entry {key} in {path} is malformed ({why}): measuring it again."
+    ]
 
 
-def test_memprune_calibrate_measures_a_malformed_entry_again(measured: calibration.Calibration,
-                                                              tmp_path: Path) -> None:
+def test_memprune_calibrate_measures_a_malformed_entry_again(measured: calibration.Calibration, tmp_path: Path) -> None:
     """Through the CLI: the warning is on stderr, the entry measured anew, the command succeeds."""
     cache = tmp_path / "cache"
     key = next(k for k in measured.data["stacks"] if k.startswith("stack:torch:1"))  # torch's own
@@ -173,10 +190,14 @@ def test_memprune_calibrate_measures_a_malformed_entry_again(measured: calibrati
     path = _seed(cache, measured, stacks=stacks, cpu_kernels={"rules": ["a"], "coef": [], "block": 1})
     proc = memprune("calibrate", cache=cache)
     assert proc.returncode == 0, proc.stderr
-    assert f"The calibration entry {key} in {path} is malformed (points is empty): measuring it again." \
+    assert (
+        f"The calibration entry {key} in {path} is malformed (points is empty): measuring it again."
         in proc.stderr.splitlines()
-    assert f"The calibration entry cpu_kernels in {path} is malformed (coef has 0 values for 1 rules): measuring " \
-           "it again." in proc.stderr.splitlines()
+    )
+    assert (
+        f"The calibration entry cpu_kernels in {path} is malformed (coef has 0 values for 1 rules): measuring "
+        "it again." in proc.stderr.splitlines()
+    )
     assert "Traceback" not in proc.stderr
     again = calibration.load(path)
     assert again.data["stacks"][key]["points"] and again.cpu_kernels().rules != ("a",)
@@ -188,7 +209,8 @@ def test_a_truncated_cache_file_is_measured_again_with_a_warning(tmp_path: Path,
     with caplog.at_level(logging.WARNING, logger="optuna_memprune"):
         calibration.load(path).stack(())
     assert len(caplog.records) == 1 and caplog.records[0].getMessage().startswith(
-        f"The calibration cache {path} is unreadable (Expecting property name")
+        f"The calibration cache {path} is unreadable (Expecting property name"
+    )
     assert json.loads(path.read_text())["stacks"]
 
 
@@ -228,8 +250,16 @@ def test_two_memprune_calibrate_runs_keep_both_profiles(measured: calibration.Ca
     cache = tmp_path / "cache"
     path = _seed(cache, measured, envs={})
     env = {**os.environ, "MEMPRUNE_CACHE_DIR": str(cache)}
-    procs = [subprocess.Popen([*CLI, "calibrate", "--env", env_id, "-f", "json"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for env_id in ("CartPole-v1", "Acrobot-v1")]
+    procs = [
+        subprocess.Popen(
+            [*CLI, "calibrate", "--env", env_id, "-f", "json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for env_id in ("CartPole-v1", "Acrobot-v1")
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
     reported = {json.loads(out)["envs"][0]["env_id"] for out, _ in outs}
@@ -267,8 +297,9 @@ def _procs_under(pid: int) -> dict[int, bytes]:
 
 
 @pytest.mark.parametrize("kind", ["stack", "kernels", "env"])
-def test_ctrl_c_of_calibrate_alone_while_each_probe_runs(kind: str, measured: calibration.Calibration,
-                                                         tmp_path: Path) -> None:
+def test_ctrl_c_of_calibrate_alone_while_each_probe_runs(
+    kind: str, measured: calibration.Calibration, tmp_path: Path
+) -> None:
     """SIGINT to the ``memprune calibrate`` process alone (not its probes, which run in sessions of their own)
     while a real probe of each kind runs: exit 130 without a traceback, and neither the probe nor anything it
     started is left running. The command starts with SIGINT at its default, as a terminal's foreground job
@@ -276,9 +307,14 @@ def test_ctrl_c_of_calibrate_alone_while_each_probe_runs(kind: str, measured: ca
     missing = {"stack": {"stacks": {}}, "kernels": {"cpu_kernels": None}, "env": {"envs": {}}}[kind]
     cache = tmp_path / "cache"
     _seed(cache, measured, **missing)
-    proc = subprocess.Popen([*CLI, "calibrate", "--env", "CartPole-v1"], env={**os.environ,
-                            "MEMPRUNE_CACHE_DIR": str(cache)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [*CLI, "calibrate", "--env", "CartPole-v1"],
+        env={**os.environ, "MEMPRUNE_CACHE_DIR": str(cache)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         started: dict[int, bytes] = {}
         for _ in range(1200):  # hang guard: 120 s for the probe to start

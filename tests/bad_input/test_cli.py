@@ -29,8 +29,9 @@ PROBE = "optuna_memprune.estimate.probes."
 
 def memprune(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k != storages.ENV_VAR}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env={**base, **(env or {})},
-                          timeout=600, **kwargs)
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env={**base, **(env or {})}, timeout=600, **kwargs
+    )
 
 
 def error_line(proc: subprocess.CompletedProcess, code: int) -> str:
@@ -38,7 +39,7 @@ def error_line(proc: subprocess.CompletedProcess, code: int) -> str:
     assert proc.returncode == code, (proc.returncode, proc.stderr)
     assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("memprune: error: ") and "Traceback" not in proc.stderr, proc.stderr
-    return proc.stderr[len("memprune: error: "):].rstrip("\n")
+    return proc.stderr[len("memprune: error: ") :].rstrip("\n")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,25 +51,44 @@ def _calibrated() -> None:
 
 # -- values beyond any real machine (issue 14, item 5) -------------------------------------------------------
 
-@pytest.mark.parametrize("param, message", [
-    ("buffer_size=1e99", "param 'buffer_size' must be an int in [1, 2**50], but got 1e+99: more items of a byte or "
-                         "more would fill over 1 PiB, more memory than any real machine has."),
-    ("batch_size=1e9", "param 'batch_size' must be an int in [1, 2**24], but got 1000000000: a tensor with two such "
-                       "dimensions would hold over 2**48 elements, over 1 PiB in float32."),
-    ("net_arch=[64,99999999]", "param 'net_arch' layer width must be an int in [1, 2**24], but got 99999999: a "
-                               "tensor with two such dimensions would hold over 2**48 elements, over 1 PiB in float32."),
-    ("torch_threads=10000000", "param 'torch_threads' must be an int in [1, 2**22], but got 10000000: Linux runs no "
-                               "more processes or threads than its PID_MAX_LIMIT."),
-])
+
+@pytest.mark.parametrize(
+    "param, message",
+    [
+        (
+            "buffer_size=1e99",
+            "param 'buffer_size' must be an int in [1, 2**50], but got 1e+99: more items of a byte or "
+            "more would fill over 1 PiB, more memory than any real machine has.",
+        ),
+        (
+            "batch_size=1e9",
+            "param 'batch_size' must be an int in [1, 2**24], but got 1000000000: a tensor with two such "
+            "dimensions would hold over 2**48 elements, over 1 PiB in float32.",
+        ),
+        (
+            "net_arch=[64,99999999]",
+            "param 'net_arch' layer width must be an int in [1, 2**24], but got 99999999: a "
+            "tensor with two such dimensions would hold over 2**48 elements, over 1 PiB in float32.",
+        ),
+        (
+            "torch_threads=10000000",
+            "param 'torch_threads' must be an int in [1, 2**22], but got 10000000: Linux runs no "
+            "more processes or threads than its PID_MAX_LIMIT.",
+        ),
+    ],
+)
 def test_a_value_beyond_any_real_machine_is_rejected_with_its_ceiling(param: str, message: str) -> None:
     assert error_line(memprune(*PREDICT, param), 2) == message
 
 
 def test_a_total_beyond_any_real_machine_is_rejected_naming_what_to_check() -> None:
     line = error_line(memprune(*PREDICT, "buffer_size=1e15"), 2)
-    assert re.fullmatch(r"the predicted RAM of dqn on CartPole-v1 is \d+\.\d\d TiB, over 1 PiB, more memory than "
-                        r"any real machine has: check buffer_size, n_steps, batch_size, n_envs, frame_stack and "
-                        r"net_arch\.", line), line
+    assert re.fullmatch(
+        r"the predicted RAM of dqn on CartPole-v1 is \d+\.\d\d TiB, over 1 PiB, more memory than "
+        r"any real machine has: check buffer_size, n_steps, batch_size, n_envs, frame_stack and "
+        r"net_arch\.",
+        line,
+    ), line
     ok = memprune(*PREDICT, "buffer_size=1e6", "--json")
     assert ok.returncode == 0 and json.loads(ok.stdout)["ram"] > 100e6, ok.stderr
 
@@ -76,10 +96,12 @@ def test_a_total_beyond_any_real_machine_is_rejected_naming_what_to_check() -> N
 def test_n_envs_beyond_the_pid_limit_is_rejected() -> None:
     assert error_line(memprune(*PREDICT, "--n-envs", "5000000"), 2) == (
         "n_envs must be an int in [1, 2**22], but got 5000000: Linux runs no more processes or threads than its "
-        "PID_MAX_LIMIT.")
+        "PID_MAX_LIMIT."
+    )
 
 
 # -- options checked before any probe runs (item 6) ----------------------------------------------------------
+
 
 def test_a_negative_frame_stack_is_a_usage_error_before_probing(tmp_path: Path) -> None:
     """A fresh cache: a probe would be the first thing to run, and would fail with a flattened traceback."""
@@ -88,15 +110,27 @@ def test_a_negative_frame_stack_is_a_usage_error_before_probing(tmp_path: Path) 
     assert list(tmp_path.iterdir()) == []  # nothing measured, nothing written
 
 
-@pytest.mark.parametrize("env_id, message", [
-    ("NoSuchEnv-v0", "unknown env id 'NoSuchEnv-v0': not in Gymnasium's registry."),
-    ("CartPole-v9", "unknown env id 'CartPole-v9': not in Gymnasium's registry (close matches: 'CartPole-v1', "
-                    "'CartPole-v0', 'phys2d/CartPole-v1')."),
-    ("ALE/Pongg-v5", "unknown env id 'ALE/Pongg-v5': not in Gymnasium's registry (close matches: 'ALE/Pong-v5', "
-                     "'ALE/Pooyan-v5', 'ALE/Boxing-v5')."),
-    ("no_such_module:Foo-v0", "unknown env id 'no_such_module:Foo-v0': its module 'no_such_module' cannot be "
-                              "imported (No module named 'no_such_module')."),
-])
+@pytest.mark.parametrize(
+    "env_id, message",
+    [
+        ("NoSuchEnv-v0", "unknown env id 'NoSuchEnv-v0': not in Gymnasium's registry."),
+        (
+            "CartPole-v9",
+            "unknown env id 'CartPole-v9': not in Gymnasium's registry (close matches: 'CartPole-v1', "
+            "'CartPole-v0', 'phys2d/CartPole-v1').",
+        ),
+        (
+            "ALE/Pongg-v5",
+            "unknown env id 'ALE/Pongg-v5': not in Gymnasium's registry (close matches: 'ALE/Pong-v5', "
+            "'ALE/Pooyan-v5', 'ALE/Boxing-v5').",
+        ),
+        (
+            "no_such_module:Foo-v0",
+            "unknown env id 'no_such_module:Foo-v0': its module 'no_such_module' cannot be "
+            "imported (No module named 'no_such_module').",
+        ),
+    ],
+)
 def test_an_unknown_env_id_is_named_before_probing(env_id: str, message: str, tmp_path: Path) -> None:
     env = {"MEMPRUNE_CACHE_DIR": str(tmp_path)}
     assert error_line(memprune("predict", "sb3", "--algo", "dqn", "--env", env_id, env=env), 2) == message
@@ -112,6 +146,7 @@ def test_a_known_env_without_a_version_is_accepted() -> None:
 
 # -- Ctrl-C while probes run (item 6) ------------------------------------------------------------------------
 
+
 def _hanging_probes(tmp_path: Path) -> dict[str, str]:
     """An environment in which every calibration probe hangs at start-up (a ``sitecustomize`` that sleeps when
     the interpreter runs a probe module): the interrupt surely lands while probes run, and a probe left
@@ -122,7 +157,8 @@ def _hanging_probes(tmp_path: Path) -> dict[str, str]:
         "with open('/proc/self/cmdline', 'rb') as f:\n"
         f"    if b{PROBE!r} in f.read():\n"
         "        import time\n"
-        "        time.sleep(3600)\n")
+        "        time.sleep(3600)\n"
+    )
     path = os.pathsep.join(p for p in (str(hang), os.environ.get("PYTHONPATH")) if p)
     return {"PYTHONPATH": path, "MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")}
 
@@ -153,8 +189,14 @@ def test_ctrl_c_while_probing_exits_130_and_leaves_no_probe(command: list[str], 
     """``group``: Ctrl-C in a terminal (SIGINT to the whole process group); ``parent``: SIGINT to the memprune
     process alone. Either way: exit 130, no traceback, and every probe it started is gone."""
     base = {k: v for k, v in os.environ.items() if k != storages.ENV_VAR}
-    proc = subprocess.Popen([*CLI, *command], env={**base, **_hanging_probes(tmp_path)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [*CLI, *command],
+        env={**base, **_hanging_probes(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         probes: list[int] = []
         for _ in range(1200):  # hang guard: 60 s for the first probe to start
@@ -178,14 +220,32 @@ def test_ctrl_c_while_probing_exits_130_and_leaves_no_probe(command: list[str], 
 
 # -- read-only storages (item 6) -----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def guarded_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite file holding study 's' with two guarded trials, run by ``memprune worker``."""
     d = tmp_path_factory.mktemp("guarded")
     db = d / "study.db"
-    proc = memprune("worker", "_runner_objectives:hold", "--footprint", "_runner_objectives:footprint", "--ram",
-                    "1GiB", "--host-ram", "4GiB", "--no-progress", "--storage", f"sqlite:///{db}", "--study-name",
-                    "s", "--n-trials", "2", "--ledger", f"sqlite:///{d / 'ledger.sqlite'}", cwd=GUARD_TESTS)
+    proc = memprune(
+        "worker",
+        "_runner_objectives:hold",
+        "--footprint",
+        "_runner_objectives:footprint",
+        "--ram",
+        "1GiB",
+        "--host-ram",
+        "4GiB",
+        "--no-progress",
+        "--storage",
+        f"sqlite:///{db}",
+        "--study-name",
+        "s",
+        "--n-trials",
+        "2",
+        "--ledger",
+        f"sqlite:///{d / 'ledger.sqlite'}",
+        cwd=GUARD_TESTS,
+    )
     assert proc.returncode == 0, proc.stderr
     return db
 
@@ -208,15 +268,42 @@ def test_a_read_only_sqlite_file_is_reported_as_read_only(guarded_db: Path, tmp_
     read = _unwritable.run([*CLI, "report", url, "-f", "json"], env=base)
     assert read.returncode == 0 and json.loads(read.stdout)["study"]["n_guarded"] == 2, read.stderr  # reading is fine
     notes = _unwritable.run([*CLI, "report", url, "--dashboard-notes"], env=base)
-    assert error_line(notes, 1) == (f"the SQLite file {str(db)!r} is read-only (from {url}): make it writable, or "
-                                    "copy it to a writable place and use the copy")
-    worker = _unwritable.run([*CLI, "worker", "_runner_objectives:hold", "--footprint",
-                              "_runner_objectives:footprint", "--ram", "1GiB", "--host-ram", "4GiB", "--no-progress",
-                              "--storage", url, "--study-name", "s", "--n-trials", "1", "--ledger",
-                              f"sqlite:///{tmp_path / 'ledger.sqlite'}"], env=base, cwd=GUARD_TESTS)
+    assert error_line(notes, 1) == (
+        f"the SQLite file {str(db)!r} is read-only (from {url}): make it writable, or "
+        "copy it to a writable place and use the copy"
+    )
+    worker = _unwritable.run(
+        [
+            *CLI,
+            "worker",
+            "_runner_objectives:hold",
+            "--footprint",
+            "_runner_objectives:footprint",
+            "--ram",
+            "1GiB",
+            "--host-ram",
+            "4GiB",
+            "--no-progress",
+            "--storage",
+            url,
+            "--study-name",
+            "s",
+            "--n-trials",
+            "1",
+            "--ledger",
+            f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+        ],
+        env=base,
+        cwd=GUARD_TESTS,
+    )
     line = error_line(worker, 1)
-    assert line.endswith(f"the SQLite file {str(db)!r} is read-only (from {url}): make it writable, or copy it to "
-                         "a writable place and use the copy") and "exceeding max length" not in line, line
+    assert (
+        line.endswith(
+            f"the SQLite file {str(db)!r} is read-only (from {url}): make it writable, or copy it to "
+            "a writable place and use the copy"
+        )
+        and "exceeding max length" not in line
+    ), line
     assert optuna.load_study(study_name="s", storage=url).trials[-1].number == 1  # nothing was added
 
 
@@ -224,10 +311,13 @@ def test_a_sqlite_file_in_a_read_only_directory_is_reported_so(guarded_db: Path,
     db = _read_only_copy(guarded_db, tmp_path / "ro", file_mode=0o644, dir_mode=0o555)
     url = f"sqlite:///{db}"
     try:
-        notes = _unwritable.run([*CLI, "report", url, "--dashboard-notes"],
-                                env={k: v for k, v in os.environ.items() if k != storages.ENV_VAR})
+        notes = _unwritable.run(
+            [*CLI, "report", url, "--dashboard-notes"],
+            env={k: v for k, v in os.environ.items() if k != storages.ENV_VAR},
+        )
     finally:
         db.parent.chmod(0o755)
     assert error_line(notes, 1) == (
         f"the directory of the SQLite file {str(db)!r} is read-only (from {url}): the storage writes its journal "
-        "beside the file; make the directory writable, or use a copy elsewhere")
+        "beside the file; make the directory writable, or use a copy elsewhere"
+    )

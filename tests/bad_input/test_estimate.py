@@ -20,12 +20,15 @@ def _one_line_error(call, *args, **kwargs) -> str:  # type: ignore[no-untyped-de
 def test_a_buffer_size_beyond_any_machine_is_refused_with_the_items_ceiling() -> None:
     assert _one_line_error(replay_buffer, (4,), "float32", (1,), "int64", buffer_size=10**30) == (
         "buffer_size must be an int in [1, 2**50], but got 1e+30: more items of a byte or more would fill over "
-        "1 PiB, more memory than any real machine has.")
+        "1 PiB, more memory than any real machine has."
+    )
     assert _one_line_error(rollout_buffer, (4,), "float32", (1,), "float32", n_steps=1e20).startswith(
-        "n_steps must be an int in [1, 2**50], but got 1e+20")
+        "n_steps must be an int in [1, 2**50], but got 1e+20"
+    )
     assert _one_line_error(replay_buffer, (4,), "float32", (1,), "int64", buffer_size=100, batch_size=2**40) == (
         "batch_size must be an int in [1, 2**24], but got 1099511627776: a tensor with two such dimensions would "
-        "hold over 2**48 elements, over 1 PiB in float32.")
+        "hold over 2**48 elements, over 1 PiB in float32."
+    )
     # Sizes as YAML files write them still pass, and so do numpy ints.
     np = pytest.importorskip("numpy")
     assert replay_buffer((4,), "float32", (1,), "int64", buffer_size=1e5).ram > 0
@@ -38,9 +41,11 @@ def test_a_torch_batch_size_beyond_any_tensor_is_refused_with_the_dimension_ceil
 
     assert _one_line_error(torch_training, lambda: torch.nn.Linear(4, 2), (4,), batch_size=10**15) == (
         "batch_size must be an int in [1, 2**24], but got 1e+15: a tensor with two such dimensions would hold "
-        "over 2**48 elements, over 1 PiB in float32.")
+        "over 2**48 elements, over 1 PiB in float32."
+    )
     assert _one_line_error(torch_training, lambda: torch.nn.Linear(4, 2), (4,), batch_size=2.5) == (
-        "batch_size must be a positive int, but got 2.5.")
+        "batch_size must be a positive int, but got 2.5."
+    )
 
 
 def test_an_input_shape_the_network_cannot_take_names_input_shape() -> None:
@@ -61,9 +66,24 @@ def test_a_switch_param_given_anything_but_a_bool_is_one_line_naming_it(tmp_path
 
     expected = "param 'optimize_memory_usage' must be True or False, but got 'maybe'."
     assert _one_line_error(sb3, "dqn", "CartPole-v1", {"optimize_memory_usage": "maybe"}) == expected
-    done = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "predict", "sb3", "--algo", "dqn", "--env",
-                           "CartPole-v1", "optimize_memory_usage=maybe"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "MEMPRUNE_CACHE_DIR": str(tmp_path)})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "optuna_memprune.cli",
+            "predict",
+            "sb3",
+            "--algo",
+            "dqn",
+            "--env",
+            "CartPole-v1",
+            "optimize_memory_usage=maybe",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MEMPRUNE_CACHE_DIR": str(tmp_path)},
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith(expected), done.stderr
     assert "Traceback" not in done.stderr

@@ -48,9 +48,12 @@ def _base() -> int:
 
 
 def _study(tmp_path: Path, guard: MemoryGuard, name: str = "s") -> optuna.Study:
-    return optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name=name,
-                               sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
-                               pruner=guard.wrap_pruner(None))
+    return optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        study_name=name,
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+        pruner=guard.wrap_pruner(None),
+    )
 
 
 def _records(study: optuna.Study) -> list[omp.guard.TrialRecord]:
@@ -67,28 +70,36 @@ def _footprint_threads() -> list[threading.Thread]:
 
 # -- item 3: budgets no process runs in, and sizes beyond any machine --------------------------------------
 
+
 @pytest.mark.parametrize("ram, given", [(0, "0"), (1, "1"), ("0.4", "'0.4' (0 B)"), ("31MiB", "'31MiB' (31 MiB)")])
 def test_a_ram_budget_below_any_process_is_refused_with_the_floor(ram, given) -> None:
     assert _one_line_error(ValueError, omp.Budget, ram=ram) == (
-        f"Budget.ram must be at least 32 MiB ({RAM_WHY}), but got {given}.")
+        f"Budget.ram must be at least 32 MiB ({RAM_WHY}), but got {given}."
+    )
 
 
 @pytest.mark.parametrize("ram", ["1e30TiB", "1e400", 2**60 + 1, 1e300])
 def test_a_size_beyond_any_machine_is_refused_with_the_ceiling(ram) -> None:
     assert _one_line_error(ValueError, omp.Budget, ram=ram) == f"Budget.ram must be at most {EIB_WHY}, but got {ram!r}."
     assert _one_line_error(ValueError, omp.Budget, vram=ram) == (
-        f"Budget.vram must be at most {EIB_WHY}, but got {ram!r}.")
+        f"Budget.vram must be at most {EIB_WHY}, but got {ram!r}."
+    )
 
 
 def test_a_vram_budget_of_zero_and_absurd_thread_counts_are_refused() -> None:
     assert _one_line_error(ValueError, omp.Budget, vram=0) == (
         "Budget.vram must be at least 2 MiB (the smallest block the CUDA allocator reserves; leave vram unset "
-        "for no VRAM budget), but got 0.")
+        "for no VRAM budget), but got 0."
+    )
     for threads in (0, -1, 2**22 + 1, True, 2.0):
         assert _one_line_error(ValueError, omp.Budget, threads=threads) == (
-            f"Budget.threads must be an int in [1, 4194304] (Linux runs no more threads) or None, but got {threads!r}.")
+            f"Budget.threads must be an int in [1, 4194304] (Linux runs no more threads) or None, but got {threads!r}."
+        )
     assert omp.Budget(ram="32MiB", vram="2MiB", threads=2**22).resources == {
-        "ram": 32 * MiB, "vram": 2 * MiB, "threads": 2**22}
+        "ram": 32 * MiB,
+        "vram": 2 * MiB,
+        "threads": 2**22,
+    }
 
 
 @pytest.mark.parametrize("threads, soft, need", [(1, 0.9, 3), (2, 0.9, 3), (1, 1.0, 2), (3, 0.5, 4), (39, 0.05, 40)])
@@ -96,14 +107,16 @@ def test_a_thread_budget_the_guarded_process_cannot_run_in_is_refused(threads, s
     budget = omp.Budget(threads=threads)  # a Budget alone may say 1 thread; a guarded process runs 2
     assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), budget, soft=soft) == (
         f"Budget.threads must be at least {need} with soft={soft:g} (the guarded process runs 2 threads itself, "
-        f"its main thread and the guard's monitor, and soft x threads must hold them), but got {threads}.")
+        f"its main thread and the guard's monitor, and soft x threads must hold them), but got {threads}."
+    )
     MemoryGuard(lambda p: omp.Footprint(), omp.Budget(threads=need), soft=soft)
 
 
 def test_a_ram_soft_line_below_any_process_is_refused() -> None:
     assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="40MiB"), soft=0.5) == (
         f"The RAM soft line (soft=0.5 x Budget.ram 40.00 MiB) must be at least 32.00 MiB ({RAM_WHY}): raise ram "
-        "or soft.")
+        "or soft."
+    )
     assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), soft=1e-9)
 
 
@@ -111,8 +124,9 @@ def test_the_smallest_thread_budget_clamps_without_dividing_by_zero(tmp_path: Pa
     # Before: a soft line of 0 threads made the clamp search divide by zero, and every trial ran unchecked
     # blaming the footprint. Now the smallest budget the guard accepts clamps like any other.
     space = {"workers": IntDistribution(0, 8)}
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram="1MiB", threads=1 + p["workers"]), omp.Budget(threads=3),
-                        search_space=space)
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram="1MiB", threads=1 + p["workers"]), omp.Budget(threads=3), search_space=space
+    )
     study = _study(tmp_path, guard)
     # The sampler's check only: the monitor would read this test process's own threads (pytest's, and any
     # earlier test's), not a trial's.
@@ -126,11 +140,12 @@ def test_the_smallest_thread_budget_clamps_without_dividing_by_zero(tmp_path: Pa
 
 # -- item 4: a footprint that takes too long ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "5", True])
 def test_footprint_timeout_must_be_positive_seconds_or_none(value) -> None:
-    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"),
-                           footprint_timeout=value) == (
-        f"footprint_timeout must be a positive number of seconds or None, but got {value!r}.")
+    assert _one_line_error(
+        ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), footprint_timeout=value
+    ) == (f"footprint_timeout must be a positive number of seconds or None, but got {value!r}.")
     unlimited = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), footprint_timeout=None)
     assert unlimited.policy.footprint_timeout is None
     assert MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB")).policy.footprint_timeout == 5.0
@@ -148,8 +163,9 @@ def test_a_footprint_slower_than_its_limit_runs_the_trial_unchecked_without_pili
             release.wait(60)
         return omp.Footprint.of(ram=base + params["x"] * MiB)
 
-    guard = MemoryGuard(footprint, omp.Budget(ram=base + 2**30), search_space={"x": IntDistribution(1, 9)},
-                        footprint_timeout=0.5)
+    guard = MemoryGuard(
+        footprint, omp.Budget(ram=base + 2**30), search_space={"x": IntDistribution(1, 9)}, footprint_timeout=0.5
+    )
     guard.policy.predict({"x": 0})  # answered once: the cold-start allowance is spent
     study = _study(tmp_path, guard)
     threads_seen = []
@@ -173,10 +189,14 @@ def test_a_footprint_slower_than_its_limit_runs_the_trial_unchecked_without_pili
     records = _records(study)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
     assert (records[0].decision, records[0].reason) == (
-        Decision.UNCHECKED, "the footprint took longer than 0.5 s; the trial runs unchecked under the monitor")
+        Decision.UNCHECKED,
+        "the footprint took longer than 0.5 s; the trial runs unchecked under the monitor",
+    )
     assert (records[1].decision, records[1].reason) == (
-        Decision.UNCHECKED, "the footprint took longer than 0.5 s (an earlier call that took longer than 0.5 s "
-        "still runs); the trial runs unchecked under the monitor")
+        Decision.UNCHECKED,
+        "the footprint took longer than 0.5 s (an earlier call that took longer than 0.5 s "
+        "still runs); the trial runs unchecked under the monitor",
+    )
     assert [r.decision for r in records[2:]] == [Decision.ADMITTED] * 2
     assert threads_seen[:2] == [1, 1]  # the hung call only: the second trial started no thread behind it
     before = len(calls)
@@ -187,7 +207,7 @@ def test_a_footprint_slower_than_its_limit_runs_the_trial_unchecked_without_pili
 
 # -- item 5: footprints that fail silently, VRAM nobody measures, monitor intervals ------------------------
 
-_FAILING_STUDY = '''
+_FAILING_STUDY = """
 import sys
 import optuna, optuna_memprune as omp
 
@@ -204,7 +224,7 @@ guard = omp.MemoryGuard(footprint, omp.Budget(ram="4GiB"),
 study = optuna.create_study(storage=f"sqlite:///{db}",
                             sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
 study.optimize(guard.wrap_objective(lambda t: t.suggest_int("x", 1, 9)), n_trials=7)  # the user's line
-'''
+"""
 
 _REASONS = {
     "raises": "the footprint function failed: RuntimeError: layer sizes unknown",
@@ -221,9 +241,11 @@ def test_a_failing_footprint_is_said_once_on_stderr_at_the_users_line(tmp_path: 
     assert done.returncode == 0, done.stderr
     reason = _REASONS[mode]
     line = 1 + next(i for i, s in enumerate(_FAILING_STUDY.splitlines()) if "the user's line" in s)
-    expected = (f"{script}:{line}: UserWarning: The footprint failed on 3 trials in a row (trial 2: {reason}); such "
-                "trials run unchecked, under the monitor only. Fix the footprint function, or pass "
-                "MemoryGuard(..., on_footprint_error='raise') to stop at the first failure.")
+    expected = (
+        f"{script}:{line}: UserWarning: The footprint failed on 3 trials in a row (trial 2: {reason}); such "
+        "trials run unchecked, under the monitor only. Fix the footprint function, or pass "
+        "MemoryGuard(..., on_footprint_error='raise') to stop at the first failure."
+    )
     warned = [s for s in done.stderr.splitlines() if "UserWarning" in s]
     assert warned == [expected], done.stderr
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
@@ -233,21 +255,28 @@ def test_a_failing_footprint_is_said_once_on_stderr_at_the_users_line(tmp_path: 
 
 
 def test_on_footprint_error_raise_ends_the_trial_fail_and_raises_the_footprints_error(tmp_path: Path) -> None:
-    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"),
-                           on_footprint_error="ignore") == (
-        "on_footprint_error must be 'warn' or 'raise', but got 'ignore'.")
-    guard = MemoryGuard(lambda p: None, omp.Budget(ram="1GiB"), search_space={"x": IntDistribution(1, 9)},
-                        on_footprint_error="raise")
+    assert _one_line_error(
+        ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), on_footprint_error="ignore"
+    ) == ("on_footprint_error must be 'warn' or 'raise', but got 'ignore'.")
+    guard = MemoryGuard(
+        lambda p: None, omp.Budget(ram="1GiB"), search_space={"x": IntDistribution(1, 9)}, on_footprint_error="raise"
+    )
     study = _study(tmp_path, guard)
     with pytest.raises(TypeError) as info:
         study.optimize(guard.wrap_objective(lambda t: t.suggest_int("x", 1, 9)), n_trials=3)
     assert str(info.value) == "the footprint function returned None, not a Footprint"
-    assert getattr(info.value, "__notes__", None) in (None, [  # notes exist from Python 3.11
-        "memprune: the footprint failed on trial 0 (MemoryGuard(on_footprint_error='raise'))"])
+    assert getattr(info.value, "__notes__", None) in (
+        None,
+        [  # notes exist from Python 3.11
+            "memprune: the footprint failed on trial 0 (MemoryGuard(on_footprint_error='raise'))"
+        ],
+    )
     (trial,) = study.trials
     assert trial.state is TrialState.FAIL
     assert (omp.read_record(trial.user_attrs).decision, omp.read_record(trial.user_attrs).reason) == (
-        Decision.UNCHECKED, "the footprint function failed: it returned None, not a Footprint")
+        Decision.UNCHECKED,
+        "the footprint function failed: it returned None, not a Footprint",
+    )
 
 
 def test_on_footprint_error_raise_in_the_runner_fails_the_trial_before_any_process_starts(tmp_path: Path) -> None:
@@ -256,11 +285,13 @@ def test_on_footprint_error_raise_in_the_runner_fails_the_trial_before_any_proce
     def footprint(params: dict) -> omp.Footprint:
         raise RuntimeError("layer sizes unknown")
 
-    guard = MemoryGuard(footprint, omp.Budget(ram="1GiB"), search_space={"x": IntDistribution(1, 9)},
-                        on_footprint_error="raise")
+    guard = MemoryGuard(
+        footprint, omp.Budget(ram="1GiB"), search_space={"x": IntDistribution(1, 9)}, on_footprint_error="raise"
+    )
     study = _study(tmp_path, guard)
-    ledger = Ledger(HostBudget(ram="8GiB", gpus=None, headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
-                    host="test-host")
+    ledger = Ledger(
+        HostBudget(ram="8GiB", gpus=None, headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host="test-host"
+    )
     children = set(psutil.Process().children(recursive=True))
     with pytest.raises(RuntimeError) as info:
         omp.optimize(study, _objective_x, guard=guard, n_trials=3, host=ledger)
@@ -291,10 +322,15 @@ def test_a_vram_budget_nobody_can_measure_warns_once() -> None:
         reader.close()
         assert messages == []
         return
-    why = "no driver or no GPU" if find_spec("pynvml") else 'nvidia-ml-py is not installed: pip install "optuna-memprune[gpu]"'
+    why = (
+        "no driver or no GPU"
+        if find_spec("pynvml")
+        else 'nvidia-ml-py is not installed: pip install "optuna-memprune[gpu]"'
+    )
     assert messages == [
         f"Budget.vram is set (8.00 GiB) but no GPU is visible to NVML here ({why}): VRAM is predicted only, never "
-        "measured, and no trial is stopped for its VRAM."]
+        "measured, and no trial is stopped for its VRAM."
+    ]
     assert caught[0].filename == __file__
 
 
@@ -305,14 +341,15 @@ def test_a_vram_budget_without_nvidia_ml_py_names_the_extra_that_brings_it(monke
         MemoryGuard(lambda p: omp.Footprint(), omp.Budget(vram="8GiB"))
     assert [str(w.message) for w in caught] == [
         "Budget.vram is set (8.00 GiB) but no GPU is visible to NVML here (nvidia-ml-py is not installed: pip install "
-        '"optuna-memprune[gpu]"): VRAM is predicted only, never measured, and no trial is stopped for its VRAM.']
+        '"optuna-memprune[gpu]"): VRAM is predicted only, never measured, and no trial is stopped for its VRAM.'
+    ]
 
 
 @pytest.mark.parametrize("interval", [float("inf"), 1e-9, 0, -1, 10.5, float("nan"), "0.1"])
 def test_monitor_interval_is_bounded_to_1_ms_to_10_s(interval) -> None:
-    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"),
-                           monitor_interval=interval) == (
-        f"monitor_interval must be a number of seconds in [0.001, 10.0] (1 ms to 10 s), but got {interval!r}.")
+    assert _one_line_error(
+        ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), monitor_interval=interval
+    ) == (f"monitor_interval must be a number of seconds in [0.001, 10.0] (1 ms to 10 s), but got {interval!r}.")
 
 
 def test_monitor_interval_bounds_are_accepted() -> None:
@@ -322,6 +359,7 @@ def test_monitor_interval_bounds_are_accepted() -> None:
 
 
 # -- item 8: conditional params ----------------------------------------------------------------------------
+
 
 def _branchy(base: int):  # type: ignore[no-untyped-def]
     def footprint(params: dict) -> omp.Footprint:
@@ -346,11 +384,15 @@ def test_the_first_trial_of_a_new_branch_names_the_param_first_seen(tmp_path: Pa
     study.optimize(guard.wrap_objective(objective), n_trials=3)
     records = _records(study)
     assert [r.decision for r in records] == [Decision.UNCHECKED, Decision.UNCHECKED, Decision.ADMITTED]
-    assert records[0].reason == ("the search space was not known before launch (no earlier trial; pass "
-                                 "search_space= to MemoryGuard to check the first trial too)")
-    assert records[1].reason == ("param 'y' was first seen in this trial (the guard checks a param before launch "
-                                 "once an earlier trial suggested it, or when it is declared in "
-                                 "MemoryGuard(search_space=...))")
+    assert records[0].reason == (
+        "the search space was not known before launch (no earlier trial; pass "
+        "search_space= to MemoryGuard to check the first trial too)"
+    )
+    assert records[1].reason == (
+        "param 'y' was first seen in this trial (the guard checks a param before launch "
+        "once an earlier trial suggested it, or when it is declared in "
+        "MemoryGuard(search_space=...))"
+    )
     assert records[1].pred_ram == base + study.trials[1].params["y"] * MiB  # predicted from what ran
 
 
@@ -383,8 +425,9 @@ def test_a_name_the_footprint_asks_for_but_no_trial_suggests_is_a_footprint_erro
         study.optimize(objective, n_trials=1)  # now known to be no param: the footprint's error
     records = _records(study)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]
-    assert records[1].reason == ("the footprint function failed: KeyError: 'widht' (the trial suggested no param "
-                                 "'widht')")
+    assert records[1].reason == (
+        "the footprint function failed: KeyError: 'widht' (the trial suggested no param 'widht')"
+    )
     assert records[2].reason == "the footprint function failed: KeyError: 'widht'"
 
 
@@ -392,6 +435,7 @@ def test_time_spent_calibrating_the_host_does_not_count_against_the_footprints_l
     # A recipe's first prediction measures the host in probe processes: the limit must not turn that into
     # unchecked trials. A footprint slow on its own still times out at the same limit.
     monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "cache"))  # a cold cache: this call calibrates
+
     def footprint(params: dict) -> omp.Footprint:
         return omp.estimate.process("torch", training=False) if params["x"] else omp.Footprint()
 
@@ -399,8 +443,9 @@ def test_time_spent_calibrating_the_host_does_not_count_against_the_footprints_l
     calibrating.policy.predict({"x": 0})  # answered once: no cold-start allowance from here on
     assert calibrating.policy.predict({"x": 1}).ram > 0  # its probes import torch: seconds, not 0.5 s
     assert list((tmp_path / "cache").glob("calibration-*.json"))
-    slow = MemoryGuard(lambda p: time.sleep(2 * p["x"]) or omp.Footprint(), omp.Budget(ram="64GiB"),
-                       footprint_timeout=0.5)
+    slow = MemoryGuard(
+        lambda p: time.sleep(2 * p["x"]) or omp.Footprint(), omp.Budget(ram="64GiB"), footprint_timeout=0.5
+    )
     slow.policy.predict({"x": 0})
     with pytest.raises(TimeoutError, match=r"^the footprint took longer than 0\.5 s$"):
         slow.policy.predict({"x": 1})
@@ -417,8 +462,9 @@ def test_a_footprints_first_call_may_take_longer_than_its_limit_for_a_cold_start
             time.sleep(1.5)  # a cold start, then a call slow on its own
         return omp.Footprint.of(ram=base + params["x"] * MiB)
 
-    guard = MemoryGuard(footprint, omp.Budget(ram=base + 2**30), search_space={"x": IntDistribution(1, 9)},
-                        footprint_timeout=0.5)
+    guard = MemoryGuard(
+        footprint, omp.Budget(ram=base + 2**30), search_space={"x": IntDistribution(1, 9)}, footprint_timeout=0.5
+    )
     study = _study(tmp_path, guard)
     for x in (1, 2, 3):
         study.enqueue_trial({"x": x})
@@ -435,8 +481,13 @@ def _picklable_footprint(params: dict) -> omp.Footprint:
 def test_the_new_choices_travel_with_the_pickled_guard() -> None:
     import pickle
 
-    guard = MemoryGuard(_picklable_footprint, omp.Budget(ram="1GiB"), footprint_timeout=2.5,
-                        on_footprint_error="raise", monitor_interval=0.001)
+    guard = MemoryGuard(
+        _picklable_footprint,
+        omp.Budget(ram="1GiB"),
+        footprint_timeout=2.5,
+        on_footprint_error="raise",
+        monitor_interval=0.001,
+    )
     again = pickle.loads(pickle.dumps(guard))
     policy = again.policy
     assert (policy.footprint_timeout, policy.on_footprint_error, policy.interval) == (2.5, "raise", 0.001)
@@ -445,10 +496,12 @@ def test_the_new_choices_travel_with_the_pickled_guard() -> None:
 
 def test_an_unknown_clamp_name_is_refused_at_construction_or_warned_once_never_raised_mid_trial(tmp_path) -> None:
     space = {"x": IntDistribution(1, 9)}
-    assert _one_line_error(ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"),
-                           clamp=["nope"], search_space=space) == (
+    assert _one_line_error(
+        ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), clamp=["nope"], search_space=space
+    ) == (
         "clamp names ['nope'] are not params of the search space ['x']; fix the names, or declare params that "
-        "appear only in some branches in search_space=.")
+        "appear only in some branches in search_space=."
+    )
     guard = MemoryGuard(lambda p: omp.Footprint.of(ram=_base()), omp.Budget(ram=_base() + 2**30), clamp=["nope"])
     study = _study(tmp_path, guard)
     with pytest.warns(UserWarning) as caught:
@@ -456,6 +509,9 @@ def test_an_unknown_clamp_name_is_refused_at_construction_or_warned_once_never_r
     said = [w for w in caught if "nope" in str(w.message)]
     assert len(said) == 1 and said[0].filename == __file__, [(w.filename, str(w.message)) for w in caught]
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
-    assert [(r.decision, r.reason) for r in _records(study)][1:] == [(
-        Decision.UNCHECKED, "clamp names ['nope'] are not params of the search space ['x']: the trial runs "
-        "unchecked under the monitor")] * 2
+    assert [(r.decision, r.reason) for r in _records(study)][1:] == [
+        (
+            Decision.UNCHECKED,
+            "clamp names ['nope'] are not params of the search space ['x']: the trial runs unchecked under the monitor",
+        )
+    ] * 2

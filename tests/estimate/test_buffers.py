@@ -9,7 +9,15 @@ import pytest
 from _buffers_common import ATARI_OBS, run_python
 
 from optuna_memprune.estimate.buffers import (
-    array, deque, deque_buffer, fill, frame_stack, layouts, replay_buffer, rollout_buffer, sb3,
+    array,
+    deque,
+    deque_buffer,
+    fill,
+    frame_stack,
+    layouts,
+    replay_buffer,
+    rollout_buffer,
+    sb3,
     sb3_dict_replay_layout,
 )
 from optuna_memprune.exceptions import EstimateError
@@ -38,8 +46,12 @@ def test_bad_input_names_argument_and_value() -> None:
     bad(lambda: replay_buffer(*atari, buffer_size=10, batch_size=0), "batch_size", "0")
     bad(lambda: replay_buffer(*atari, buffer_size=10, device="tpu"), "device", "tpu")
     bad(lambda: replay_buffer(*atari, buffer_size=10, dict_obs={"a": ((2,), "float32")}), "dict_obs", "obs_shape")
-    bad(lambda: sb3_dict_replay_layout({"a": ((2,), "float32")}, (), "int64", buffer_size=10,
-                                       optimize_memory_usage=True), "optimize_memory_usage")
+    bad(
+        lambda: sb3_dict_replay_layout(
+            {"a": ((2,), "float32")}, (), "int64", buffer_size=10, optimize_memory_usage=True
+        ),
+        "optimize_memory_usage",
+    )
     bad(lambda: sb3_dict_replay_layout({"a": (2,)}, (), "int64", buffer_size=10), "obs_spaces['a']")
     bad(lambda: rollout_buffer(*atari, n_steps=0), "n_steps", "0")
     bad(lambda: rollout_buffer(*atari, n_steps=8, n_envs=True), "n_envs", "True")

@@ -46,10 +46,13 @@ print(json.dumps({"grown": grown, "overheads": measure_object_overheads()}))  # 
 """
 
 
-@pytest.mark.parametrize(("shape", "dtype", "maxlen", "extra"), [
-    ((4, 84, 84), "uint8", 20_000, 0),      # Atari frames: the data dominates
-    ((4,), "float32", 200_000, 50_000),     # CartPole: the object overheads dominate; full, then evicting
-])
+@pytest.mark.parametrize(
+    ("shape", "dtype", "maxlen", "extra"),
+    [
+        ((4, 84, 84), "uint8", 20_000, 0),  # Atari frames: the data dominates
+        ((4,), "float32", 200_000, 50_000),  # CartPole: the object overheads dominate; full, then evicting
+    ],
+)
 def test_deque_rss_matches_model(shape: tuple[int, ...], dtype: str, maxlen: int, extra: int) -> None:
     out = run_python(DEQUE_FILL, json.dumps(shape), dtype, str(maxlen), str(extra))
     transition = [(shape, dtype), int, float, (shape, dtype), bool]
@@ -62,8 +65,15 @@ def test_deque_versus_numpy_ring_buffer() -> None:
     obs = (ATARI_OBS, "uint8")
     deque_ram = deque_buffer([obs, int, float, obs, bool], maxlen=20_000).ram
     ring = replay_buffer(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000).ram
-    ring_shared = replay_buffer(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000, optimize_memory_usage=True,
-                                handle_timeout_termination=False).ram
+    ring_shared = replay_buffer(
+        ATARI_OBS,
+        "uint8",
+        (),
+        "int64",
+        buffer_size=20_000,
+        optimize_memory_usage=True,
+        handle_timeout_termination=False,
+    ).ram
     # obs and next_obs as separate arrays: every frame twice, like SB3 without optimize_memory_usage.
     assert 1.0 < deque_ram / ring < 1.01
     assert 1.99 < deque_ram / ring_shared < 2.02
@@ -79,4 +89,3 @@ def test_deque_fill_and_items() -> None:
     fp = deque_buffer(transition, maxlen=1000, steps=500)
     assert fp.ram == curve.ram(500) and "500 of 1,000 tuples" in fp.components[0].note
     assert deque_buffer([((4,), "float32"), int], maxlen=1).ram < deque_buffer([((4,), "float32"), float], maxlen=1).ram
-

@@ -43,17 +43,30 @@ def test_fill_curve_details() -> None:
     curve = replay_fill_curve((1000,), "float32", (), "int64", buffer_size=4000, n_envs=4)
     assert curve.ram(4) == curve.ram(1) and curve.ram(5) > curve.ram(4)
     # optimize_memory_usage writes next_obs into the following row; timeouts stay untouched (no RSS).
-    opt = {p.name: p for p in replay_fill_curve((1000,), "float32", (), "int64", buffer_size=1000,
-                                                optimize_memory_usage=True,
-                                                handle_timeout_termination=False).parts}
+    opt = {
+        p.name: p
+        for p in replay_fill_curve(
+            (1000,),
+            "float32",
+            (),
+            "int64",
+            buffer_size=1000,
+            optimize_memory_usage=True,
+            handle_timeout_termination=False,
+        ).parts
+    }
     assert opt["observations"].ram(0) == 4096 and opt["timeouts"].ram(1000) == 0
     # Huge pages: a big array may have up to one 2 MiB page more than it touched, a small one has pages.
-    big = {p.name: p.ram(1) for p in replay_fill_curve(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000,
-                                                       huge_pages=True).parts}
+    big = {
+        p.name: p.ram(1)
+        for p in replay_fill_curve(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000, huge_pages=True).parts
+    }
     assert big["observations"] == 7 * 4096 + 2 * 1024 * 1024 - 4096
     assert big["rewards"] == 4096
-    assert replay_fill_curve(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000, huge_pages=True).full == \
-        replay_fill_curve(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000).full
+    assert (
+        replay_fill_curve(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000, huge_pages=True).full
+        == replay_fill_curve(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000).full
+    )
     fp = replay_buffer(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000, steps=5_000)
     assert fp.ram == replay_fill_curve(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000).ram(5_000)
     assert "after 5,000 of 20,000 transitions" in fp.components[0].note
@@ -98,4 +111,3 @@ def test_sb3_replay_fill_rss_matches_model() -> None:
     # Early on, where huge pages are on here, each array grows in 2 MiB steps: the bound holds, 4 KiB pages don't.
     model = bound if host_huge_pages() else curve
     assert model.ram(300) >= grown[300] * 0.98 and model.ram(300) <= grown[300] * 1.3, (grown[300], model.ram(300))
-

@@ -12,8 +12,16 @@ from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer, Rol
 from stable_baselines3.common.vec_env.stacked_observations import StackedObservations
 
 from optuna_memprune.estimate.buffers import (
-    ATARI_FRAME_DTYPE, ATARI_FRAME_SHAPE, Field, frame_stack, layout_nbytes, replay_buffer, rollout_buffer,
-    sb3_dict_replay_layout, sb3_replay_layout, sb3_rollout_layout,
+    ATARI_FRAME_DTYPE,
+    ATARI_FRAME_SHAPE,
+    Field,
+    frame_stack,
+    layout_nbytes,
+    replay_buffer,
+    rollout_buffer,
+    sb3_dict_replay_layout,
+    sb3_replay_layout,
+    sb3_rollout_layout,
 )
 
 OBS_SPACES = {
@@ -65,10 +73,23 @@ def assert_layout_matches(layout: list[Field], buffer: object) -> None:
 @pytest.mark.parametrize("obs", sorted(OBS_SPACES))
 def test_replay_layout_equals_real_sb3_arrays(obs: str, action: str, optimize: bool, n_envs: int) -> None:
     obs_space, action_space = OBS_SPACES[obs], ACTION_SPACES[action]
-    real = ReplayBuffer(103, obs_space, action_space, device="cpu", n_envs=n_envs,
-                        optimize_memory_usage=optimize, handle_timeout_termination=not optimize)
-    layout = sb3_replay_layout(*spec(obs_space), *spec(action_space), buffer_size=103, n_envs=n_envs,
-                               optimize_memory_usage=optimize, handle_timeout_termination=not optimize)
+    real = ReplayBuffer(
+        103,
+        obs_space,
+        action_space,
+        device="cpu",
+        n_envs=n_envs,
+        optimize_memory_usage=optimize,
+        handle_timeout_termination=not optimize,
+    )
+    layout = sb3_replay_layout(
+        *spec(obs_space),
+        *spec(action_space),
+        buffer_size=103,
+        n_envs=n_envs,
+        optimize_memory_usage=optimize,
+        handle_timeout_termination=not optimize,
+    )
     assert_layout_matches(layout, real)
     assert ("next_observations" in real_arrays(real)) is (not optimize)
 
@@ -84,7 +105,8 @@ def test_replay_layout_casts_float64_actions_only() -> None:
     dtypes = {f.name: f.dtype for f in sb3_replay_layout((5,), "float32", (3,), "float64", buffer_size=8)}
     assert dtypes["actions"] == np.float32
     assert {f.name: f.dtype for f in sb3_rollout_layout((5,), "float32", (3,), "float64", n_steps=8)}[
-        "actions"] == np.float64  # RolloutBuffer keeps the action dtype as is
+        "actions"
+    ] == np.float64  # RolloutBuffer keeps the action dtype as is
 
 
 @pytest.mark.parametrize("n_envs", [1, 4])
@@ -92,19 +114,26 @@ def test_large_atari_replay_layout_equals_real_sb3(n_envs: int) -> None:
     # 20,000 x (4, 84, 84) uint8 twice is 1.13 GB, but np.zeros maps it lazily: creating it is cheap.
     obs_space = spaces.Box(0, 255, ATARI_OBS, np.uint8)
     real = ReplayBuffer(20_000, obs_space, spaces.Discrete(6), device="cpu", n_envs=n_envs)
-    assert_layout_matches(sb3_replay_layout(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000, n_envs=n_envs),
-                          real)
+    assert_layout_matches(sb3_replay_layout(ATARI_OBS, "uint8", (), "int64", buffer_size=20_000, n_envs=n_envs), real)
 
 
 @pytest.mark.parametrize("n_envs", [1, 4])
 def test_dict_replay_layout_equals_real_sb3(n_envs: int) -> None:
     obs_space = spaces.Dict({"img": OBS_SPACES["image"], "vec": OBS_SPACES["vector"], "d": OBS_SPACES["discrete"]})
     real = DictReplayBuffer(50, obs_space, ACTION_SPACES["box64"], device="cpu", n_envs=n_envs)
-    layout = sb3_dict_replay_layout({k: spec(s) for k, s in obs_space.spaces.items()}, *spec(ACTION_SPACES["box64"]),
-                                    buffer_size=50, n_envs=n_envs)
+    layout = sb3_dict_replay_layout(
+        {k: spec(s) for k, s in obs_space.spaces.items()}, *spec(ACTION_SPACES["box64"]), buffer_size=50, n_envs=n_envs
+    )
     assert_layout_matches(layout, real)
-    fp = replay_buffer(None, None, (3,), "float64", buffer_size=50, n_envs=n_envs,
-                       dict_obs={k: spec(s) for k, s in obs_space.spaces.items()})
+    fp = replay_buffer(
+        None,
+        None,
+        (3,),
+        "float64",
+        buffer_size=50,
+        n_envs=n_envs,
+        dict_obs={k: spec(s) for k, s in obs_space.spaces.items()},
+    )
     assert fp.components[0].note.startswith("RSS full")
 
 
@@ -116,8 +145,9 @@ def test_rollout_layout_equals_real_sb3_arrays(obs: str, action: str, n_envs: in
     real = RolloutBuffer(16, obs_space, action_space, device="cpu", n_envs=n_envs)
     layout = sb3_rollout_layout(*spec(obs_space), *spec(action_space), n_steps=16, n_envs=n_envs)
     assert_layout_matches(layout, real)
-    assert rollout_buffer(*spec(obs_space), *spec(action_space), n_steps=16, n_envs=n_envs).components[0].ram == \
-        layout_nbytes(layout)
+    assert rollout_buffer(*spec(obs_space), *spec(action_space), n_steps=16, n_envs=n_envs).components[
+        0
+    ].ram == layout_nbytes(layout)
 
 
 # ------------------------------------------------------------------------------------ published figures
@@ -133,12 +163,20 @@ def test_dqn_atari_buffer_figures_from_facts() -> None:
     full = replay_buffer(ATARI_OBS, "uint8", (), "int64", buffer_size=1_000_000).ram
     assert 0 <= full - exact < 6 * 4096  # each of the six arrays rounded up to whole pages
     assert gb(buffer_size=1_000_000) == pytest.approx(56.4, abs=0.1)
-    assert gb(buffer_size=1_000_000, optimize_memory_usage=True, handle_timeout_termination=False) == \
-        pytest.approx(28.2, abs=0.1)
+    assert gb(buffer_size=1_000_000, optimize_memory_usage=True, handle_timeout_termination=False) == pytest.approx(
+        28.2, abs=0.1
+    )
     assert gb(buffer_size=100_000) == pytest.approx(5.6, abs=0.1)
     # Allocated (what SB3's own check should have counted) includes the never-written timeouts.
-    layout = sb3_replay_layout(ATARI_OBS, "uint8", (), "int64", buffer_size=1_000_000,
-                               optimize_memory_usage=True, handle_timeout_termination=False)
+    layout = sb3_replay_layout(
+        ATARI_OBS,
+        "uint8",
+        (),
+        "int64",
+        buffer_size=1_000_000,
+        optimize_memory_usage=True,
+        handle_timeout_termination=False,
+    )
     assert layout_nbytes(layout) == 28_224 * 10**6 + 8 * 10**6 + 3 * 4 * 10**6
 
 
@@ -158,4 +196,3 @@ def test_atari_frame_stack_matches_sb3() -> None:
         sb3 = StackedObservations(2, 4, space, order).stacked_observation_space.shape
         ours = frame_stack(space.shape, 4, channels_last=None if order is None else order == "last")
         assert ours == sb3, (space, order)
-

@@ -45,11 +45,14 @@ print(json.dumps({"peak": status("VmHWM") - before}))
 """
 
 
-@pytest.mark.parametrize(("n_steps", "n_envs", "batch"), [
-    (128, 8, 64),     # swap_and_flatten copy of the observations dominates
-    (128, 8, None),   # A2C: one minibatch of the whole buffer, copied by numpy and by torch
-    (1024, 1, 256),   # n_envs == 1: no flatten copy (views); three minibatches' worth live
-])
+@pytest.mark.parametrize(
+    ("n_steps", "n_envs", "batch"),
+    [
+        (128, 8, 64),  # swap_and_flatten copy of the observations dominates
+        (128, 8, None),  # A2C: one minibatch of the whole buffer, copied by numpy and by torch
+        (1024, 1, 256),  # n_envs == 1: no flatten copy (views); three minibatches' worth live
+    ],
+)
 def test_rollout_get_peak_matches_measured(n_steps: int, n_envs: int, batch: int | None) -> None:
     measured = run_python(ROLLOUT_GET, str(n_steps), str(n_envs), str(batch))["peak"]
     fp = rollout_buffer(ATARI_OBS, "uint8", (), "int64", n_steps=n_steps, n_envs=n_envs, batch_size=batch)
@@ -85,6 +88,7 @@ def test_array() -> None:
 
 
 def test_integral_floats_from_yaml_are_accepted() -> None:
-    assert replay_buffer(ATARI_OBS, "uint8", (), "int64", buffer_size=1e5).ram == \
-        replay_buffer(ATARI_OBS, "uint8", (), "int64", buffer_size=100_000).ram
-
+    assert (
+        replay_buffer(ATARI_OBS, "uint8", (), "int64", buffer_size=1e5).ram
+        == replay_buffer(ATARI_OBS, "uint8", (), "int64", buffer_size=100_000).ram
+    )

@@ -34,8 +34,9 @@ REAL_TRAINING = """
     print(json.dumps({{"hwm": int(st["VmHWM"].split()[0]) * 1024, "threads": int(st["Threads"])}}))
 """
 
-MLP_TRAINING = REAL_TRAINING.replace("torch.nn.Conv2d(3, 6, 5), torch.nn.ReLU(), torch.nn.Flatten(),", "torch.nn.Flatten(),") \
-    .replace("6 * 28 * 28", "3 * 32 * 32")
+MLP_TRAINING = REAL_TRAINING.replace(
+    "torch.nn.Conv2d(3, 6, 5), torch.nn.ReLU(), torch.nn.Flatten(),", "torch.nn.Flatten(),"
+).replace("6 * 28 * 28", "3 * 32 * 32")
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -78,9 +79,15 @@ def test_a_failing_probe_raises_calibration_error_with_the_reason(tmp_path, monk
         calibration.load().stack(("no_such_module_xyz",))
 
 
-@pytest.mark.parametrize("kwargs,word", [({"stack": "tensorflow"}, "stack"), ({"torch_threads": 0}, "torch_threads"),
-                                         ({"extra_threads": -1}, "extra_threads"),
-                                         ({"torch_threads": 2**23}, "torch_threads .*PID_MAX_LIMIT")])
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        ({"stack": "tensorflow"}, "stack"),
+        ({"torch_threads": 0}, "torch_threads"),
+        ({"extra_threads": -1}, "extra_threads"),
+        ({"torch_threads": 2**23}, "torch_threads .*PID_MAX_LIMIT"),
+    ],
+)
 def test_process_rejects_bad_input_naming_it(kwargs, word):
     with pytest.raises(ValueError, match=word):
         process(**kwargs)
@@ -157,10 +164,10 @@ def test_cuda_costs_without_a_gpu_keep_the_defaults_and_say_why(tmp_path, monkey
     monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
     cal = calibration.load()
-    assert cal.cuda_costs(measure=False) is None         # never measured and not asked to: no probe
-    costs = cal.cuda_costs()                             # the real probe, on this host without a GPU
+    assert cal.cuda_costs(measure=False) is None  # never measured and not asked to: no probe
+    costs = cal.cuda_costs()  # the real probe, on this host without a GPU
     assert not costs.measured and "CUDA" in costs.error
     assert (costs.context, costs.cublas_workspace) == (allocator.CUDA_CONTEXT_BYTES, allocator.CUBLAS_WORKSPACE_BYTES)
     raw = json.loads(cal.path.read_text())["cuda"]["LAZY"]
     assert "error" in raw and raw["measured_at"] > 0
-    assert calibration.load().cuda_costs(measure=False) == costs     # kept: not probed again
+    assert calibration.load().cuda_costs(measure=False) == costs  # kept: not probed again

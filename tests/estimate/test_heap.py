@@ -11,8 +11,8 @@ import pytest
 from optuna_memprune.estimate import heap
 from optuna_memprune.units import MiB
 
-DEFAULT = (128 * 1024, True)        # glibc's default: 128 KiB, dynamic
-CHUNK = 16                          # chunk header and alignment
+DEFAULT = (128 * 1024, True)  # glibc's default: 128 KiB, dynamic
+CHUNK = 16  # chunk header and alignment
 
 
 @pytest.fixture(autouse=True)

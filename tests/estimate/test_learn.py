@@ -19,14 +19,25 @@ MiB = 2**20
 def _truth(p: dict) -> float:
     """A DQN-like peak: baseline, a buffer linear in maxlen, weights quadratic in width, activations
     width x batch, an optimizer state that only Adam has; ``chunks`` lowers memory as it grows."""
-    return (300 * MiB + p["maxlen"] * 4000 + p["width"] ** 2 * 64 + p["batch"] * p["width"] * 16
-            + (50 * MiB if p["opt"] == "adam" else 0) + 200 * MiB // p["chunks"])
+    return (
+        300 * MiB
+        + p["maxlen"] * 4000
+        + p["width"] ** 2 * 64
+        + p["batch"] * p["width"] * 16
+        + (50 * MiB if p["opt"] == "adam" else 0)
+        + 200 * MiB // p["chunks"]
+    )
 
 
 def _sample(rng: np.random.Generator) -> dict:
-    return {"maxlen": int(rng.integers(1000, 200_000)), "width": int(2 ** rng.uniform(5, 11)),
-            "batch": int(rng.choice([32, 64, 128, 256])), "lr": float(10 ** rng.uniform(-5, -2)),
-            "opt": str(rng.choice(["adam", "sgd"])), "chunks": int(rng.integers(1, 9))}
+    return {
+        "maxlen": int(rng.integers(1000, 200_000)),
+        "width": int(2 ** rng.uniform(5, 11)),
+        "batch": int(rng.choice([32, 64, 128, 256])),
+        "lr": float(10 ** rng.uniform(-5, -2)),
+        "opt": str(rng.choice(["adam", "sgd"])),
+        "chunks": int(rng.integers(1, 9)),
+    }
 
 
 def _observe(rng: np.random.Generator, n: int, noise: float = 0.04) -> list[Observation]:
@@ -110,8 +121,7 @@ def test_corrected_mode_learns_the_ratio_to_a_footprint_functions_figures() -> N
     for i in range(12):
         pred = float(rng.uniform(200, 700)) * MiB
         peak = (pred + 40 * MiB) * rng.uniform(0.99, 1.01)  # the function misses a constant 40 MiB
-        obs.append(Observation({"x": i}, {"ram": peak, "threads": 5}, predicted={"ram": pred, "threads": 5},
-                               number=i))
+        obs.append(Observation({"x": i}, {"ram": peak, "threads": 5}, predicted={"ram": pred, "threads": 5}, number=i))
     model = learned().fit(obs, corrected=True)
     assert model.ready
     figures = {"ram": 500 * MiB, "vram": 0, "threads": 5}
@@ -154,8 +164,8 @@ def test_a_large_constant_baseline_leaves_trials_just_above_it_under_a_soft_line
     assert model.ready and model.quantile("ram")[2] > 790 * MiB  # the base: the constant baseline
     under = [n for n in range(1, 15) if model.bound({"n": n})["ram"] <= line]
     assert under and min(under) == 1 and max(under) >= 10  # trials whose peak is under the line are admitted
-    assert model.bound({"n": 40})["ram"] > line           # and one whose fit is over it is not
-    for n in range(1, 15):                                # the bound is still over the fit
+    assert model.bound({"n": 40})["ram"] > line  # and one whose fit is over it is not
+    for n in range(1, 15):  # the bound is still over the fit
         assert model.bound({"n": n})["ram"] > model.center({"n": n})["ram"]
 
 
@@ -163,8 +173,10 @@ def test_one_large_trials_miss_does_not_price_every_small_trial_over_a_large_bas
     # a ratio on the whole fit multiplied TensorFlow's baseline by 1.165 and a plain difference added the
     # 118 MiB miss to every trial: both put the smallest network over the 738 MiB soft line, and the guard
     # rejected 48 of 60 trials; the residual scaled by what varies keeps small trials admitted
-    obs = [Observation({"maxlen": m, "width": w, "batch_size": b, "lr": lr}, {"ram": peak * MiB}, censored=c,
-                       number=i) for i, (m, w, b, lr, peak, c) in enumerate(KERAS_TRIALS)]
+    obs = [
+        Observation({"maxlen": m, "width": w, "batch_size": b, "lr": lr}, {"ram": peak * MiB}, censored=c, number=i)
+        for i, (m, w, b, lr, peak, c) in enumerate(KERAS_TRIALS)
+    ]
     model = learned(miss_rate=0.2).fit(obs)
     assert model.ready and model.quantile("ram")[2] > 600 * MiB
     line = 738 * MiB
@@ -176,8 +188,10 @@ def test_one_large_trials_miss_does_not_price_every_small_trial_over_a_large_bas
 
 
 def _torch(rows=TORCH_MLP_TRIALS) -> list[Observation]:
-    return [Observation({"width": w, "depth": d, "batch_size": b, "lr": lr}, {"ram": peak * MiB}, number=i)
-            for i, (w, d, b, lr, peak) in enumerate(rows)]
+    return [
+        Observation({"width": w, "depth": d, "batch_size": b, "lr": lr}, {"ram": peak * MiB}, number=i)
+        for i, (w, d, b, lr, peak) in enumerate(rows)
+    ]
 
 
 def _held_out(obs: list[Observation], miss_rate: float) -> list[tuple[bool, float]]:
@@ -216,19 +230,54 @@ def test_the_bound_tightens_as_trials_are_added() -> None:
         order = [obs[i] for i in rng.permutation(len(obs))]
         for n, out in widths.items():
             model = learned(miss_rate=0.1).fit(order[:n])
-            out.append(np.mean([(model.bound(o.params)["ram"] - model.center(o.params)["ram"]) / o.peaks["ram"]
-                                for o in order[32:]]))
+            out.append(
+                np.mean(
+                    [
+                        (model.bound(o.params)["ram"] - model.center(o.params)["ram"]) / o.peaks["ram"]
+                        for o in order[32:]
+                    ]
+                )
+            )
     mean = {n: float(np.mean(v)) for n, v in widths.items()}
     assert mean[4] > mean[8] > mean[32] and mean[32] < 0.06, mean
 
 
 def test_a_learning_rate_like_param_takes_no_memory_without_evidence() -> None:
-    assert [role(n) for n in ("learning_rate", "lr", "gamma", "dropout", "weight_decay", "seed", "clip_range",
-                              "beta1", "batch_norm_momentum")] == [Role.NONE] * 9
-    assert [role(n) for n in ("batch_size", "n_layers", "hiddenDim", "num_leaves", "max_bin", "buffer_size",
-                              "seq_len", "n_envs", "frame_stack")] == [Role.SIZE] * 9
-    for rows in (_torch(), [Observation({"maxlen": m, "width": w, "batch_size": b, "lr": lr}, {"ram": p * MiB},
-                                        censored=c, number=i) for i, (m, w, b, lr, p, c) in enumerate(KERAS_TRIALS)]):
+    assert [
+        role(n)
+        for n in (
+            "learning_rate",
+            "lr",
+            "gamma",
+            "dropout",
+            "weight_decay",
+            "seed",
+            "clip_range",
+            "beta1",
+            "batch_norm_momentum",
+        )
+    ] == [Role.NONE] * 9
+    assert [
+        role(n)
+        for n in (
+            "batch_size",
+            "n_layers",
+            "hiddenDim",
+            "num_leaves",
+            "max_bin",
+            "buffer_size",
+            "seq_len",
+            "n_envs",
+            "frame_stack",
+        )
+    ] == [Role.SIZE] * 9
+    for rows in (
+        _torch(),
+        [
+            Observation({"maxlen": m, "width": w, "batch_size": b, "lr": lr}, {"ram": p * MiB}, censored=c, number=i)
+            for i, (m, w, b, lr, p, c) in enumerate(KERAS_TRIALS)
+        ],
+    ):
         for n in (4, 8, 12, len(rows)):
             model = learned().fit(rows[:n])
             assert "lr" not in model.params(), (n, model.params())
@@ -236,6 +285,8 @@ def test_a_learning_rate_like_param_takes_no_memory_without_evidence() -> None:
             assert model.bound({**p, "lr": 1e-4}) == model.bound({**p, "lr": 1e-2})
     # a param the trials show takes memory, whatever its name, is held from MIN_TURN trials on
     rng = np.random.default_rng(9)
-    obs = [Observation({"width": int(w), "temperature": float(t)}, {"ram": (300 + w / 4 + 400 * t) * MiB}, number=i)
-           for i, (w, t) in enumerate(zip(rng.integers(64, 1024, 24), rng.uniform(0, 1, 24)))]
+    obs = [
+        Observation({"width": int(w), "temperature": float(t)}, {"ram": (300 + w / 4 + 400 * t) * MiB}, number=i)
+        for i, (w, t) in enumerate(zip(rng.integers(64, 1024, 24), rng.uniform(0, 1, 24)))
+    ]
     assert "temperature" not in learned().fit(obs[:8]).params() and "temperature" in learned().fit(obs).params()

@@ -47,13 +47,15 @@ def _probe_counter(tmp_path: Path) -> tuple[dict[str, str], Path]:
     site = tmp_path / "site"
     site.mkdir()
     log = tmp_path / "probes.log"
-    (site / "sitecustomize.py").write_text(textwrap.dedent(f"""
+    (site / "sitecustomize.py").write_text(
+        textwrap.dedent(f"""
         with open('/proc/self/cmdline', 'rb') as f:
             cmd = f.read()
         if {PROBE.encode()!r} in cmd:
             with open({str(log)!r}, 'a') as out:
                 out.write(cmd.split(b'\\0')[2].decode() + '\\n')
-    """))
+    """)
+    )
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
     return {"PYTHONPATH": path, "MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")}, log
 
@@ -63,8 +65,13 @@ def _probes(log: Path) -> list[str]:
 
 
 def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -78,11 +85,10 @@ def cache(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
     """A fresh cache holding the torch stack and the bare interpreter's, measured here by real probes; the
     environment that counts probes, the probe log (emptied) and the cache file."""
     env, log = _probe_counter(tmp_path)
-    _run("from optuna_memprune.estimate import calibration as c; c.load().stack(('torch',)); c.load().stack(())",
-         env)
+    _run("from optuna_memprune.estimate import calibration as c; c.load().stack(('torch',)); c.load().stack(())", env)
     assert len(_probes(log)) == 3  # torch at 1 and 4 threads, the bare interpreter
     log.unlink()
-    path, = (tmp_path / "cache").glob("calibration-*.json")
+    (path,) = (tmp_path / "cache").glob("calibration-*.json")
     return env, log, path
 
 
@@ -237,14 +243,17 @@ def test_an_entry_from_before_the_recheck_is_rechecked_and_its_age_said(tmp_path
     env, log = _probe_counter(tmp_path)
     monkeypatch.setenv("MEMPRUNE_CACHE_DIR", env["MEMPRUNE_CACHE_DIR"])
     _run("from optuna_memprune.estimate import calibration as c; c.load().stack(())", env)
-    path, = (tmp_path / "cache").glob("calibration-*.json")
+    (path,) = (tmp_path / "cache").glob("calibration-*.json")
     data = json.loads(path.read_text())
     entry = data["stacks"]["stack::0"]
     del entry["measured_at"], entry["host"]
     entry["points"][0][1]["warm"]["VmHWM"] *= 2
     path.write_text(json.dumps(data))
-    proc = _run("import logging; logging.basicConfig(); "
-                "from optuna_memprune.estimate import calibration as c; c.load().stack(())", env)
+    proc = _run(
+        "import logging; logging.basicConfig(); "
+        "from optuna_memprune.estimate import calibration as c; c.load().stack(())",
+        env,
+    )
     drifted = _lines(proc, "drifted")
     assert len(drifted) == 1 and "measured by an older version" in drifted[0], proc.stderr
     assert calibration.load(path).stacks()[0].measured_at is not None

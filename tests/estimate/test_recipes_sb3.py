@@ -39,8 +39,10 @@ def test_buffer_fill_follows_total_timesteps():
 
 def test_every_algorithm_builds_its_networks():
     names = {
-        "dqn": ["q_net weights", "q_net frozen weights"], "qrdqn": ["q_net weights", "q_net frozen weights"],
-        "ppo": ["policy weights"], "a2c": ["policy weights"],
+        "dqn": ["q_net weights", "q_net frozen weights"],
+        "qrdqn": ["q_net weights", "q_net frozen weights"],
+        "ppo": ["policy weights"],
+        "a2c": ["policy weights"],
         "sac": ["actor weights", "critic weights", "critic frozen weights"],
         "td3": ["actor weights", "actor frozen weights", "critic frozen weights"],
     }
@@ -67,41 +69,68 @@ def test_subproc_envs_are_worker_processes():
     assert sub.threads > dummy.threads
 
 
-@pytest.mark.parametrize("call,word", [
-    (lambda: recipes.sb3("dqnn", PONG, {}), "algo"),
-    (lambda: recipes.sb3("dqn", PONG, {"buffer_size": -5}), "buffer_size"),
-    (lambda: recipes.sb3("dqn", PONG, {"batch_sz": 32}), "batch_sz"),
-    (lambda: recipes.sb3("dqn", PONG, {"net_arch": "enormous"}), "net_arch"),
-    (lambda: recipes.sb3("sac", "CartPole-v1", {}), "Box action space"),
-    (lambda: recipes.sb3("ppo", PONG, {}, vec_env="threads"), "vec_env"),
-    (lambda: recipes.sb3("ppo", PONG, {}, n_envs=0), "n_envs"),
-    (lambda: recipes.sb3("dqn", "CartPole-v1", {}, frame_stack=-2), "frame_stack must be a positive int"),
-    (lambda: recipes.sb3("dqn", "NoSuchEnv-v0", {}), "unknown env id 'NoSuchEnv-v0'"),
-    (lambda: recipes.sb3("dqn", PONG, {"buffer_size": 10**99}), r"buffer_size.*2\*\*50.*1e\+99"),
-    (lambda: recipes.sb3("ppo", PONG, {"net_arch": {"pi": [64], "vf": [2**30]}}), "net_arch.*2\\*\\*24"),
-    (lambda: recipes.sb3("dqn", "CartPole-v1", {"buffer_size": 10**15}), "over 1 PiB"),
-])
+@pytest.mark.parametrize(
+    "call,word",
+    [
+        (lambda: recipes.sb3("dqnn", PONG, {}), "algo"),
+        (lambda: recipes.sb3("dqn", PONG, {"buffer_size": -5}), "buffer_size"),
+        (lambda: recipes.sb3("dqn", PONG, {"batch_sz": 32}), "batch_sz"),
+        (lambda: recipes.sb3("dqn", PONG, {"net_arch": "enormous"}), "net_arch"),
+        (lambda: recipes.sb3("sac", "CartPole-v1", {}), "Box action space"),
+        (lambda: recipes.sb3("ppo", PONG, {}, vec_env="threads"), "vec_env"),
+        (lambda: recipes.sb3("ppo", PONG, {}, n_envs=0), "n_envs"),
+        (lambda: recipes.sb3("dqn", "CartPole-v1", {}, frame_stack=-2), "frame_stack must be a positive int"),
+        (lambda: recipes.sb3("dqn", "NoSuchEnv-v0", {}), "unknown env id 'NoSuchEnv-v0'"),
+        (lambda: recipes.sb3("dqn", PONG, {"buffer_size": 10**99}), r"buffer_size.*2\*\*50.*1e\+99"),
+        (lambda: recipes.sb3("ppo", PONG, {"net_arch": {"pi": [64], "vf": [2**30]}}), "net_arch.*2\\*\\*24"),
+        (lambda: recipes.sb3("dqn", "CartPole-v1", {"buffer_size": 10**15}), "over 1 PiB"),
+    ],
+)
 def test_bad_input_names_what_was_wrong(call, word):
     with pytest.raises(EstimateError, match=word):
         call()
 
 
 def test_memprune_predict_prints_the_breakdown():
-    out = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "predict", "sb3", "--algo", "dqn", "--env",
-                          PONG, "--frame-stack", "4", "buffer_size=1e6", "batch_size=32"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "optuna_memprune.cli",
+            "predict",
+            "sb3",
+            "--algo",
+            "dqn",
+            "--env",
+            PONG,
+            "--frame-stack",
+            "4",
+            "buffer_size=1e6",
+            "batch_size=32",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "replay buffer" in out.stdout and "TOTAL" in out.stdout
     assert re.search(r"5\d\.\d\d GiB", out.stdout), out.stdout  # 52.6 GiB buffer + the rest
-    bad = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "predict", "sb3", "--algo", "dqn", "--env",
-                          PONG, "buffer_sz=1"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "optuna_memprune.cli", "predict", "sb3", "--algo", "dqn", "--env", PONG, "buffer_sz=1"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "buffer_sz" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.mark.slow
 def test_accuracy_smoke_on_real_training_runs():
     """A few real configurations (DQN Pong filled buffer, PPO subproc, torch MLP, deque) in fresh processes."""
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_accuracy.py"), "--smoke"],
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_accuracy.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     last = out.stdout.strip().splitlines()[-1]
     fields = dict(kv.split("=") for kv in last.split()[1:])
@@ -153,6 +182,7 @@ def test_the_recipe_and_process_share_one_calibrated_entry_keyed_by_the_recipes_
 
 def _real_networks(model, algo):
     """The real model's networks by the recipe's component names, as parameter bytes."""
+
     def nbytes(module):
         return sum(p.numel() * p.element_size() for p in module.parameters())
 
@@ -162,25 +192,34 @@ def _real_networks(model, algo):
         return {"q_net weights": nbytes(online), "q_net frozen weights": nbytes(target)}
     if algo in ("ppo", "a2c", "trpo"):
         return {"policy weights": nbytes(model.policy)}
-    out = {"actor weights": nbytes(model.actor), "critic weights": nbytes(model.critic),
-           "critic frozen weights": nbytes(model.critic_target)}
+    out = {
+        "actor weights": nbytes(model.actor),
+        "critic weights": nbytes(model.critic),
+        "critic frozen weights": nbytes(model.critic_target),
+    }
     if algo in ("td3", "ddpg"):
         out["actor frozen weights"] = nbytes(model.actor_target)
     return out
 
 
-@pytest.mark.parametrize(("algo", "env", "policy_kwargs"), [
-    ("dqn", "CartPole-v1", "dict(net_arch=[256, 256])"),
-    ("qrdqn", "CartPole-v1", {"net_arch": [64, 64], "n_quantiles": 170}),
-    ("ppo", "CartPole-v1", "dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, "
-                           "net_arch=dict(pi=[256, 256], vf=[128]))"),
-    ("a2c", "CartPole-v1", {"net_arch": {"pi": [64], "vf": [64]}, "activation_fn": "tanh"}),
-    ("trpo", "CartPole-v1", None),
-    ("sac", "Pendulum-v1", "dict(net_arch=dict(pi=[256, 256], qf=[1024, 1024]), n_critics=3)"),
-    ("td3", "Pendulum-v1", "dict(net_arch=[400, 300])"),
-    ("ddpg", "Pendulum-v1", None),  # DDPG's one critic
-    ("tqc", "Pendulum-v1", "dict(net_arch=[512, 512, 512], n_critics=2, n_quantiles=10)"),
-])
+@pytest.mark.parametrize(
+    ("algo", "env", "policy_kwargs"),
+    [
+        ("dqn", "CartPole-v1", "dict(net_arch=[256, 256])"),
+        ("qrdqn", "CartPole-v1", {"net_arch": [64, 64], "n_quantiles": 170}),
+        (
+            "ppo",
+            "CartPole-v1",
+            "dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, net_arch=dict(pi=[256, 256], vf=[128]))",
+        ),
+        ("a2c", "CartPole-v1", {"net_arch": {"pi": [64], "vf": [64]}, "activation_fn": "tanh"}),
+        ("trpo", "CartPole-v1", None),
+        ("sac", "Pendulum-v1", "dict(net_arch=dict(pi=[256, 256], qf=[1024, 1024]), n_critics=3)"),
+        ("td3", "Pendulum-v1", "dict(net_arch=[400, 300])"),
+        ("ddpg", "Pendulum-v1", None),  # DDPG's one critic
+        ("tqc", "Pendulum-v1", "dict(net_arch=[512, 512, 512], n_critics=2, n_quantiles=10)"),
+    ],
+)
 def test_every_algo_has_the_real_models_parameter_bytes(algo, env, policy_kwargs):
     """Each algo's networks as the recipe builds them on meta, against the real SB3/sb3-contrib model built with
     the same policy_kwargs (text read as rl-zoo3's yml writes it)."""
@@ -189,16 +228,27 @@ def test_every_algo_has_the_real_models_parameter_bytes(algo, env, policy_kwargs
     from stable_baselines3 import A2C, DDPG, DQN, PPO, SAC, TD3
 
     sb3_contrib = pytest.importorskip("sb3_contrib", reason="sb3-contrib is not installed")
-    classes = {"dqn": DQN, "ppo": PPO, "a2c": A2C, "sac": SAC, "td3": TD3, "ddpg": DDPG,
-               "qrdqn": sb3_contrib.QRDQN, "trpo": sb3_contrib.TRPO, "tqc": sb3_contrib.TQC}
+    classes = {
+        "dqn": DQN,
+        "ppo": PPO,
+        "a2c": A2C,
+        "sac": SAC,
+        "td3": TD3,
+        "ddpg": DDPG,
+        "qrdqn": sb3_contrib.QRDQN,
+        "trpo": sb3_contrib.TRPO,
+        "tqc": sb3_contrib.TQC,
+    }
     real_kwargs = recipes.sb3_recipe.read_kwargs(policy_kwargs, "policy_kwargs")
     if real_kwargs.get("activation_fn") == "nn.ReLU":
         real_kwargs["activation_fn"] = nn.ReLU
     elif real_kwargs.get("activation_fn") == "tanh":
         real_kwargs["activation_fn"] = nn.Tanh
-    model = classes[algo]("MlpPolicy", gym.make(env), policy_kwargs=real_kwargs, buffer_size=1000, device="cpu") \
-        if algo in ("dqn", "qrdqn", "sac", "td3", "ddpg", "tqc") else \
-        classes[algo]("MlpPolicy", gym.make(env), policy_kwargs=real_kwargs, device="cpu")
+    model = (
+        classes[algo]("MlpPolicy", gym.make(env), policy_kwargs=real_kwargs, buffer_size=1000, device="cpu")
+        if algo in ("dqn", "qrdqn", "sac", "td3", "ddpg", "tqc")
+        else classes[algo]("MlpPolicy", gym.make(env), policy_kwargs=real_kwargs, device="cpu")
+    )
     params = {"buffer_size": 1000} if "buffer_size" in ALGO_DEFAULTS[algo] else {}
     if policy_kwargs is not None:
         params["policy_kwargs"] = policy_kwargs
@@ -223,17 +273,23 @@ def test_the_optimizer_is_the_algos():
     assert abs(state[a2c] - weights) < 1024 and abs(state[adam] - 2 * weights) < 1024  # RMSprop 1 buffer, Adam 2
 
 
-@pytest.mark.parametrize(("params", "word"), [
-    ({"policy_kwargs": "dict(net_arch=[64], lstm_hidden_size=64)"}, r"unknown policy_kwargs key\(s\) \['lstm_hidden_size'\]"),
-    ({"policy_kwargs": "__import__('os').system('echo hacked')"}, "would need running code"),
-    ({"policy_kwargs": "dict(net_arch=[64]"}, "policy_kwargs' must be Python text"),
-    ({"policy_kwargs": {"n_quantiles": 10}}, r"\['n_quantiles'\] are not parameters of dqn"),
-    ({"policy_kwargs": {"net_arch": {"pi": [64], "vf": [64]}}}, "net_arch.*of dqn must be a list"),
-    ({"net_arch": [64], "policy_kwargs": {"net_arch": [128]}}, "'net_arch' is given twice"),
-    ({"policy_kwargs": {"activation_fn": "swish"}}, "activation_fn"),
-    ({"policy": "MultiInputPolicy"}, "param 'policy'"),
-    ({"replay_buffer_class": "HerReplayBuffer"}, "replay_buffer_class"),
-])
+@pytest.mark.parametrize(
+    ("params", "word"),
+    [
+        (
+            {"policy_kwargs": "dict(net_arch=[64], lstm_hidden_size=64)"},
+            r"unknown policy_kwargs key\(s\) \['lstm_hidden_size'\]",
+        ),
+        ({"policy_kwargs": "__import__('os').system('echo hacked')"}, "would need running code"),
+        ({"policy_kwargs": "dict(net_arch=[64]"}, "policy_kwargs' must be Python text"),
+        ({"policy_kwargs": {"n_quantiles": 10}}, r"\['n_quantiles'\] are not parameters of dqn"),
+        ({"policy_kwargs": {"net_arch": {"pi": [64], "vf": [64]}}}, "net_arch.*of dqn must be a list"),
+        ({"net_arch": [64], "policy_kwargs": {"net_arch": [128]}}, "'net_arch' is given twice"),
+        ({"policy_kwargs": {"activation_fn": "swish"}}, "activation_fn"),
+        ({"policy": "MultiInputPolicy"}, "param 'policy'"),
+        ({"replay_buffer_class": "HerReplayBuffer"}, "replay_buffer_class"),
+    ],
+)
 def test_bad_policy_kwargs_name_what_was_wrong(params, word):
     with pytest.raises(EstimateError, match=word):
         recipes.sb3("dqn", "CartPole-v1", params)

@@ -22,9 +22,17 @@ from optuna_memprune.units import parse_bytes  # noqa: E402
 
 zoo = recipes.rlzoo3_recipe
 PONG = "PongNoFrameskip-v4"
-ENVS = {"dqn": "CartPole-v1", "qrdqn": "CartPole-v1", "ppo": "CartPole-v1", "a2c": "CartPole-v1",
-        "trpo": "CartPole-v1", "sac": "Pendulum-v1", "td3": "Pendulum-v1", "ddpg": "Pendulum-v1",
-        "tqc": "Pendulum-v1"}
+ENVS = {
+    "dqn": "CartPole-v1",
+    "qrdqn": "CartPole-v1",
+    "ppo": "CartPole-v1",
+    "a2c": "CartPole-v1",
+    "trpo": "CartPole-v1",
+    "sac": "Pendulum-v1",
+    "td3": "Pendulum-v1",
+    "ddpg": "Pendulum-v1",
+    "tqc": "Pendulum-v1",
+}
 
 
 def _buffer(fp):
@@ -35,8 +43,16 @@ def _manager(algo, env_id, tmp_path, **kwargs):
     """rl-zoo3's own ExperimentManager, as ``train.py -optimize`` makes it, with its hyperparameters read and
     preprocessed by its own code: (the model kwargs, the manager)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    em = ExperimentManager(argparse.Namespace(), algo, env_id, str(tmp_path), optimize_hyperparameters=True,
-                           verbose=0, device="cpu", **kwargs)
+    em = ExperimentManager(
+        argparse.Namespace(),
+        algo,
+        env_id,
+        str(tmp_path),
+        optimize_hyperparameters=True,
+        verbose=0,
+        device="cpu",
+        **kwargs,
+    )
     hyperparams, em.env_wrapper, _, em.vec_env_wrapper = em._preprocess_hyperparams(em.read_hyperparameters()[0])
     env = em.create_envs(1, no_log=True)
     hyperparams = em._preprocess_action_noise(hyperparams, {}, env)  # as setup_experiment() does
@@ -70,8 +86,16 @@ def test_pong_dqn_defaults_are_rl_zoos_5_26_gib_buffer(tmp_path):
 
 def test_optimize_memory_usage_and_n_timesteps_from_the_command_line():
     full = _buffer(recipes.rlzoo3("dqn", PONG))
-    omu = _buffer(recipes.rlzoo3("dqn", PONG, hyperparams={"optimize_memory_usage": True,
-                                                           "replay_buffer_kwargs": "dict(handle_timeout_termination=False)"}))
+    omu = _buffer(
+        recipes.rlzoo3(
+            "dqn",
+            PONG,
+            hyperparams={
+                "optimize_memory_usage": True,
+                "replay_buffer_kwargs": "dict(handle_timeout_termination=False)",
+            },
+        )
+    )
     assert 0.49 < omu / full < 0.51
     part = _buffer(recipes.rlzoo3("dqn", PONG, n_timesteps=25_000))  # train.py -n 25000: a quarter filled
     assert 0.24 < part / full < 0.26
@@ -103,16 +127,22 @@ def test_rl_zoos_own_samplers_on_real_trials_are_predicted(algo, tmp_path):
         model.env.close()
 
 
-@pytest.mark.parametrize(("call", "word"), [
-    (lambda: recipes.rlzoo3("dqn", PONG, {"batch_sz": 32}), r"unknown rl-zoo3 param\(s\) \['batch_sz'\].*known:"),
-    (lambda: recipes.rlzoo3("dqn", PONG, hyperparams={"bufer_size": 10}), r"\['bufer_size'\] in hyperparams"),
-    (lambda: recipes.rlzoo3("dqnn", PONG), "algo must be one of"),
-    (lambda: recipes.rlzoo3("ppo", "CartPole-v1", {"net_arch": "big"}), "net_arch' of ppo must be one of"),
-    (lambda: recipes.rlzoo3("dqn", PONG, {"batch_size_pow": 99}), "batch_size_pow' must be at most 40"),
-    (lambda: recipes.rlzoo3("dqn", PONG, hyperparams={"policy_kwargs": "dict(net_arch=exec('1'))"}), "running code"),
-    (lambda: recipes.rlzoo3("dqn", PONG, hyperparams={"env_wrapper": None}), "AtariWrapper"),
-    (lambda: zoo.fixed_hyperparams("dqn", PONG, path="/nonexistent/dqn.yml"), "cannot read rl-zoo3"),
-])
+@pytest.mark.parametrize(
+    ("call", "word"),
+    [
+        (lambda: recipes.rlzoo3("dqn", PONG, {"batch_sz": 32}), r"unknown rl-zoo3 param\(s\) \['batch_sz'\].*known:"),
+        (lambda: recipes.rlzoo3("dqn", PONG, hyperparams={"bufer_size": 10}), r"\['bufer_size'\] in hyperparams"),
+        (lambda: recipes.rlzoo3("dqnn", PONG), "algo must be one of"),
+        (lambda: recipes.rlzoo3("ppo", "CartPole-v1", {"net_arch": "big"}), "net_arch' of ppo must be one of"),
+        (lambda: recipes.rlzoo3("dqn", PONG, {"batch_size_pow": 99}), "batch_size_pow' must be at most 40"),
+        (
+            lambda: recipes.rlzoo3("dqn", PONG, hyperparams={"policy_kwargs": "dict(net_arch=exec('1'))"}),
+            "running code",
+        ),
+        (lambda: recipes.rlzoo3("dqn", PONG, hyperparams={"env_wrapper": None}), "AtariWrapper"),
+        (lambda: zoo.fixed_hyperparams("dqn", PONG, path="/nonexistent/dqn.yml"), "cannot read rl-zoo3"),
+    ],
+)
 def test_bad_input_names_what_was_wrong(call, word):
     with pytest.raises(EstimateError, match=word):
         call()

@@ -75,9 +75,14 @@ def transformer():
 
 def bn_cnn():
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, stride=2), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.Conv2d(8, 16, 3, stride=2), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Flatten(), nn.Linear(16 * 7 * 7, 10),
+        nn.Conv2d(3, 8, 3, stride=2),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=2),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 7 * 7, 10),
     )
 
 
@@ -188,8 +193,7 @@ def test_training_footprint_components_add_up_to_the_traced_peak():
 
 def test_inference_footprint_has_weights_and_activations_only():
     fp = torch_inference(lambda: mlp(256), (16,), batch_size=512)
-    assert [c.name for c in fp.components if c.kind is not Kind.ALLOCATOR] == ["network weights",
-                                                                              "network activations"]
+    assert [c.name for c in fp.components if c.kind is not Kind.ALLOCATOR] == ["network weights", "network activations"]
     assert fp.components[1].ram >= 512 * 256 * 4  # one hidden layer's output at least
     assert _traced(fp) == torchnet.trace(lambda: mlp(256), (16,), batch_size=512, training=False).peak
 
@@ -204,9 +208,9 @@ class _MaskChecked(nn.Module):
     def forward(self, x):
         mask = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
         if self.read == "condition":
-            wide = not bool(mask.sum() == mask.numel())     # all valid: the narrow path
+            wide = not bool(mask.sum() == mask.numel())  # all valid: the narrow path
         else:
-            wide = int(mask.sum().item()) > 4               # a number: what a trace without data cannot know
+            wide = int(mask.sum().item()) > 4  # a number: what a trace without data cannot know
         out = self.lin(x)
         return torch.cat([out] * 8, dim=1) if wide else out
 
@@ -229,14 +233,27 @@ def test_cuda_footprint_takes_the_context_calibrated_on_this_hosts_gpu(tmp_path,
 
     monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
-    default = torch_training(mlp, (16,), batch_size=8, device="cuda")     # no GPU here: the defaults
-    cal = calibration.Calibration(tmp_path / "gpu-host.json", data={"cuda": {"LAZY": {
-        "context": 758 * 2**20, "cublas_workspace": 64 * 2**20, "gpu": "NVIDIA H200", "measured_at": 0.0}}})
+    default = torch_training(mlp, (16,), batch_size=8, device="cuda")  # no GPU here: the defaults
+    cal = calibration.Calibration(
+        tmp_path / "gpu-host.json",
+        data={
+            "cuda": {
+                "LAZY": {
+                    "context": 758 * 2**20,
+                    "cublas_workspace": 64 * 2**20,
+                    "gpu": "NVIDIA H200",
+                    "measured_at": 0.0,
+                }
+            }
+        },
+    )
     fp = torch_training(mlp, (16,), batch_size=8, device="cuda", calibration=cal)
     got, base = _by_name(fp), _by_name(default)
     assert (got["CUDA context"], got["cuBLAS workspace"]) == (758 * 2**20, 64 * 2**20)
-    assert (base["CUDA context"], base["cuBLAS workspace"]) == (allocator.CUDA_CONTEXT_BYTES,
-                                                              allocator.CUBLAS_WORKSPACE_BYTES)
+    assert (base["CUDA context"], base["cuBLAS workspace"]) == (
+        allocator.CUDA_CONTEXT_BYTES,
+        allocator.CUBLAS_WORKSPACE_BYTES,
+    )
     assert "NVIDIA H200" in next(c.note for c in fp.components if c.name == "CUDA context")
     # the workspace is replayed through the allocator model: its segment changes the overhead, not the tensors
     assert fp.vram - default.vram > (758 - 300) * 2**20
@@ -425,21 +442,24 @@ def test_threads_share_the_cache_safely():
 # --------------------------------------------------------------------------------------------------------
 # Bad input
 # --------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(batch_size=0), "batch_size must be a positive int, but got 0"),
-    (dict(batch_size=-3), "but got -3"),
-    (dict(batch_size=True), "but got True"),
-    (dict(batch_size=8, optimizer="adagrad_typo"), "optimizer must be a torch.optim optimizer"),
-    (dict(batch_size=8, optimizer=("lbfgs", {})), "optimizer LBFGS cannot be traced"),
-    (dict(batch_size=8, dtype="float8"), "dtype must be one of 'float32'"),
-    (dict(batch_size=8, input_dtype="complex64"), "input_dtype must be one of"),
-    (dict(batch_size=8, autocast="float32"), "autocast must be one of 'float16', 'bfloat16', but got 'float32'"),
-    (dict(batch_size=8, accumulation_steps=0), "accumulation_steps must be a positive int, but got 0"),
-    (dict(batch_size=8, frozen=-1), "frozen must be a non-negative int"),
-    (dict(batch_size=8, frozen={"critic": 1}), "frozen must be a non-negative int"),
-    (dict(batch_size=8, device="tpu"), "device must be 'cpu', 'cuda' or 'cuda:N', but got 'tpu'"),
-    (dict(batch_size=8, optimizer=("sgd", {"nesterov_typo": 1})), "rejected its kwargs"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(batch_size=0), "batch_size must be a positive int, but got 0"),
+        (dict(batch_size=-3), "but got -3"),
+        (dict(batch_size=True), "but got True"),
+        (dict(batch_size=8, optimizer="adagrad_typo"), "optimizer must be a torch.optim optimizer"),
+        (dict(batch_size=8, optimizer=("lbfgs", {})), "optimizer LBFGS cannot be traced"),
+        (dict(batch_size=8, dtype="float8"), "dtype must be one of 'float32'"),
+        (dict(batch_size=8, input_dtype="complex64"), "input_dtype must be one of"),
+        (dict(batch_size=8, autocast="float32"), "autocast must be one of 'float16', 'bfloat16', but got 'float32'"),
+        (dict(batch_size=8, accumulation_steps=0), "accumulation_steps must be a positive int, but got 0"),
+        (dict(batch_size=8, frozen=-1), "frozen must be a non-negative int"),
+        (dict(batch_size=8, frozen={"critic": 1}), "frozen must be a non-negative int"),
+        (dict(batch_size=8, device="tpu"), "device must be 'cpu', 'cuda' or 'cuda:N', but got 'tpu'"),
+        (dict(batch_size=8, optimizer=("sgd", {"nesterov_typo": 1})), "rejected its kwargs"),
+    ],
+)
 def test_bad_arguments_raise_value_error_naming_the_value(kwargs, fragment):
     with pytest.raises(ValueError) as info:
         torch_training(mlp, (16,), **kwargs)
@@ -496,10 +516,12 @@ def test_allocator_timeline_repeats_the_step_without_leaking():
 # --------------------------------------------------------------------------------------------------------
 def test_workspaces_module_imports_without_the_rest_of_the_tracer():
     # the calibration's kernel probe imports it in a fresh interpreter, whose baseline must stay small
-    code = ("import sys; from optuna_memprune.estimate.torchnet import workspaces; "
-            "print(workspaces.WORKSPACE_RULES == ('conv_fwd_in', 'conv_fwd_out', 'conv_bwd_in', 'conv_bwd_out', "
-            "'conv_bwd_grad_in'), workspaces.channel_block() in (8, 16), "
-            "sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('optuna_memprune.estimate.torchnet.')))")
+    code = (
+        "import sys; from optuna_memprune.estimate.torchnet import workspaces; "
+        "print(workspaces.WORKSPACE_RULES == ('conv_fwd_in', 'conv_fwd_out', 'conv_bwd_in', 'conv_bwd_out', "
+        "'conv_bwd_grad_in'), workspaces.channel_block() in (8, 16), "
+        "sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('optuna_memprune.estimate.torchnet.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True", "['workspaces']"]
 
@@ -511,8 +533,10 @@ def test_workspace_features_of_a_convolution():
     x, w = torch.empty(2, 32, 10, 10, device="meta"), torch.empty(40, 32, 3, 3, device="meta")
     y = aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     feats = dict(workspace_features(aten.convolution.default, (x, w, None), {}, y, 16))
-    assert feats == {WORKSPACE_RULES.index("conv_fwd_out"): 2 * 48 * 100 * 4,   # 40 channels padded to 48
-                     WORKSPACE_RULES.index("conv_fwd_in"): 2 * 32 * 100 * 4}
+    assert feats == {
+        WORKSPACE_RULES.index("conv_fwd_out"): 2 * 48 * 100 * 4,  # 40 channels padded to 48
+        WORKSPACE_RULES.index("conv_fwd_in"): 2 * 32 * 100 * 4,
+    }
     assert workspace_features(aten.mm.default, (x, w), {}, y, 16) == []
 
 

@@ -20,9 +20,13 @@ from optuna_memprune.estimate.torchnet import construct  # noqa: E402
 from optuna_memprune.exceptions import EstimateError  # noqa: E402
 
 UNTRACEABLE = {"LBFGS", "SparseAdam"}
-ALL_OPTIMIZERS = sorted(n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type)
-                        and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
-                        and n not in ("Optimizer", *UNTRACEABLE))
+ALL_OPTIMIZERS = sorted(
+    n
+    for n in dir(torch.optim)
+    if isinstance(getattr(torch.optim, n), type)
+    and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
+    and n not in ("Optimizer", *UNTRACEABLE)
+)
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +78,7 @@ def test_optimizer_as_class_pair_or_instance_with_kwargs(name, form):
     elif form == "pair":
         optimizer = (cls, kwargs)
     else:
-        optimizer = cls(mlp().parameters(), **kwargs)     # a user's instance: its class and kwargs are read
+        optimizer = cls(mlp().parameters(), **kwargs)  # a user's instance: its class and kwargs are read
     _same_as_real_cpu(mlp, (16,), batch_size=8, optimizer=optimizer, target="cuda")
     fp = torch_training(mlp, (16,), batch_size=8, optimizer=optimizer, device="cuda")
     assert any(c.name == "network optimizer state" and c.vram > 0 for c in fp.components)
@@ -94,10 +98,16 @@ def test_fused_optimizer_traces_as_the_single_tensor_loop():
     assert fused.peak == loop.peak
 
 
-@pytest.mark.parametrize("scheduler", [
-    "StepLR", ("StepLR", {"step_size": 7, "gamma": 0.1}), ("OneCycleLR", {"max_lr": 0.1, "total_steps": 100}),
-    ("CosineAnnealingLR", {"T_max": 10}), "ReduceLROnPlateau",
-])
+@pytest.mark.parametrize(
+    "scheduler",
+    [
+        "StepLR",
+        ("StepLR", {"step_size": 7, "gamma": 0.1}),
+        ("OneCycleLR", {"max_lr": 0.1, "total_steps": 100}),
+        ("CosineAnnealingLR", {"T_max": 10}),
+        "ReduceLROnPlateau",
+    ],
+)
 def test_lr_schedulers_do_not_break_or_change_the_trace(scheduler):
     if scheduler == "StepLR":
         scheduler = (torch.optim.lr_scheduler.StepLR, {"step_size": 1})
@@ -108,13 +118,16 @@ def test_lr_schedulers_do_not_break_or_change_the_trace(scheduler):
     assert fp.vram > 0
 
 
-@pytest.mark.parametrize("optimizer, fragment", [
-    ("lbfgs", "optimizer LBFGS cannot be traced on the meta device: its step() re-runs the closure"),
-    ("SparseAdam", "optimizer SparseAdam cannot be traced on the meta device: it takes sparse gradients"),
-    ("adagrad_typo", "optimizer must be a torch.optim optimizer ('Adadelta', 'Adafactor', 'Adagrad'"),
-    (nn.Linear, "optimizer must be a torch.optim optimizer"),
-    (("adagrad", {"no_such_kwarg": 1}), "optimizer 'adagrad' rejected its kwargs"),
-])
+@pytest.mark.parametrize(
+    "optimizer, fragment",
+    [
+        ("lbfgs", "optimizer LBFGS cannot be traced on the meta device: its step() re-runs the closure"),
+        ("SparseAdam", "optimizer SparseAdam cannot be traced on the meta device: it takes sparse gradients"),
+        ("adagrad_typo", "optimizer must be a torch.optim optimizer ('Adadelta', 'Adafactor', 'Adagrad'"),
+        (nn.Linear, "optimizer must be a torch.optim optimizer"),
+        (("adagrad", {"no_such_kwarg": 1}), "optimizer 'adagrad' rejected its kwargs"),
+    ],
+)
 def test_untraceable_or_unknown_optimizers_are_refused_with_the_reason(optimizer, fragment):
     with pytest.raises(EstimateError) as info:
         torch_training(mlp, (16,), batch_size=8, optimizer=optimizer)
@@ -158,7 +171,7 @@ class ReadsItsOwnWeights(nn.Module):
 
 
 def test_constructor_reading_tensor_data_is_built_on_cpu_with_meta_weights():
-    with pytest.raises(NotImplementedError):   # on meta alone it fails
+    with pytest.raises(NotImplementedError):  # on meta alone it fails
         with torch.device("meta"):
             WidthFromData()
     meta = _same_as_real_cpu(WidthFromData, (16,), batch_size=8, optimizer="adagrad", target="cuda")
@@ -175,7 +188,7 @@ def test_constructor_that_cannot_be_built_without_memory_gets_a_clear_error():
     text = str(info.value)
     assert "could not be built without memory: on the meta device it failed" in text
     assert "Pass an nn.Module instance built as usual instead" in text
-    fp = torch_training(ReadsItsOwnWeights(), (16,), batch_size=8)    # what the error says to pass works
+    fp = torch_training(ReadsItsOwnWeights(), (16,), batch_size=8)  # what the error says to pass works
     assert fp.ram > 0
 
 
@@ -185,7 +198,7 @@ def test_other_threads_building_modules_meanwhile_keep_real_weights():
     seen = {}
 
     def factory():
-        model = WidthFromData()          # inside the CPU build with weights moved to meta
+        model = WidthFromData()  # inside the CPU build with weights moved to meta
         worker = threading.Thread(target=lambda: seen.update(other=nn.Linear(2, 2)))
         worker.start()
         worker.join()
@@ -219,7 +232,7 @@ def tvm():
 
 
 def test_torchvision_regnet_traces_as_on_real_cpu(tvm):
-    factory = lambda: tvm.regnet_y_400mf(num_classes=10)   # noqa: E731   (RegNetY: squeeze-excitation too)
+    factory = lambda: tvm.regnet_y_400mf(num_classes=10)  # noqa: E731   (RegNetY: squeeze-excitation too)
     _same_as_real_cpu(factory, (3, 16, 16), batch_size=2, optimizer="adagrad", target="cuda")
     fp = torch_training(factory, (3, 16, 16), batch_size=2, optimizer="adagrad")
     n_params = sum(p.numel() for p in factory().parameters())

@@ -42,7 +42,7 @@ from optuna_memprune.estimate import torch_training, torchnet  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-STEPS = {"fixed": 4, "default": 6}   # a fixed threshold is steady from the 2nd step; the heap creeps on
+STEPS = {"fixed": 4, "default": 6}  # a fixed threshold is steady from the 2nd step; the heap creeps on
 FIXED_THRESHOLD = "131072"
 
 if not os.access("/proc/self/clear_refs", os.W_OK):  # pragma: no cover - Linux < 4.0 or a locked-down /proc
@@ -78,7 +78,7 @@ SHAPE, DTYPE = (512,), "float32"
 """,
 }
 
-CHILD = r'''
+CHILD = r"""
 import gc, json, sys
 import torch
 from torch import nn
@@ -113,7 +113,7 @@ def step():
 for _ in range(spec["steps"]):
     step()
 print("RESULT" + json.dumps({"step_rss": status()["VmHWM"] - before}))
-'''
+"""
 
 
 def _measure(arch: str, batch: int, regime: str) -> int:
@@ -121,8 +121,9 @@ def _measure(arch: str, batch: int, regime: str) -> int:
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
     if regime == "fixed":
         env["MALLOC_MMAP_THRESHOLD_"] = FIXED_THRESHOLD
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True, env=env, timeout=120
+    )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT"):
             return json.loads(line[6:])["step_rss"]
@@ -150,8 +151,9 @@ def real_runs():
 
     All in one pool of two workers (about 30 s on two cores).
     """
-    jobs = [(case, "fixed") for case in FIXED_CASES] + [(case, "default") for case in DEFAULT_CASES
-                                                         for _ in range(DEFAULT_RUNS)]
+    jobs = [(case, "fixed") for case in FIXED_CASES] + [
+        (case, "default") for case in DEFAULT_CASES for _ in range(DEFAULT_RUNS)
+    ]
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda job: _measure(*job[0], job[1]), jobs))
     out: dict = {}
@@ -162,7 +164,8 @@ def real_runs():
 
 @pytest.mark.parametrize("arch,batch", FIXED_CASES)
 def test_tensors_plus_kernel_workspaces_match_real_step_rss_with_a_fixed_mmap_threshold(
-        arch, batch, real_runs, monkeypatch):
+    arch, batch, real_runs, monkeypatch
+):
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", FIXED_THRESHOLD)
     predicted, parts, _ = _predict(arch, batch)
     assert parts.get("network allocator overhead", 0) < 0.02 * predicted  # nothing large stays on the heap

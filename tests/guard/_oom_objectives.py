@@ -35,9 +35,11 @@ def torch_oom(trial: optuna.Trial) -> float:
     import torch
 
     if trial.suggest_categorical("oom", [True, False]):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
-                                     "of 7.79 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this "
-                                     "process has 6.75 GiB memory in use.")
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+            "of 7.79 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this "
+            "process has 6.75 GiB memory in use."
+        )
     return 1.0
 
 
@@ -48,14 +50,16 @@ def cgroup_oom(trial: optuna.Trial) -> float:
         with open(os.path.join(os.environ["MEMPRUNE_TEST_CGROUP"], "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
         held = np.ones(300 * MiB, dtype=np.uint8)  # the group holds 64 MiB
-        return float(held[:: 4096].sum())
+        return float(held[::4096].sum())
     return 1.0
 
 
-_ELSEWHERE = ("import os, sys\n"
-              "with open(os.path.join(sys.argv[1], 'cgroup.procs'), 'w') as f: f.write(str(os.getpid()))\n"
-              "import numpy as np\n"
-              "np.ones(300 << 20, dtype=np.uint8)\n")
+_ELSEWHERE = (
+    "import os, sys\n"
+    "with open(os.path.join(sys.argv[1], 'cgroup.procs'), 'w') as f: f.write(str(os.getpid()))\n"
+    "import numpy as np\n"
+    "np.ones(300 << 20, dtype=np.uint8)\n"
+)
 
 
 def oom_elsewhere_then_killed(trial: optuna.Trial) -> float:

@@ -52,20 +52,29 @@ def test_a_growing_trial_is_stopped_on_the_forecast_and_a_plateau_completes(tmp_
     give_back()
     base = psutil.Process().memory_info().rss
     budget = omp.Budget(ram=base + 280 * MiB)  # the growing trial would cross it at about step 280 of 300
-    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=base), budget, horizon=STEPS, monitor_interval=0.02,
-                            search_space={"kind": CategoricalDistribution(["grow", "plateau"])})
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'forecast.db'}",
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
+    guard = omp.MemoryGuard(
+        lambda p: omp.Footprint.of(ram=base),
+        budget,
+        horizon=STEPS,
+        monitor_interval=0.02,
+        search_space={"kind": CategoricalDistribution(["grow", "plateau"])},
+    )
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'forecast.db'}", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler())
+    )
     study.enqueue_trial({"kind": "grow"})
     study.enqueue_trial({"kind": "plateau"})
     study.optimize(guard.wrap_objective(_objective), n_trials=2)
     grown, flat = study.trials
     record = read_record(grown.user_attrs)
     assert grown.state is TrialState.PRUNED and record.decision is Decision.FORECAST_STOPPED
-    assert re.match(r"stopped on the forecast: projected \d+\.\d\d [MG]iB at step 300 > \d+\.\d\d MiB; at step "
-                    r"\d+ now \(RSS .*\) \(in process\)$", record.reason), record.reason
+    assert re.match(
+        r"stopped on the forecast: projected \d+\.\d\d [MG]iB at step 300 > \d+\.\d\d MiB; at step "
+        r"\d+ now \(RSS .*\) \(in process\)$",
+        record.reason,
+    ), record.reason
     assert record.peak_ram < budget.ram  # stopped before it reached the line
-    assert grown.last_step < STEPS // 2   # long before the end (it would have crossed near step 280)
+    assert grown.last_step < STEPS // 2  # long before the end (it would have crossed near step 280)
     fc = record.forecast
     assert fc["horizon"] == STEPS and fc["limit"] == budget.ram and fc["step"] < STEPS // 2
     assert fc["projected"] > budget.ram and fc["elapsed_s"] > 0
@@ -100,18 +109,28 @@ def test_the_runner_stops_a_growing_child_on_the_forecast_of_its_n_timesteps(tmp
 
     from optuna_memprune.ledger import HostBudget, Ledger
 
-    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="700MiB"), monitor_interval=0.02,
-                            search_space={"n_timesteps": CategoricalDistribution([400])})  # horizon: the param
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}",
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
-                                pruner=guard.wrap_pruner(None))
-    ledger = Ledger(HostBudget(ram="8GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
-                    host="test-host")
+    guard = omp.MemoryGuard(
+        objectives.footprint,
+        omp.Budget(ram="700MiB"),
+        monitor_interval=0.02,
+        search_space={"n_timesteps": CategoricalDistribution([400])},
+    )  # horizon: the param
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+        pruner=guard.wrap_pruner(None),
+    )
+    ledger = Ledger(
+        HostBudget(ram="8GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host="test-host"
+    )
     omp.optimize(study, objectives.grow_steps, guard=guard, n_trials=1, host=ledger, enforce="polling")
     (trial,) = study.trials
     record = read_record(trial.user_attrs)
     assert trial.state is TrialState.PRUNED and record.decision is Decision.FORECAST_STOPPED, record.reason
-    assert re.match(r"stopped on the forecast: projected \d+\.\d\d [MG]iB at step 400 > 700\.00 MiB; at step \d+ "
-                    r"now \(RSS .*\) \(by the runner\)$", record.reason), record.reason
+    assert re.match(
+        r"stopped on the forecast: projected \d+\.\d\d [MG]iB at step 400 > 700\.00 MiB; at step \d+ "
+        r"now \(RSS .*\) \(by the runner\)$",
+        record.reason,
+    ), record.reason
     assert record.peak_ram < 700 * MiB and record.forecast["step"] < 200  # it would cross near step 320
     assert ledger.entries() == []

@@ -179,8 +179,9 @@ def test_a_process_holding_most_of_the_budget_before_any_trial_still_completes_t
                 raise optuna.TrialPruned()
         return float(block[::4096].sum())
 
-    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
-                                pruner=guard.wrap_pruner(None))
+    study = optuna.create_study(
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)), pruner=guard.wrap_pruner(None)
+    )
     for mb in (10, 40, 20, 30, 15, 25):
         study.enqueue_trial({"buffer_mb": mb})
     study.optimize(guard.wrap_objective(objective), n_trials=6)
@@ -197,8 +198,9 @@ def test_a_footprint_function_is_compared_alone_in_a_shared_process() -> None:
     # level would count the baseline twice and reject this trial, which fits.
     rss = _rss()
     budget = omp.Budget(ram=int((rss + 150 * MiB) / 0.9))
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=rss + p["mb"] * MiB), budget,
-                        search_space={"mb": IntDistribution(8, 64)})
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram=rss + p["mb"] * MiB), budget, search_space={"mb": IntDistribution(8, 64)}
+    )
 
     def objective(trial: optuna.Trial) -> float:
         block = np.ones(trial.suggest_int("mb", 8, 64) * MiB, dtype=np.uint8)
@@ -218,9 +220,16 @@ def _state(start: int, prediction: int, allowance: dict | None = None) -> TrialG
 
 
 def _policy(learn: bool) -> Policy:
-    return Policy(None if learn else (lambda p: omp.Footprint()), omp.Budget(ram="1GiB"), on_infeasible="reject",
-                  clamp=None, search_space=None, interval=0.1, soft=0.9,
-                  learning=Learning(learned(miss_rate=0.2), corrected=False) if learn else None)
+    return Policy(
+        None if learn else (lambda p: omp.Footprint()),
+        omp.Budget(ram="1GiB"),
+        on_infeasible="reject",
+        clamp=None,
+        search_space=None,
+        interval=0.1,
+        soft=0.9,
+        learning=Learning(learned(miss_rate=0.2), corrected=False) if learn else None,
+    )
 
 
 def test_admission_adds_usage_now_to_a_learned_increment_and_a_footprint_function_stands_alone() -> None:
@@ -256,8 +265,16 @@ def test_what_was_left_is_set_aside_only_where_it_makes_the_budget_unreachable()
 def test_the_start_fields_round_trip_and_old_records_read() -> None:
     study = optuna.create_study()
     trial = study.ask()
-    record = TrialRecord(Decision.ADMITTED, start_ram=300 * MiB, start_vram=None, start_threads=5,
-                         leftover={"ram": 64 * MiB}, need={"ram": 900 * MiB}, budget_ram=2**30, peak_ram=2**30)
+    record = TrialRecord(
+        Decision.ADMITTED,
+        start_ram=300 * MiB,
+        start_vram=None,
+        start_threads=5,
+        leftover={"ram": 64 * MiB},
+        need={"ram": 900 * MiB},
+        budget_ram=2**30,
+        peak_ram=2**30,
+    )
     write(trial, record)
     back = read(trial.user_attrs)
     assert (back.start_ram, back.start_vram, back.start_threads) == (300 * MiB, None, 5)
@@ -265,6 +282,8 @@ def test_the_start_fields_round_trip_and_old_records_read() -> None:
     assert type(trial.user_attrs["memprune:start_ram"]) is int and "memprune:start_vram" not in trial.user_attrs
     # the peak less what was left, and what admission compared, both count in the constraint
     assert record.constraints()["memprune_ram"] == pytest.approx(-64 / 1024)  # 1 GiB - 64 MiB vs 1 GiB (soft 1.0)
-    old = {k: v for k, v in trial.user_attrs.items() if not k.split(":")[1].startswith(("start_", "leftover_", "need_"))}
+    old = {
+        k: v for k, v in trial.user_attrs.items() if not k.split(":")[1].startswith(("start_", "leftover_", "need_"))
+    }
     again = read(old)
     assert (again.start_ram, again.start_threads, again.leftover, again.need) == (None, None, {}, {})

@@ -28,9 +28,13 @@ def _quiet() -> None:
 
 
 def _study(url: str, guard: omp.MemoryGuard, seed: int = 0) -> optuna.Study:
-    return optuna.create_study(storage=url, study_name="learned", load_if_exists=True,
-                               sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=seed)),
-                               pruner=guard.wrap_pruner(None))
+    return optuna.create_study(
+        storage=url,
+        study_name="learned",
+        load_if_exists=True,
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=seed)),
+        pruner=guard.wrap_pruner(None),
+    )
 
 
 def _records(study: optuna.Study) -> list[tuple[optuna.trial.FrozenTrial, omp.guard.TrialRecord]]:
@@ -111,9 +115,9 @@ def test_a_stopped_trial_makes_every_larger_assignment_rejected_even_in_the_warm
     budget = omp.Budget(ram=base + 200 * MiB)
     guard = omp.MemoryGuard(None, budget, search_space=SPACE)
     study = _study(f"sqlite:///{tmp_path / 'study.db'}", guard)
-    study.enqueue_trial({"mb": 300, "lr": 1e-3})   # over the budget: stopped in process
-    study.enqueue_trial({"mb": 400, "lr": 1e-3})   # larger in the param that takes memory: rejected
-    study.enqueue_trial({"mb": 20, "lr": 1e-3})    # smaller: nothing known, unchecked
+    study.enqueue_trial({"mb": 300, "lr": 1e-3})  # over the budget: stopped in process
+    study.enqueue_trial({"mb": 400, "lr": 1e-3})  # larger in the param that takes memory: rejected
+    study.enqueue_trial({"mb": 20, "lr": 1e-3})  # smaller: nothing known, unchecked
     study.optimize(guard.wrap_objective(objectives.alloc), n_trials=3)
     (_, first), (_, second), (_, third) = _records(study)
     assert first.decision is Decision.STOPPED
@@ -148,16 +152,17 @@ def test_optimize_workers_share_the_learned_model_through_the_storage(tmp_path) 
     budget = omp.Budget(ram="700MiB")
     guard = omp.MemoryGuard(None, budget, search_space=SPACE, learn=omp.estimate.learned(miss_rate=0.2))
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    ledger = Ledger(HostBudget(ram="4GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
-                    host="test-host")
-    omp.optimize(_study(url, guard), objectives.alloc, guard=guard, n_trials=8, n_jobs=2, host=ledger,
-                 enforce="polling")
+    ledger = Ledger(
+        HostBudget(ram="4GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host="test-host"
+    )
+    omp.optimize(
+        _study(url, guard), objectives.alloc, guard=guard, n_trials=8, n_jobs=2, host=ledger, enforce="polling"
+    )
     rows = _records(optuna.load_study(study_name="learned", storage=url))
     assert any(r.learned["phase"] == "bound" for _, r in rows)
     # another worker of the same storage (the guard as it travels: pickled, no model) starts where it stands
     other = pickle.loads(pickle.dumps(guard))
-    omp.optimize(_study(url, other, seed=2), objectives.alloc, guard=other, n_trials=1, host=ledger,
-                 enforce="polling")
+    omp.optimize(_study(url, other, seed=2), objectives.alloc, guard=other, n_trials=1, host=ledger, enforce="polling")
     last = omp.read_record(optuna.load_study(study_name="learned", storage=url).trials[-1].user_attrs)
     assert last.learned["phase"] == "bound" and last.learned["n"] >= 4 and last.pred_ram is not None
 
@@ -171,15 +176,16 @@ def test_a_trial_below_every_observed_one_whose_fit_is_under_the_line_runs_unche
 
     learning = Learning(omp.estimate.learned(miss_rate=0.2), corrected=False)
     peaks = {100: 700, 150: 760, 200: 690, 300: 820, 400: 900, 500: 1000}  # noisy: a wide bound
-    learning.model = learning.settings.fit([Observation({"n": n}, {"ram": p * MiB}, number=i)
-                                            for i, (n, p) in enumerate(peaks.items())])
+    learning.model = learning.settings.fit(
+        [Observation({"n": n}, {"ram": p * MiB}, number=i) for i, (n, p) in enumerate(peaks.items())]
+    )
     limits = {"ram": 690 * MiB}  # between the fit at the low end (681 MiB) and its bound (696 MiB)
     assert learning.ready and learning.model.bound({"n": 50})["ram"] > limits["ram"]
     assert learning.explore({"n": 50}, limits) == ["n"]
     with pytest.raises(NoFootprint, match="exploring"):
         learning.footprint({"n": 50}, None, limits)
     assert learning.info({"n": 50}, None, True, limits)["phase"] == "explore"
-    assert learning.explore({"n": 150}, limits) == []       # inside the range seen: the bound decides
+    assert learning.explore({"n": 150}, limits) == []  # inside the range seen: the bound decides
     assert learning.explore({"n": 50}, {"ram": 600 * MiB}) == []  # the fit itself over the line: rejected
 
 
@@ -201,12 +207,14 @@ def test_a_clamp_search_that_passes_below_the_observed_range_still_clamps_or_rej
             return 300
 
     space = {"n": IntDistribution(10, 1000)}
-    guard = omp.MemoryGuard(None, omp.Budget(ram=int(690 * MiB / 0.9) + 1), search_space=space,
-                            learn=omp.estimate.learned(miss_rate=0.2))
+    guard = omp.MemoryGuard(
+        None, omp.Budget(ram=int(690 * MiB / 0.9) + 1), search_space=space, learn=omp.estimate.learned(miss_rate=0.2)
+    )
     learning = guard.policy.learning
     peaks = {100: 700, 150: 760, 200: 690, 300: 820, 400: 900, 500: 1000}
-    learning.model = learning.settings.fit([Observation({"n": n}, {"ram": p * MiB}, number=i)
-                                            for i, (n, p) in enumerate(peaks.items())])
+    learning.model = learning.settings.fit(
+        [Observation({"n": n}, {"ram": p * MiB}, number=i) for i, (n, p) in enumerate(peaks.items())]
+    )
     assert learning.model.bound({"n": 300})["ram"] > 690 * MiB and learning.explore({"n": 50}, guard.policy.limits)
     study = optuna.create_study(sampler=guard.wrap_sampler(Always300()), pruner=guard.wrap_pruner(None))
     trial = study.ask()
@@ -223,8 +231,11 @@ def test_a_learning_rate_like_param_is_never_clamped() -> None:
     # would fit, but a rate takes no memory: the search lowers the size, or finds nothing
     from optuna_memprune.guard._clamp import ClampSearch
 
-    search = ClampSearch(lambda p: omp.Footprint.of(ram=int(p["mb"] * MiB + p["learning_rate"] * 1e9)),
-                         lambda f: {"ram": f.ram - 500 * MiB} if f.ram > 500 * MiB else {}, {"ram": 500 * MiB})
+    search = ClampSearch(
+        lambda p: omp.Footprint.of(ram=int(p["mb"] * MiB + p["learning_rate"] * 1e9)),
+        lambda f: {"ram": f.ram - 500 * MiB} if f.ram > 500 * MiB else {},
+        {"ram": 500 * MiB},
+    )
     space = {"mb": IntDistribution(8, 480), "learning_rate": FloatDistribution(1e-4, 1e-1, log=True)}
     start = {"mb": 480, "learning_rate": 0.05}
     clamped, footprint = search.clamp(start, space, ["learning_rate", "mb"], search._predict(start))
@@ -273,8 +284,9 @@ def test_the_runner_reserves_a_learned_bound_as_it_is(tmp_path) -> None:
     guard = omp.MemoryGuard(None, omp.Budget(ram="2GiB"), search_space=SPACE)
     study = _study(f"sqlite:///{tmp_path / 'study.db'}", guard)
     study.optimize(guard.wrap_objective(objectives.alloc), n_trials=2)
-    ledger = Ledger(HostBudget(ram="4GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
-                    host="test-host")
+    ledger = Ledger(
+        HostBudget(ram="4GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host="test-host"
+    )
     margins = Reservations(study, guard.policy.budget, ledger).margins()
     assert margins == {"ram": 1.0, "vram": 1.0, "threads": 1.0}
     fp = omp.Footprint.of(ram=300 * MiB)

@@ -46,8 +46,14 @@ def _footprint(params: dict) -> omp.Footprint:
 
 
 def test_the_guard_pickles_its_configuration_and_not_its_running_state() -> None:
-    guard = MemoryGuard(_footprint, omp.Budget(ram="1GiB", threads=8), on_infeasible="clamp", clamp=["n"],
-                        search_space={"n": IntDistribution(0, 10)}, soft=0.8)
+    guard = MemoryGuard(
+        _footprint,
+        omp.Budget(ram="1GiB", threads=8),
+        on_infeasible="clamp",
+        clamp=["n"],
+        search_space={"n": IntDistribution(0, 10)},
+        soft=0.8,
+    )
     guard.policy.predict({"n": 3})
     again = pickle.loads(pickle.dumps(guard))
     assert again.budget == guard.budget and again.policy.clamp == ("n",) and again.policy.soft == 0.8
@@ -59,8 +65,10 @@ def test_the_guard_pickles_its_configuration_and_not_its_running_state() -> None
 def test_a_study_with_the_guarded_sampler_and_pruner_survives_plain_pickle() -> None:
     """rl-zoo3 pickles its study at the end of a search: the wrapped sampler and pruner must come along."""
     guard = MemoryGuard(_footprint, omp.Budget(ram="1GiB"), search_space={"n": IntDistribution(0, 10)})
-    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=1)),
-                                pruner=guard.wrap_pruner(optuna.pruners.MedianPruner()))
+    study = optuna.create_study(
+        sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=1)),
+        pruner=guard.wrap_pruner(optuna.pruners.MedianPruner()),
+    )
     study.optimize(guard.wrap_objective(lambda t: t.suggest_int("n", 0, 10)), n_trials=3)
     again = pickle.loads(pickle.dumps(study))
     assert isinstance(again.sampler, GuardedSampler)

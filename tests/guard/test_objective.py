@@ -32,9 +32,12 @@ def test_a_live_breach_ends_the_trial_pruned_with_the_reading_and_the_next_trial
     interval = 0.1
     budget = omp.Budget(ram=_rss() + 200 * MiB)
     # The footprint is wrong on purpose: it predicts 20 MiB over the present RSS, so the trial is admitted.
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=budget.ram - 180 * MiB), budget,
-                        search_space={"leak": CategoricalDistribution([True, False])},
-                        monitor_interval=interval)
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram=budget.ram - 180 * MiB),
+        budget,
+        search_space={"leak": CategoricalDistribution([True, False])},
+        monitor_interval=interval,
+    )
     seen: dict[str, float] = {}
 
     def objective(trial: optuna.Trial) -> float:
@@ -79,9 +82,12 @@ def test_the_interrupt_cannot_land_after_the_objective_returned() -> None:
     # Trials that cross the budget right before they return, read 100 times a second: each ends PRUNED
     # (the interrupt landed inside) or COMPLETE (it was cleared); none escapes into Optuna or later code.
     budget = omp.Budget(ram=_rss() + 64 * MiB)
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=budget.ram // 2), budget,
-                        search_space={"x": optuna.distributions.FloatDistribution(0, 1)},
-                        monitor_interval=0.01)
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram=budget.ram // 2),
+        budget,
+        search_space={"x": optuna.distributions.FloatDistribution(0, 1)},
+        monitor_interval=0.01,
+    )
 
     def objective(trial: optuna.Trial) -> float:
         x = trial.suggest_float("x", 0, 1)
@@ -183,6 +189,7 @@ def test_the_record_is_complete_on_every_trial_and_bytes_are_ints(tmp_path) -> N
     guard = MemoryGuard(lambda p: omp.Footprint.of(ram=_rss() + p["n"] * MiB, threads=4), budget)
     storage = f"sqlite:///{tmp_path / 'record.db'}"
     study = optuna.create_study(storage=storage, sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
+
     def objective(trial: optuna.Trial) -> float:
         block = np.ones(trial.suggest_int("n", 1, 64) * MiB)
         time.sleep(0.15)  # longer than one monitor interval: the trial gets readings
@@ -191,13 +198,38 @@ def test_the_record_is_complete_on_every_trial_and_bytes_are_ints(tmp_path) -> N
     study.optimize(guard.wrap_objective(objective), n_trials=3)
     for t in optuna.load_study(study_name=study.study_name, storage=storage).trials:
         keys = {k for k in t.user_attrs if k.startswith("memprune:")}
-        required = {f"memprune:{k}" for k in (
-            "decision", "reason", "pred_ram", "pred_vram", "pred_threads", "peak_ram",
-            "peak_threads", "start_ram", "start_threads", "budget_ram", "budget_threads", "clamped_from",
-            "timeline", "breakdown", "breach", "soft")}  # no GPU: peak_vram unknown, budget_vram unlimited, left out
+        required = {
+            f"memprune:{k}"
+            for k in (
+                "decision",
+                "reason",
+                "pred_ram",
+                "pred_vram",
+                "pred_threads",
+                "peak_ram",
+                "peak_threads",
+                "start_ram",
+                "start_threads",
+                "budget_ram",
+                "budget_threads",
+                "clamped_from",
+                "timeline",
+                "breakdown",
+                "breach",
+                "soft",
+            )
+        }  # no GPU: peak_vram unknown, budget_vram unlimited, left out
         assert keys == required
-        for k in ("pred_ram", "peak_ram", "start_ram", "budget_ram", "pred_threads", "peak_threads",
-                  "start_threads", "budget_threads"):
+        for k in (
+            "pred_ram",
+            "peak_ram",
+            "start_ram",
+            "budget_ram",
+            "pred_threads",
+            "peak_threads",
+            "start_threads",
+            "budget_threads",
+        ):
             assert type(t.user_attrs[f"memprune:{k}"]) is int
         assert read_record(t.user_attrs).budget_vram is None
         record = read_record(t.user_attrs)
@@ -239,15 +271,20 @@ def test_a_budget_crossed_while_the_trial_imports_a_module_stops_it_after_the_im
         "import time\nimport numpy as np\n"
         "BIG = np.ones(200 * 2**20, dtype=np.uint8)  # pages written: over the budget from here\n"
         "for _ in range(40):\n    time.sleep(0.01)  # readings land while the import runs\n"
-        "DONE = True\n")
+        "DONE = True\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram="1MiB"),
-                            omp.Budget(ram=psutil.Process().memory_info().rss + 100 * 2**20), monitor_interval=0.02)
+    guard = omp.MemoryGuard(
+        lambda p: omp.Footprint.of(ram="1MiB"),
+        omp.Budget(ram=psutil.Process().memory_info().rss + 100 * 2**20),
+        monitor_interval=0.02,
+    )
     study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
 
     def objective(trial: optuna.Trial) -> float:
         trial.suggest_int("x", 0, 1)
         import memprune_big_import  # noqa: F401
+
         for _ in range(200):
             time.sleep(0.01)
         return 0.0

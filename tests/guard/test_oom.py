@@ -31,8 +31,10 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 HERE = Path(__file__).parent
 MiB, GiB, PiB = 2**20, 2**30, 2**50
-TORCH_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 7.79 GiB of which "
-             "1.02 GiB is free. Including non-PyTorch memory, this process has 6.75 GiB memory in use.")
+TORCH_OOM = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 7.79 GiB of which "
+    "1.02 GiB is free. Including non-PyTorch memory, this process has 6.75 GiB memory in use."
+)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -45,6 +47,7 @@ def _caught(call) -> BaseException:
 
 
 # -- the rule ------------------------------------------------------------------------------------------------
+
 
 def test_real_out_of_memory_errors_are_recognised_with_the_size_they_asked_for() -> None:
     numpy_error = _caught(lambda: np.empty(1 << 50, dtype=np.uint8))
@@ -65,8 +68,12 @@ def test_real_out_of_memory_errors_are_recognised_with_the_size_they_asked_for()
     cpu = out_of_memory(_caught(lambda: torch.empty(1 << 50, dtype=torch.uint8)))  # torch's CPU allocator
     assert cpu is not None and cpu.resource == "ram" and cpu.requested == PiB
 
-    old = out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.93 GiB total "
-                                     "capacity; 7.26 GiB already allocated; 7.33 GiB reserved in total by PyTorch)"))
+    old = out_of_memory(
+        RuntimeError(
+            "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.93 GiB total "
+            "capacity; 7.26 GiB already allocated; 7.33 GiB reserved in total by PyTorch)"
+        )
+    )
     assert old is not None and old.resource == "vram" and old.requested == 20 * MiB and old.in_use == int(7.33 * GiB)
 
     try:  # raised from an out-of-memory error: counted
@@ -79,8 +86,13 @@ def test_real_out_of_memory_errors_are_recognised_with_the_size_they_asked_for()
 
 
 def test_other_errors_are_not_out_of_memory() -> None:
-    for exc in (ValueError("bad config"), RuntimeError("CUDA error: device-side assert triggered"),
-                RuntimeError("expected scalar type Float"), KeyError("x"), OSError(12, "out of memory?")):
+    for exc in (
+        ValueError("bad config"),
+        RuntimeError("CUDA error: device-side assert triggered"),
+        RuntimeError("expected scalar type Float"),
+        KeyError("x"),
+        OSError(12, "out of memory?"),
+    ):
         assert out_of_memory(exc) is None, exc
     assert out_of_memory(None, "ValueError: Unable to allocate nothing") is None
     assert out_of_memory(None, "RuntimeError: boom") is None
@@ -99,8 +111,8 @@ def test_only_a_sigkill_while_the_oom_kill_count_rose_counts_as_the_oom_killer()
     now = procfs.oom_kills()
     if now is None:
         pytest.skip("/proc/vmstat has no oom_kill count on this kernel")
-    assert killed_by_oom_killer(-9, now) is None     # SIGKILL, but no OOM kill since the launch's count
-    assert killed_by_oom_killer(-9, None) is None    # no count at launch
+    assert killed_by_oom_killer(-9, now) is None  # SIGKILL, but no OOM kill since the launch's count
+    assert killed_by_oom_killer(-9, None) is None  # no count at launch
     assert killed_by_oom_killer(-11, now - 1) is None  # the count rose, but SIGSEGV is never the OOM killer
     assert killed_by_oom_killer(None, now - 1) is None and killed_by_oom_killer(1, now - 1) is None
     oom = killed_by_oom_killer(-9, now - 1)
@@ -109,24 +121,33 @@ def test_only_a_sigkill_while_the_oom_kill_count_rose_counts_as_the_oom_killer()
 
 # -- in process ---------------------------------------------------------------------------------------------
 
+
 def _guard(**kw) -> MemoryGuard:
-    return MemoryGuard(lambda p: omp.Footprint.of(ram=64 * MiB), kw.pop("budget", omp.Budget(ram="64GiB")),
-                       search_space={"oom": CategoricalDistribution([True, False])}, **kw)
+    return MemoryGuard(
+        lambda p: omp.Footprint.of(ram=64 * MiB),
+        kw.pop("budget", omp.Budget(ram="64GiB")),
+        search_space={"oom": CategoricalDistribution([True, False])},
+        **kw,
+    )
 
 
 def _in_process_study(tmp_path: Path, guard: MemoryGuard, n_trials: int = 3, name: str = "oom") -> optuna.Study:
     """Trial 0 runs out of memory (``oom=True``), the others do not."""
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'oom.db'}", study_name=name,
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
-                                pruner=guard.wrap_pruner(None))
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'oom.db'}",
+        study_name=name,
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+        pruner=guard.wrap_pruner(None),
+    )
     study.enqueue_trial({"oom": True})
     for _ in range(n_trials - 1):
         study.enqueue_trial({"oom": False})
     return study
 
 
-def _in_process(tmp_path: Path, guard: MemoryGuard, objective, n_trials: int = 3, name: str = "oom",
-                **kw) -> optuna.Study:
+def _in_process(
+    tmp_path: Path, guard: MemoryGuard, objective, n_trials: int = 3, name: str = "oom", **kw
+) -> optuna.Study:
     study = _in_process_study(tmp_path, guard, n_trials, name)
     study.optimize(guard.wrap_objective(objective), n_trials=n_trials, **kw)
     return study
@@ -140,7 +161,7 @@ def test_in_process_a_memory_error_ends_pruned_with_a_positive_constraint_and_th
         if trial.suggest_categorical("oom", [True, False]):
             held.append(weakref.ref(block))
             np.empty(1 << 50, dtype=np.uint8)
-        return float(block[:: 4096].sum())
+        return float(block[::4096].sum())
 
     guard = _guard()
     study = _in_process(tmp_path, guard, objective)
@@ -209,8 +230,9 @@ def test_in_process_a_trial_that_shared_its_process_still_gets_a_positive_constr
         return 1.0
 
     guard = _guard()
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'oom.db'}",
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'oom.db'}", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0))
+    )
     with pytest.warns(UserWarning, match="threads of one process"):
         study.optimize(guard.wrap_objective(objective), n_trials=2, n_jobs=2)
     oom, ok = sorted(study.trials, key=lambda t: t.number)
@@ -222,38 +244,46 @@ def test_in_process_a_trial_that_shared_its_process_still_gets_a_positive_constr
 
 
 def test_in_process_out_of_memory_handling_imports_no_torch() -> None:
-    code = ("import sys, numpy as np, optuna, optuna_memprune as omp\n"
-            "optuna.logging.set_verbosity(optuna.logging.WARNING)\n"
-            "g = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=2**26), omp.Budget(ram='64GiB'))\n"
-            "s = optuna.create_study(sampler=g.wrap_sampler(optuna.samplers.RandomSampler()))\n"
-            "s.optimize(g.wrap_objective(lambda t: t.suggest_float('x', 0, 1) + np.empty(1 << 50).sum()), n_trials=2)\n"
-            "print([t.state.name for t in s.trials], 'torch' in sys.modules)\n")
+    code = (
+        "import sys, numpy as np, optuna, optuna_memprune as omp\n"
+        "optuna.logging.set_verbosity(optuna.logging.WARNING)\n"
+        "g = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=2**26), omp.Budget(ram='64GiB'))\n"
+        "s = optuna.create_study(sampler=g.wrap_sampler(optuna.samplers.RandomSampler()))\n"
+        "s.optimize(g.wrap_objective(lambda t: t.suggest_float('x', 0, 1) + np.empty(1 << 50).sum()), n_trials=2)\n"
+        "print([t.state.name for t in s.trials], 'torch' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['PRUNED', 'PRUNED'] False"
 
 
 # -- in the runner ------------------------------------------------------------------------------------------
 
+
 def _runner_study(tmp_path: Path, guard: MemoryGuard) -> optuna.Study:
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s",
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
-                                pruner=guard.wrap_pruner(None))
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        study_name="s",
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+        pruner=guard.wrap_pruner(None),
+    )
     study.enqueue_trial({"oom": True})
     study.enqueue_trial({"oom": False})
     return study
 
 
 def _host(tmp_path: Path, gpus: list | None = None) -> Ledger:
-    return Ledger(HostBudget(ram="8GiB", gpus=gpus, headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
-                  host="test-host")
+    return Ledger(
+        HostBudget(ram="8GiB", gpus=gpus, headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host="test-host"
+    )
 
 
 def _runner_guard(**budget) -> MemoryGuard:
     footprint = objectives.footprint
     if "vram" in budget:
         footprint = functools.partial(_with_vram, footprint)
-    return MemoryGuard(footprint, omp.Budget(ram="2GiB", **budget),
-                       search_space={"oom": CategoricalDistribution([True, False])})
+    return MemoryGuard(
+        footprint, omp.Budget(ram="2GiB", **budget), search_space={"oom": CategoricalDistribution([True, False])}
+    )
 
 
 def _with_vram(footprint, params: dict) -> omp.Footprint:
@@ -313,8 +343,10 @@ def _memory_cgroup_v1() -> Path | None:
 def test_runner_a_trial_killed_by_the_kernels_oom_killer_ends_pruned_and_the_run_goes_on(tmp_path, monkeypatch) -> None:
     parent = _memory_cgroup_v1()
     if parent is None or procfs.oom_kills() is None:
-        pytest.skip("needs a writable cgroup v1 memory controller (root) and /proc/vmstat's oom_kill count, to "
-                    "have the kernel's OOM killer kill a trial without starving the host")
+        pytest.skip(
+            "needs a writable cgroup v1 memory controller (root) and /proc/vmstat's oom_kill count, to "
+            "have the kernel's OOM killer kill a trial without starving the host"
+        )
     group = parent / f"memprune-test-oom-{uuid.uuid4().hex[:8]}"
     group.mkdir()
     try:
@@ -327,8 +359,10 @@ def test_runner_a_trial_killed_by_the_kernels_oom_killer_ends_pruned_and_the_run
         before = procfs.oom_kills()
         # polling: the trial's process leaves its own group below, so only the host's count can tell
         omp.optimize(study, objectives.cgroup_oom, guard=guard, n_trials=3, host=_host(tmp_path), enforce="polling")
-        assert int(dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
-                   ["oom_kill"]) == 1 and procfs.oom_kills() > before  # the kernel did kill it
+        assert (
+            int(dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())["oom_kill"]) == 1
+            and procfs.oom_kills() > before
+        )  # the kernel did kill it
     finally:
         group.rmdir()
     oom, *rest = study.trials
@@ -341,7 +375,8 @@ def test_runner_a_trial_killed_by_the_kernels_oom_killer_ends_pruned_and_the_run
 
 @pytest.mark.slow
 def test_runner_with_a_cgroup_a_sigkill_from_outside_is_not_taken_for_another_processes_oom_kill(
-        tmp_path, monkeypatch) -> None:
+    tmp_path, monkeypatch
+) -> None:
     from optuna_memprune import cgroups
 
     parent, (where, why) = _memory_cgroup_v1(), cgroups.place()
@@ -357,8 +392,9 @@ def test_runner_with_a_cgroup_a_sigkill_from_outside_is_not_taken_for_another_pr
         guard = _runner_guard()
         study = _runner_study(tmp_path, guard)
         before = procfs.oom_kills()
-        omp.optimize(study, objectives.oom_elsewhere_then_killed, guard=guard, n_trials=2, host=_host(tmp_path),
-                     enforce="cgroup")
+        omp.optimize(
+            study, objectives.oom_elsewhere_then_killed, guard=guard, n_trials=2, host=_host(tmp_path), enforce="cgroup"
+        )
         assert procfs.oom_kills() > before  # the host's count rose while the trial ran
     finally:
         group.rmdir()

@@ -42,18 +42,24 @@ def test_readings_are_measured_against_a_fraction_of_the_budget() -> None:
     assert policy.over(_reading(rss=51 * MiB), 0.5) and not policy.over(_reading(rss=51 * MiB), 1.0)
     assert policy.over(_reading(vram=11 * MiB), 1.0)
     assert policy.describe_breach(_reading(rss=120 * MiB, vram=11 * MiB), 1.0) == (
-        "RSS 120.00 MiB over the budget 100.00 MiB, VRAM 11.00 MiB over the budget 10.00 MiB")
+        "RSS 120.00 MiB over the budget 100.00 MiB, VRAM 11.00 MiB over the budget 10.00 MiB"
+    )
     assert policy.describe_breach(_reading(rss=60 * MiB), 0.5) == "RSS 60.00 MiB over 50% of the budget 100.00 MiB"
     assert policy.describe_breach(None, 1.0) == "no reading"
 
 
 def test_the_record_falls_back_to_the_launch_decision_and_notices_changed_params() -> None:
     policy = _policy(ram=100 * MiB)
-    state = TrialGuardState(1, 0, decision=Decision.ADMITTED, reason="fits", assignment={"n": 10},
-                            prediction=policy.predict({"n": 10}))
+    state = TrialGuardState(
+        1, 0, decision=Decision.ADMITTED, reason="fits", assignment={"n": 10}, prediction=policy.predict({"n": 10})
+    )
     record = policy.record(state, {"n": 10}, peaks={"ram": 5 * MiB})
     assert (record.decision, record.reason, record.pred_ram, record.peak_ram) == (
-        Decision.ADMITTED, "fits", 10 * MiB, 5 * MiB)
+        Decision.ADMITTED,
+        "fits",
+        10 * MiB,
+        5 * MiB,
+    )
     assert record.budget_ram == 100 * MiB and record.soft == 0.5
     changed = policy.record(state, {"n": 20})
     assert changed.decision is Decision.UNCHECKED and "['n'] ran with values the guard did not check" in changed.reason
@@ -68,12 +74,15 @@ def test_the_policy_pickles_its_configuration_and_not_its_cache() -> None:
     assert again.budget == policy.budget and again.soft == 0.5 and again.predict({"n": 2}).ram == 2 * MiB
 
 
-@pytest.mark.parametrize("kwargs, decision, reason", [
-    ({"stopped_by": "by the runner"}, Decision.STOPPED, "stopped by the runner: RSS 120.00 MiB over the budget"),
-    ({"soft_pruned": True}, Decision.SOFT_PRUNED, "pruned at the soft line: RSS 60.00 MiB over 50% of the budget"),
-    ({"failed": "the objective raised KeyError"}, None, "launch; the objective raised KeyError"),
-    ({}, None, None),
-])
+@pytest.mark.parametrize(
+    "kwargs, decision, reason",
+    [
+        ({"stopped_by": "by the runner"}, Decision.STOPPED, "stopped by the runner: RSS 120.00 MiB over the budget"),
+        ({"soft_pruned": True}, Decision.SOFT_PRUNED, "pruned at the soft line: RSS 60.00 MiB over 50% of the budget"),
+        ({"failed": "the objective raised KeyError"}, None, "launch; the objective raised KeyError"),
+        ({}, None, None),
+    ],
+)
 def test_the_outcome_of_a_trial_that_ran(kwargs, decision, reason) -> None:
     policy = _policy(ram=100 * MiB)
     hard = _reading(rss=120 * MiB) if "stopped_by" in kwargs else None
@@ -87,8 +96,16 @@ def test_the_outcome_of_a_trial_that_ran(kwargs, decision, reason) -> None:
 def test_a_crossing_that_did_not_stop_the_trial_is_said_with_why() -> None:
     policy = _policy(ram=100 * MiB)
     hard = _reading(rss=120 * MiB)
-    end = trial_outcome(policy, "launch", soft_reading=None, hard_reading=hard, failed="ignored",
-                        ended_first="the objective ended first or caught the interrupt")
+    end = trial_outcome(
+        policy,
+        "launch",
+        soft_reading=None,
+        hard_reading=hard,
+        failed="ignored",
+        ended_first="the objective ended first or caught the interrupt",
+    )
     assert end.decision is None and end.breach == hard
-    assert end.reason == ("launch; crossed the budget (RSS 120.00 MiB over the budget 100.00 MiB) "
-                          "but the objective ended first or caught the interrupt")
+    assert end.reason == (
+        "launch; crossed the budget (RSS 120.00 MiB over the budget 100.00 MiB) "
+        "but the objective ended first or caught the interrupt"
+    )

@@ -21,8 +21,10 @@ def test_crossing_the_soft_line_makes_should_prune_answer_true() -> None:
     rss = psutil.Process().memory_info().rss
     budget = omp.Budget(ram=rss + 300 * MiB)
     guard = MemoryGuard(lambda p: omp.Footprint.of(ram=rss), budget, soft=0.9, monitor_interval=0.02)
-    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()),
-                                pruner=guard.wrap_pruner(optuna.pruners.NopPruner()))
+    study = optuna.create_study(
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()),
+        pruner=guard.wrap_pruner(optuna.pruners.NopPruner()),
+    )
 
     def objective(trial: optuna.Trial) -> float:
         trial.suggest_int("x", 0, 1)
@@ -47,8 +49,9 @@ def test_crossing_the_soft_line_makes_should_prune_answer_true() -> None:
 def test_without_a_breach_it_answers_what_the_wrapped_pruner_answers() -> None:
     guard = MemoryGuard(lambda p: omp.Footprint.of(ram=MiB), omp.Budget(ram="64GiB"))
     median = optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0)
-    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()),
-                                pruner=guard.wrap_pruner(median))
+    study = optuna.create_study(
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()), pruner=guard.wrap_pruner(median)
+    )
     answers = []
 
     def objective(trial: optuna.Trial) -> float:

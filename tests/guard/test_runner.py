@@ -32,14 +32,21 @@ def _quiet() -> None:
 
 def _study(tmp_path: Path, guard: omp.MemoryGuard, name: str = "s", **kw) -> optuna.Study:
     return optuna.create_study(
-        storage=f"sqlite:///{tmp_path / 'study.db'}", study_name=name, load_if_exists=True,
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        study_name=name,
+        load_if_exists=True,
         sampler=guard.wrap_sampler(kw.pop("sampler", optuna.samplers.RandomSampler(seed=0))),
-        pruner=guard.wrap_pruner(None), **kw)
+        pruner=guard.wrap_pruner(None),
+        **kw,
+    )
 
 
 def _ledger(tmp_path: Path, ram: str = "8GiB", host: str = "test-host", **kw) -> Ledger:
-    return Ledger(HostBudget(ram=ram, gpus=kw.pop("gpus", None), headroom=0.0, **kw),
-                  url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host=host)
+    return Ledger(
+        HostBudget(ram=ram, gpus=kw.pop("gpus", None), headroom=0.0, **kw),
+        url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+        host=host,
+    )
 
 
 def _space(high: int = 64) -> dict:
@@ -71,8 +78,9 @@ def test_a_child_over_its_budget_is_stopped_pruned_with_the_reading_and_the_next
 
 def test_soft_line_makes_should_prune_answer_true_in_the_child(tmp_path: Path) -> None:
     # the child's baseline (100-200 MiB) + mb + 450 MiB crosses the soft line (400 MiB), not the budget
-    guard = omp.MemoryGuard(functools.partial(objectives.footprint, base=100), omp.Budget(ram="800MiB"),
-                            search_space=_space(16), soft=0.5)
+    guard = omp.MemoryGuard(
+        functools.partial(objectives.footprint, base=100), omp.Budget(ram="800MiB"), search_space=_space(16), soft=0.5
+    )
     study = _study(tmp_path, guard)
     omp.optimize(study, objectives.grow_to_soft, guard=guard, n_trials=1, host=_ledger(tmp_path))
     (trial,) = study.trials
@@ -84,12 +92,18 @@ def test_soft_line_makes_should_prune_answer_true_in_the_child(tmp_path: Path) -
 
 def test_rejected_and_clamped_trials_store_what_ran(tmp_path: Path) -> None:
     space = {"mb": optuna.distributions.IntDistribution(8, 512)}
-    budget = omp.Budget(ram="600MiB")   # soft line 540 MiB: mb <= 280 fits
+    budget = omp.Budget(ram="600MiB")  # soft line 540 MiB: mb <= 280 fits
     for policy in ("reject", "clamp"):
         guard = omp.MemoryGuard(objectives.footprint, budget, search_space=space, on_infeasible=policy)
         study = _study(tmp_path, guard, name=policy, sampler=optuna.samplers.RandomSampler(seed=3))
-        omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=8,
-                     n_jobs=2, host=_ledger(tmp_path))
+        omp.optimize(
+            study,
+            functools.partial(objectives.hold, seconds=0.0),
+            guard=guard,
+            n_trials=8,
+            n_jobs=2,
+            host=_ledger(tmp_path),
+        )
         decisions = [_record(t).decision.value for t in study.trials]
         assert all(t.state.is_finished() for t in study.trials)
         for t in study.trials:
@@ -135,8 +149,15 @@ def test_an_objective_error_fails_the_trial_and_is_raised_unless_caught(tmp_path
     guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
     study = _study(tmp_path, guard)
     seen = []
-    omp.optimize(study, objectives.raise_value_error, guard=guard, n_trials=2, catch=(ValueError,),
-                 callbacks=[lambda s, t: seen.append(t.state)], host=_ledger(tmp_path))
+    omp.optimize(
+        study,
+        objectives.raise_value_error,
+        guard=guard,
+        n_trials=2,
+        catch=(ValueError,),
+        callbacks=[lambda s, t: seen.append(t.state)],
+        host=_ledger(tmp_path),
+    )
     assert seen == [TrialState.FAIL, TrialState.FAIL]
     with pytest.raises(ValueError, match="bad config"):
         omp.optimize(study, objectives.raise_value_error, guard=guard, n_trials=3, host=_ledger(tmp_path))
@@ -148,7 +169,9 @@ def test_bad_input_is_refused_before_any_trial_and_nothing_is_left_running(tmp_p
     guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
     with pytest.raises(ValueError, match="in-memory"):
         omp.optimize(optuna.create_study(), objectives.hold, guard=guard, n_trials=1)
-    with pytest.raises(ValueError, match=r"n_jobs must be a positive int or -1 \(this machine's CPU count\), but got 0"):
+    with pytest.raises(
+        ValueError, match=r"n_jobs must be a positive int or -1 \(this machine's CPU count\), but got 0"
+    ):
         omp.optimize(_study(tmp_path, guard), objectives.hold, guard=guard, n_jobs=0)
     with pytest.raises(TypeError, match="got both n_jobs= and n_workers=, its old name: give n_jobs= only"):
         omp.optimize(_study(tmp_path, guard), objectives.hold, guard=guard, n_jobs=2, n_workers=2)
@@ -164,8 +187,9 @@ def test_the_host_ledger_admits_only_what_fits_and_margins_tighten(tmp_path: Pat
     guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space(32))
     study = _study(tmp_path, guard)
     ledger = _ledger(tmp_path, ram="900MiB")
-    omp.optimize(study, functools.partial(objectives.hold, seconds=0.4), guard=guard, n_trials=10,
-                 n_jobs=4, host=ledger)
+    omp.optimize(
+        study, functools.partial(objectives.hold, seconds=0.4), guard=guard, n_trials=10, n_jobs=4, host=ledger
+    )
     trials = study.trials
     assert all(t.state is TrialState.COMPLETE for t in trials)
     spans = [t.user_attrs["t_run"] for t in trials]
@@ -183,10 +207,30 @@ def test_the_host_ledger_admits_only_what_fits_and_margins_tighten(tmp_path: Pat
 def test_a_worker_killed_mid_trial_leaves_no_running_trial_and_no_reservation(tmp_path: Path) -> None:
     marker = tmp_path / "pid"
     storage, ledger_url = f"sqlite:///{tmp_path / 'study.db'}", f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    cmd = [sys.executable, "-m", "optuna_memprune.cli", "worker", "_runner_objectives:wait_to_be_killed",
-           "--storage", storage, "--study", "s", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB",
-           "--n-trials", "1", "--host-id", "test-host", "--ledger", ledger_url, "--host-ram", "4GiB",
-           "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "optuna_memprune.cli",
+        "worker",
+        "_runner_objectives:wait_to_be_killed",
+        "--storage",
+        storage,
+        "--study",
+        "s",
+        "--footprint",
+        "_runner_objectives:footprint",
+        "--ram",
+        "1GiB",
+        "--n-trials",
+        "1",
+        "--host-id",
+        "test-host",
+        "--ledger",
+        ledger_url,
+        "--host-ram",
+        "4GiB",
+        "--no-progress",
+    ]
     worker = subprocess.Popen(cmd, cwd=HERE, env={**os.environ, "MEMPRUNE_TEST_MARKER": str(marker)})
     try:
         for _ in range(1200):
@@ -227,8 +271,14 @@ def test_gpu_placement_sets_cuda_visible_devices(tmp_path: Path, capsys) -> None
     guard = omp.MemoryGuard(footprint, omp.Budget(ram="1GiB", vram="6GiB"), search_space=_space())
     study = _study(tmp_path, guard)
     ledger = _ledger(tmp_path, gpus=["2GiB", "8GiB"])
-    omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=2, host=ledger,
-                 show_progress_bar=True)
+    omp.optimize(
+        study,
+        functools.partial(objectives.hold, seconds=0.0),
+        guard=guard,
+        n_trials=2,
+        host=ledger,
+        show_progress_bar=True,
+    )
     for t in study.trials:
         assert _record(t).gpu == 1 and t.user_attrs["cuda_visible"] == "1"
     bar = capsys.readouterr().err  # the progress line, on stderr
@@ -238,26 +288,54 @@ def test_gpu_placement_sets_cuda_visible_devices(tmp_path: Path, capsys) -> None
 def test_study_stop_from_a_callback_or_the_objective_ends_the_run(tmp_path: Path) -> None:
     guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
     study = _study(tmp_path, guard)
-    omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=10,
-                 callbacks=[lambda s, t: s.stop() if t.number == 1 else None], host=_ledger(tmp_path))
+    omp.optimize(
+        study,
+        functools.partial(objectives.hold, seconds=0.0),
+        guard=guard,
+        n_trials=10,
+        callbacks=[lambda s, t: s.stop() if t.number == 1 else None],
+        host=_ledger(tmp_path),
+    )
     assert len(study.trials) == 2
     omp.optimize(study, objectives.stop_study, guard=guard, n_trials=10, host=_ledger(tmp_path))
     assert len(study.trials) == 3 and study.trials[-1].state is TrialState.COMPLETE
 
 
-@pytest.mark.parametrize("args, code, message", [
-    (["nowhere:objective", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB"], 1,
-     "the objective 'nowhere:objective' could not be loaded"),
-    (["_runner_objectives:hold", "--footprint", "_runner_objectives:footprint", "--ram", "lots"], 2, "lots"),
-    (["_runner_objectives:hold"], 2, "give the guard"),
-    (["_runner_objectives:hold", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB",
-      "--storage", "nosuchdb://x"], 1, "could not open study 's' in nosuchdb://x"),
-])
-def test_worker_cli_bad_input_is_one_line_exit_1_at_run_time_and_2_for_usage(tmp_path: Path, args: list, code: int,
-                                                                             message: str) -> None:
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (
+            ["nowhere:objective", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB"],
+            1,
+            "the objective 'nowhere:objective' could not be loaded",
+        ),
+        (["_runner_objectives:hold", "--footprint", "_runner_objectives:footprint", "--ram", "lots"], 2, "lots"),
+        (["_runner_objectives:hold"], 2, "give the guard"),
+        (
+            [
+                "_runner_objectives:hold",
+                "--footprint",
+                "_runner_objectives:footprint",
+                "--ram",
+                "1GiB",
+                "--storage",
+                "nosuchdb://x",
+            ],
+            1,
+            "could not open study 's' in nosuchdb://x",
+        ),
+    ],
+)
+def test_worker_cli_bad_input_is_one_line_exit_1_at_run_time_and_2_for_usage(
+    tmp_path: Path, args: list, code: int, message: str
+) -> None:
     storage = ["--storage", f"sqlite:///{tmp_path / 's.db'}"] if "--storage" not in args else []
-    proc = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "worker", *args, *storage, "--study", "s"],
-                          cwd=HERE, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "optuna_memprune.cli", "worker", *args, *storage, "--study", "s"],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == code and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
 
@@ -265,13 +343,19 @@ def test_worker_cli_bad_input_is_one_line_exit_1_at_run_time_and_2_for_usage(tmp
 def test_a_reservation_is_capped_at_the_per_trial_budget(tmp_path: Path) -> None:
     # The footprint leaves out the child's baseline and 3/4 of its block: observed / predicted is 6-50, so
     # the learned margin is large, but the watchdog stops any tree at its budget: no reservation is larger.
-    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=p["mb"] * MiB // 4), omp.Budget(ram="450MiB"),
-                            search_space=_space(256))
+    guard = omp.MemoryGuard(
+        lambda p: omp.Footprint.of(ram=p["mb"] * MiB // 4), omp.Budget(ram="450MiB"), search_space=_space(256)
+    )
     study = _study(tmp_path, guard)
     for mb in [8] * 5 + [200] * 2:  # small trials teach a margin of about 50; 50 x 50 MiB > the host
         study.enqueue_trial({"mb": mb})
-    omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=7,
-                 host=_ledger(tmp_path, ram="500MiB"))
+    omp.optimize(
+        study,
+        functools.partial(objectives.hold, seconds=0.0),
+        guard=guard,
+        n_trials=7,
+        host=_ledger(tmp_path, ram="500MiB"),
+    )
     records = [_record(t) for t in study.trials]
     assert all(t.state is TrialState.COMPLETE for t in study.trials), [r.reason for r in records]
     over_host = [r for r in records if r.margin and r.pred_ram * r.margin["ram"] > 500 * MiB]
@@ -293,8 +377,13 @@ def test_nothing_is_left_running_in_this_process_after_optimize(tmp_path: Path) 
 
     guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    omp.optimize(_study(tmp_path, guard), functools.partial(objectives.hold, seconds=0.0), guard=guard,
-                 n_trials=2, host=_ledger(tmp_path))
+    omp.optimize(
+        _study(tmp_path, guard),
+        functools.partial(objectives.hold, seconds=0.0),
+        guard=guard,
+        n_trials=2,
+        host=_ledger(tmp_path),
+    )
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     # multiprocessing's resource tracker (a few MiB) stays, as for any multiprocessing user; the fork
     # server (torch and the objective's module imported) and the trials' processes do not
@@ -305,10 +394,18 @@ def test_the_old_argument_names_still_run_with_a_warning_naming_optunas(tmp_path
     guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
     study = _study(tmp_path, guard)
     with pytest.warns(FutureWarning) as caught:
-        omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=2, n_workers=2,
-                     progress=False, host=_ledger(tmp_path))
+        omp.optimize(
+            study,
+            functools.partial(objectives.hold, seconds=0.0),
+            guard=guard,
+            n_trials=2,
+            n_workers=2,
+            progress=False,
+            host=_ledger(tmp_path),
+        )
     assert sorted(str(w.message) for w in caught) == [
         "optimize(n_workers=) is renamed n_jobs= (Optuna's name); n_workers= goes in the next release.",
-        "optimize(progress=) is renamed show_progress_bar= (Optuna's name); progress= goes in the next release."]
+        "optimize(progress=) is renamed show_progress_bar= (Optuna's name); progress= goes in the next release.",
+    ]
     assert caught[0].filename == __file__  # the warning points at the caller's line
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2

@@ -22,8 +22,9 @@ MiB = 2**20
 pytestmark = pytest.mark.slow
 PLACE, WHY = cgroups.place()
 needs_group = pytest.mark.skipif(PLACE is None, reason=f"no cgroup can be made here: {WHY}")
-needs_limit = pytest.mark.skipif(PLACE is None or not PLACE.memory,
-                                 reason=f"no cgroup with a memory controller here: {WHY or PLACE and PLACE.label}")
+needs_limit = pytest.mark.skipif(
+    PLACE is None or not PLACE.memory, reason=f"no cgroup with a memory controller here: {WHY or PLACE and PLACE.label}"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -34,11 +35,15 @@ def _quiet() -> None:
 def _setup(tmp_path: Path, ram: str) -> tuple[omp.MemoryGuard, optuna.Study, Ledger]:
     space = {"mb": optuna.distributions.IntDistribution(8, 16)}
     guard = omp.MemoryGuard(functools.partial(objectives.footprint, base=100), omp.Budget(ram=ram), search_space=space)
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s",
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
-                                pruner=guard.wrap_pruner(None))
-    ledger = Ledger(HostBudget(ram="8GiB", gpus=None, headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}",
-                    host="test-host")
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        study_name="s",
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+        pruner=guard.wrap_pruner(None),
+    )
+    ledger = Ledger(
+        HostBudget(ram="8GiB", gpus=None, headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host="test-host"
+    )
     return guard, study, ledger
 
 
@@ -53,11 +58,19 @@ def _own_groups() -> list[str]:
 
 
 @needs_limit
-def test_a_burst_faster_than_the_poll_is_stopped_by_the_kernel_at_the_budget_and_the_study_goes_on(tmp_path: Path) -> None:
+def test_a_burst_faster_than_the_poll_is_stopped_by_the_kernel_at_the_budget_and_the_study_goes_on(
+    tmp_path: Path,
+) -> None:
     budget = 400 * MiB
     guard, study, ledger = _setup(tmp_path, "400MiB")
-    omp.optimize(study, functools.partial(cg_objectives.burst, nbytes=3 * budget), guard=guard, n_trials=1,
-                 host=ledger, enforce="cgroup")
+    omp.optimize(
+        study,
+        functools.partial(cg_objectives.burst, nbytes=3 * budget),
+        guard=guard,
+        n_trials=1,
+        host=ledger,
+        enforce="cgroup",
+    )
     omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=1, host=ledger)
     burst, after = study.trials
     record = _record(burst)
@@ -74,8 +87,13 @@ def test_a_burst_faster_than_the_poll_is_stopped_by_the_kernel_at_the_budget_and
 @needs_limit
 def test_the_page_cache_a_trial_leaves_is_not_its_peak_ram(tmp_path: Path) -> None:
     guard, study, ledger = _setup(tmp_path, "400MiB")
-    omp.optimize(study, functools.partial(cg_objectives.write_file, path=str(tmp_path / "data"), mib=300), guard=guard,
-                 n_trials=1, host=ledger)
+    omp.optimize(
+        study,
+        functools.partial(cg_objectives.write_file, path=str(tmp_path / "data"), mib=300),
+        guard=guard,
+        n_trials=1,
+        host=ledger,
+    )
     (trial,) = study.trials
     record = _record(trial)
     assert trial.state is TrialState.COMPLETE and record.enforcement == f"cgroup v{PLACE.version} limit"
@@ -87,8 +105,9 @@ def test_the_page_cache_a_trial_leaves_is_not_its_peak_ram(tmp_path: Path) -> No
 def test_a_grandchild_ignoring_sigterm_whose_parent_died_first_is_gone_after_the_trial(tmp_path: Path) -> None:
     guard, study, ledger = _setup(tmp_path, "2GiB")
     marker = tmp_path / "grandchild"
-    omp.optimize(study, functools.partial(cg_objectives.orphan, marker=str(marker)), guard=guard, n_trials=1,
-                 host=ledger)
+    omp.optimize(
+        study, functools.partial(cg_objectives.orphan, marker=str(marker)), guard=guard, n_trials=1, host=ledger
+    )
     (trial,) = study.trials
     assert trial.state is TrialState.COMPLETE, _record(trial).reason
     assert _record(trial).enforcement.startswith(f"cgroup v{PLACE.version} ")
@@ -105,8 +124,9 @@ def test_a_grandchild_ignoring_sigterm_whose_parent_died_first_is_gone_after_the
 def test_polling_keeps_the_watchdog_alone_and_says_so(tmp_path: Path) -> None:
     guard, study, ledger = _setup(tmp_path, "700MiB")
     omp.optimize(study, objectives.grow, guard=guard, n_trials=1, host=ledger, enforce="polling")
-    omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=1, host=ledger,
-                 enforce="polling")
+    omp.optimize(
+        study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=1, host=ledger, enforce="polling"
+    )
     stopped, after = study.trials
     record = _record(stopped)
     assert stopped.state is TrialState.PRUNED and record.decision.value == "stopped"
@@ -151,8 +171,10 @@ print("auto:", trial.state.name, omp.read_record(trial.user_attrs).enforcement)
 
 # Runs the script below with every cgroup hierarchy mounted read-only in a mount namespace of its own, as a
 # container's runtime mounts them by default: no group can be made there.
-_READ_ONLY = ("mount --make-rprivate / && for m in $(awk '$9 ~ /^cgroup/ {print $5}' /proc/self/mountinfo); "
-              'do mount -o remount,bind,ro "$m" || exit 97; done && exec "$0" "$@"')
+_READ_ONLY = (
+    "mount --make-rprivate / && for m in $(awk '$9 ~ /^cgroup/ {print $5}' /proc/self/mountinfo); "
+    'do mount -o remount,bind,ro "$m" || exit 97; done && exec "$0" "$@"'
+)
 
 
 def test_where_no_group_can_be_made_cgroup_is_refused_before_any_trial_and_auto_polls(tmp_path: Path) -> None:
@@ -164,8 +186,14 @@ def test_where_no_group_can_be_made_cgroup_is_refused_before_any_trial_and_auto_
         pytest.skip("needs root with unshare and mount, to mount the cgroup hierarchies read-only for one process")
     here = Path(__file__).resolve().parent
     env = {**os.environ, "PYTHONPATH": f"{here.parent.parent}{os.pathsep}{here}"}
-    run = subprocess.run(["unshare", "-m", "sh", "-c", _READ_ONLY, sys.executable, "-c", _NO_CGROUP, str(tmp_path)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        ["unshare", "-m", "sh", "-c", _READ_ONLY, sys.executable, "-c", _NO_CGROUP, str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if run.returncode == 97 or (run.returncode != 0 and "unshare" in run.stderr):
         pytest.skip(f"the cgroup hierarchies cannot be mounted read-only here: {run.stderr.strip()}")
     out = run.stdout

@@ -32,9 +32,12 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 def test_optimize_rides_out_a_postgresql_restart(postgres_cluster) -> None:
     url = postgres_cluster.url()
     guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="400MiB"))
-    study = optuna.create_study(storage=url, study_name="restart",
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
-                                pruner=guard.wrap_pruner())
+    study = optuna.create_study(
+        storage=url,
+        study_name="restart",
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)),
+        pruner=guard.wrap_pruner(),
+    )
     ledger = Ledger(HostCapacity(ram=500 * MiB), url=url, host="h")  # one 300 MiB trial at a time: one waits
 
     def restart() -> None:
@@ -70,8 +73,9 @@ class CountingLedger(Ledger):
 
 def test_a_waiting_trial_tries_a_full_postgresql_ledger_a_few_times_a_second_not_twenty(postgres_url: str) -> None:
     guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="400MiB"))
-    study = optuna.create_study(storage=postgres_url, study_name="pace",
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study = optuna.create_study(
+        storage=postgres_url, study_name="pace", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0))
+    )
     ledger = CountingLedger(HostCapacity(ram=500 * MiB), url=postgres_url, host="h")
     owner = subprocess.Popen(["sleep", "60"])  # a live process whose reservation fills the host
     try:
@@ -91,9 +95,30 @@ def test_a_waiting_trial_tries_a_full_postgresql_ledger_a_few_times_a_second_not
 def _killed_worker(url: str, tmp_path: Path) -> int:
     """A `memprune worker` of study "s" on host "h" (study and ledger in ``url``), SIGKILLed mid-trial; its pid."""
     marker = tmp_path / "pid"
-    cmd = [sys.executable, "-m", "optuna_memprune.cli", "worker", "_runner_objectives:wait_to_be_killed",
-           "--storage", url, "--study", "s", "--footprint", "_runner_objectives:footprint", "--ram", "1GiB",
-           "--n-trials", "1", "--host-id", "h", "--ledger", url, "--host-ram", "4GiB", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "optuna_memprune.cli",
+        "worker",
+        "_runner_objectives:wait_to_be_killed",
+        "--storage",
+        url,
+        "--study",
+        "s",
+        "--footprint",
+        "_runner_objectives:footprint",
+        "--ram",
+        "1GiB",
+        "--n-trials",
+        "1",
+        "--host-id",
+        "h",
+        "--ledger",
+        url,
+        "--host-ram",
+        "4GiB",
+        "--no-progress",
+    ]
     worker = subprocess.Popen(cmd, cwd=Path(__file__).parent, env={**os.environ, "MEMPRUNE_TEST_MARKER": str(marker)})
     try:
         for _ in range(1200):
@@ -114,8 +139,9 @@ def _second_runner(url: str, ledger: Ledger) -> None:
     omp.optimize(study, nap, guard=guard, host=ledger, n_trials=0, show_progress_bar=False)
 
 
-def test_a_dead_runners_trial_already_being_failed_by_another_runner_keeps_one_reason(postgres_url: str,
-                                                                                        tmp_path: Path) -> None:
+def test_a_dead_runners_trial_already_being_failed_by_another_runner_keeps_one_reason(
+    postgres_url: str, tmp_path: Path
+) -> None:
     pid = _killed_worker(postgres_url, tmp_path)
     ledger = Ledger(HostCapacity(ram=4 * 2**30), url=postgres_url, host="h")
     # another runner of the host got there first: it reaped the entry and wrote the record, and has not yet
@@ -135,8 +161,9 @@ def test_a_dead_runners_trial_already_being_failed_by_another_runner_keeps_one_r
 
 def test_a_trial_process_killed_while_it_reads_its_payload_fails_that_trial_only(postgres_url: str) -> None:
     guard = omp.MemoryGuard(fixed_footprint, omp.Budget(ram="1GiB"))
-    study = optuna.create_study(storage=postgres_url, study_name="started",
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study = optuna.create_study(
+        storage=postgres_url, study_name="started", sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0))
+    )
     objective = functools.partial(nap_with, ballast=bytes(128 * MiB))  # read from a pipe: it takes a while
     killed: list[int] = []
 
@@ -156,8 +183,14 @@ def test_a_trial_process_killed_while_it_reads_its_payload_fails_that_trial_only
 
     killer = threading.Thread(target=kill_the_first_trial_process, daemon=True)
     killer.start()
-    omp.optimize(study, objective, guard=guard, host=Ledger(HostCapacity(ram=2 * 2**30), url=postgres_url, host="h"),
-                 n_trials=2, show_progress_bar=False)  # raised BrokenPipeError before
+    omp.optimize(
+        study,
+        objective,
+        guard=guard,
+        host=Ledger(HostCapacity(ram=2 * 2**30), url=postgres_url, host="h"),
+        n_trials=2,
+        show_progress_bar=False,
+    )  # raised BrokenPipeError before
     killer.join(5)
     assert killed
     first, second = optuna.load_study(storage=postgres_url, study_name="started").trials
@@ -168,8 +201,10 @@ def test_a_trial_process_killed_while_it_reads_its_payload_fails_that_trial_only
 
 def test_a_trial_reaped_by_another_live_runner_is_left_to_it(postgres_url: str, tmp_path: Path) -> None:
     _killed_worker(postgres_url, tmp_path)
-    reap = ("import sys, time; from optuna_memprune.ledger import HostCapacity, Ledger; "
-            "print(len(Ledger(HostCapacity(ram=1), url=sys.argv[1], host='h').reap()), flush=True); time.sleep(120)")
+    reap = (
+        "import sys, time; from optuna_memprune.ledger import HostCapacity, Ledger; "
+        "print(len(Ledger(HostCapacity(ram=1), url=sys.argv[1], host='h').reap()), flush=True); time.sleep(120)"
+    )
     reaper = subprocess.Popen([sys.executable, "-c", reap, postgres_url], stdout=subprocess.PIPE, text=True)
     try:
         assert reaper.stdout.readline().strip() == "1"  # it reaped the dead worker's entry and runs on
@@ -212,8 +247,14 @@ def test_the_server_going_away_during_a_trials_check_does_not_stop_the_run(postg
     sampler = StopsTheServerOnce(postgres_cluster)
     study = optuna.create_study(storage=url, study_name="check", sampler=guard.wrap_sampler(sampler))
     try:
-        omp.optimize(study, nap, guard=guard, host=Ledger(HostCapacity(ram=500 * MiB), url=url, host="h"),
-                     n_trials=2, show_progress_bar=False)  # raised "the sampler failed: StorageInternalError" before
+        omp.optimize(
+            study,
+            nap,
+            guard=guard,
+            host=Ledger(HostCapacity(ram=500 * MiB), url=url, host="h"),
+            n_trials=2,
+            show_progress_bar=False,
+        )  # raised "the sampler failed: StorageInternalError" before
     finally:
         if sampler.restarts:
             sampler.restarts[0].join()

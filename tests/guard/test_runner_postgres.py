@@ -32,8 +32,9 @@ def test_three_hosts_two_workers_each_finish_a_60_trial_study_in_postgresql(post
     stop = threading.Event()
 
     def watch_ledgers() -> None:  # every committed state of every host's ledger, as often as it can
-        readers = {h: Ledger(HostBudget(ram=HOST_RAM, gpus=None, headroom=0.0), url=u, host=h)
-                   for h, u in ledgers.items()}
+        readers = {
+            h: Ledger(HostBudget(ram=HOST_RAM, gpus=None, headroom=0.0), url=u, host=h) for h, u in ledgers.items()
+        }
         while not stop.is_set():
             for h, ledger in readers.items():
                 peaks[h] = max(peaks[h], ledger.in_use().ram)
@@ -42,13 +43,46 @@ def test_three_hosts_two_workers_each_finish_a_60_trial_study_in_postgresql(post
     optuna.create_study(storage=postgres_url, study_name="pg", direction="maximize")
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "optuna_memprune.cli", "worker", "_runner_objectives:hold",
-             "--storage", postgres_url, "--study", "pg", "--direction", "maximize",
-             *(["--guard", "_runner_objectives:guard"] if i == 0 else  # the same guard, two ways of saying it
-               ["--footprint", "_runner_objectives:footprint", "--ram", "600MiB", "--on-infeasible", "reject"]),
-             "--n-trials", "20", "--n-workers", "2", "--host-id", host, "--ledger", ledgers[host],
-             "--host-ram", str(HOST_RAM), "--headroom", "0", "--host-gpus", "--seed", str(i), "--no-progress"],
-            cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "optuna_memprune.cli",
+                "worker",
+                "_runner_objectives:hold",
+                "--storage",
+                postgres_url,
+                "--study",
+                "pg",
+                "--direction",
+                "maximize",
+                *(
+                    ["--guard", "_runner_objectives:guard"]
+                    if i == 0
+                    # the same guard, two ways of saying it
+                    else ["--footprint", "_runner_objectives:footprint", "--ram", "600MiB", "--on-infeasible", "reject"]
+                ),
+                "--n-trials",
+                "20",
+                "--n-workers",
+                "2",
+                "--host-id",
+                host,
+                "--ledger",
+                ledgers[host],
+                "--host-ram",
+                str(HOST_RAM),
+                "--headroom",
+                "0",
+                "--host-gpus",
+                "--seed",
+                str(i),
+                "--no-progress",
+            ],
+            cwd=HERE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i, host in enumerate(HOSTS)
     ]
     watcher = threading.Thread(target=watch_ledgers, daemon=True)
@@ -76,9 +110,14 @@ def test_three_hosts_two_workers_each_finish_a_60_trial_study_in_postgresql(post
         # and from the trials' own clocks: whenever a child started, its host's reservations fit
         # a child runs from its objective's first line to before its trial's end is stored; a trial
         # unchecked at launch reserved the whole budget
-        mine = [((t.user_attrs["t_run"][0], t.datetime_complete.timestamp()),
-                 min(r.pred_ram * r.margin["ram"], r.budget_ram) if r.margin else r.budget_ram)
-                for t, r in ran if r.host == host]
+        mine = [
+            (
+                (t.user_attrs["t_run"][0], t.datetime_complete.timestamp()),
+                min(r.pred_ram * r.margin["ram"], r.budget_ram) if r.margin else r.budget_ram,
+            )
+            for t, r in ran
+            if r.host == host
+        ]
         for (start, _), _ in mine:
             assert sum(res for (s, e), res in mine if s <= start <= e) <= HOST_RAM
         assert Ledger(HostBudget(ram=HOST_RAM, gpus=None), url=ledgers[host], host=host).entries() == []

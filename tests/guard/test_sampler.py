@@ -46,8 +46,9 @@ _BASES = {
 class TestGuardedSamplerBasic(BasicSamplerTestCase):
     """Optuna's BasicSamplerTestCase on GuardedSampler(TPE | Random | GP), clamping and rejecting."""
 
-    @pytest.fixture(params=[("tpe", "clamp"), ("random", "clamp"), ("gp", "clamp"), ("tpe", "reject")],
-                    ids=lambda p: "-".join(p))
+    @pytest.fixture(
+        params=[("tpe", "clamp"), ("random", "clamp"), ("gp", "clamp"), ("tpe", "reject")], ids=lambda p: "-".join(p)
+    )
     def sampler(self, request):  # type: ignore[no-untyped-def]
         base, policy = request.param
         return lambda: _guarded(_BASES[base](), on_infeasible=policy)
@@ -62,6 +63,7 @@ class TestGuardedSamplerRelative(RelativeSamplerTestCase):
 
 
 # -- the lookahead and clamping ------------------------------------------------------------------
+
 
 def _base() -> int:
     """This process's RSS plus headroom: the budget is the whole process's, so footprints start here."""
@@ -88,8 +90,11 @@ def _space_study(guard: MemoryGuard, seed: int = 0) -> optuna.Study:
 def test_clamp_lowers_to_the_highest_fitting_value_within_the_distribution(dist) -> None:
     base = _base()
     budget = omp.Budget(ram=base + 300 * MiB)
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=base + int(p["x"] * MiB)), budget,
-                        search_space={"x": dist, "other": FloatDistribution(0, 1)})
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram=base + int(p["x"] * MiB)),
+        budget,
+        search_space={"x": dist, "other": FloatDistribution(0, 1)},
+    )
     study = _space_study(guard)
     seen = []
 
@@ -103,7 +108,9 @@ def test_clamp_lowers_to_the_highest_fitting_value_within_the_distribution(dist)
     for trial, x in zip(study.trials, seen):
         record = read_record(trial.user_attrs)
         assert trial.params["x"] == x
-        assert dist._contains(dist.to_internal_repr(x)) and type(x) is type(dist.to_external_repr(dist.to_internal_repr(x)))
+        assert dist._contains(dist.to_internal_repr(x)) and type(x) is type(
+            dist.to_external_repr(dist.to_internal_repr(x))
+        )
         assert base + x * MiB <= guard.policy.limits["ram"] < budget.ram, (x, record)  # under the soft line
         if record.decision is Decision.CLAMPED:
             assert record.clamped_from["x"] > x
@@ -167,14 +174,17 @@ def _suggest_all(trial: optuna.Trial, space: dict) -> float:
 def test_enqueued_params_are_kept_and_the_rest_is_lowered() -> None:
     space = {"a": IntDistribution(1, 1000), "b": IntDistribution(1, 1000)}
     base = _base()
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=base + (p["a"] + p["b"]) * MiB),
-                        omp.Budget(ram=base + 1000 * MiB),
-                        search_space=space, soft=1.0)  # the soft line at the budget: plain arithmetic
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram=base + (p["a"] + p["b"]) * MiB),
+        omp.Budget(ram=base + 1000 * MiB),
+        search_space=space,
+        soft=1.0,
+    )  # the soft line at the budget: plain arithmetic
     study = _space_study(guard)
     study.enqueue_trial({"a": 900, "b": 900})  # both fixed: nothing may be lowered
-    study.enqueue_trial({"a": 1000})           # b would have to go below its low end
+    study.enqueue_trial({"a": 1000})  # b would have to go below its low end
     for _ in range(5):
-        study.enqueue_trial({"a": 900})        # a fixed; b is drawn and lowered to 100 at most
+        study.enqueue_trial({"a": 900})  # a fixed; b is drawn and lowered to 100 at most
     study.optimize(guard.wrap_objective(lambda t: _suggest_all(t, space)), n_trials=7)
     records = [read_record(t.user_attrs) for t in study.trials]
     for t, r in zip(study.trials[:2], records[:2]):
@@ -195,8 +205,12 @@ def test_a_prediction_must_stay_under_the_soft_line_to_be_admitted() -> None:
     # Above the soft line the guarded pruner would prune the trial at its first should_prune().
     base = _base()
     budget = omp.Budget(ram=base + 1000 * MiB)
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=int(p["x"] * budget.ram)), budget,
-                        on_infeasible="reject", search_space={"x": CategoricalDistribution([0.85, 0.95])})
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram=int(p["x"] * budget.ram)),
+        budget,
+        on_infeasible="reject",
+        search_space={"x": CategoricalDistribution([0.85, 0.95])},
+    )
     study = _space_study(guard)
     study.enqueue_trial({"x": 0.85})
     study.enqueue_trial({"x": 0.95})
@@ -208,6 +222,7 @@ def test_a_prediction_must_stay_under_the_soft_line_to_be_admitted() -> None:
 
 
 # -- rejection, constraints, unchecked trials ------------------------------------------------------
+
 
 def test_rejected_trials_store_the_whole_space_and_never_run_the_objective(tmp_path) -> None:
     storage = f"sqlite:///{tmp_path / 'reject.db'}"
@@ -221,8 +236,12 @@ def test_rejected_trials_store_the_whole_space_and_never_run_the_objective(tmp_p
         return x * lr + (kind == "a")
 
     baseline = psutil.Process().memory_info().rss + 100 * MiB  # the budget is the whole process's
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=baseline + p["x"] * MiB, threads=1),
-                        omp.Budget(ram=baseline + 50 * MiB, threads=256), on_infeasible="reject", soft=1.0)
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram=baseline + p["x"] * MiB, threads=1),
+        omp.Budget(ram=baseline + 50 * MiB, threads=256),
+        on_infeasible="reject",
+        soft=1.0,
+    )
     study = optuna.create_study(storage=storage, sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=0)))
     study.optimize(guard.wrap_objective(objective), n_trials=30)
     trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
@@ -264,8 +283,9 @@ def test_a_broken_footprint_leaves_the_trial_unchecked_and_the_study_going() -> 
 
 def test_a_new_conditional_param_makes_the_trial_unchecked() -> None:
     base = _base()
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=base + MiB * (p.get("y", 0) + p.get("z", 0))),
-                        omp.Budget(ram=base + 2**30))
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram=base + MiB * (p.get("y", 0) + p.get("z", 0))), omp.Budget(ram=base + 2**30)
+    )
     study = _space_study(guard)
 
     def objective(trial: optuna.Trial) -> float:
@@ -278,15 +298,15 @@ def test_a_new_conditional_param_makes_the_trial_unchecked() -> None:
     assert records[0].decision is Decision.UNCHECKED
     first_z = next(t.number for t in study.trials if "z" in t.params)
     assert records[first_z].decision is Decision.UNCHECKED and "'z'" in records[first_z].reason
-    assert any(r.decision is Decision.ADMITTED for r in records[first_z + 1:])
+    assert any(r.decision is Decision.ADMITTED for r in records[first_z + 1 :])
 
 
 def test_guarded_sampler_is_thread_safe_with_n_jobs() -> None:
     base = _base()
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=base + int(p["x"] * MiB)), omp.Budget(ram=base + 500 * MiB),
-                        soft=1.0)
-    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=0)),
-                                direction="maximize")
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram=base + int(p["x"] * MiB)), omp.Budget(ram=base + 500 * MiB), soft=1.0
+    )
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=0)), direction="maximize")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study.optimize(guard.wrap_objective(lambda t: t.suggest_float("x", 0, 1000)), n_trials=40, n_jobs=4)
@@ -313,8 +333,8 @@ def test_an_unknown_clamp_name_warns_once_the_space_is_known_and_the_trials_run_
     assert len([w for w in caught if "widht" in str(w.message)]) == 1
     assert all(t.state.is_finished() for t in study.trials)
     assert omp.read_record(study.trials[-1].user_attrs).reason == (
-        "clamp names ['widht'] are not params of the search space ['width']: the trial runs unchecked under "
-        "the monitor")
+        "clamp names ['widht'] are not params of the search space ['width']: the trial runs unchecked under the monitor"
+    )
 
 
 # -- the adversarial study (acceptance 2) ----------------------------------------------------------
@@ -343,16 +363,19 @@ def _adversarial(tmp_path, policy: str, n_trials: int, **tpe):  # type: ignore[n
         lr = trial.suggest_float("lr", 1e-4, 1e-1, log=True)
         ran.append((trial.number, dict(trial.params)))
         buffer = np.ones(buffer_mib * n_envs * MiB, dtype=np.uint8)  # real pages, sized by the params
-        filled = float(buffer[::4096].sum()) * 4096 / MiB            # MiB actually touched
+        filled = float(buffer[::4096].sum()) * 4096 / MiB  # MiB actually touched
         del buffer
-        return filled * (1 - abs(math.log10(lr) + 2.5) / 10)         # more memory, better score
+        return filled * (1 - abs(math.log10(lr) + 2.5) / 10)  # more memory, better score
 
     guard = MemoryGuard(footprint, budget, on_infeasible=policy)
     seed = tpe.get("seed", 7)
     storage = f"sqlite:///{tmp_path / f'adversarial-{policy}-{seed}.db'}"
-    study = optuna.create_study(storage=storage, direction="maximize",
-                                sampler=guard.wrap_sampler(optuna.samplers.TPESampler(**{"seed": 7, **tpe})),
-                                pruner=guard.wrap_pruner(optuna.pruners.NopPruner()))
+    study = optuna.create_study(
+        storage=storage,
+        direction="maximize",
+        sampler=guard.wrap_sampler(optuna.samplers.TPESampler(**{"seed": 7, **tpe})),
+        pruner=guard.wrap_pruner(optuna.pruners.NopPruner()),
+    )
     study.optimize(guard.wrap_objective(objective), n_trials=n_trials)
     trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
@@ -360,15 +383,19 @@ def _adversarial(tmp_path, policy: str, n_trials: int, **tpe):  # type: ignore[n
 
 
 def _shares(records, decision: Decision) -> list[float]:  # type: ignore[no-untyped-def]
-    return [sum(r.decision is decision for r in records[s:s + 20]) / len(records[s:s + 20])
-            for s in range(0, len(records), 20)]
+    return [
+        sum(r.decision is decision for r in records[s : s + 20]) / len(records[s : s + 20])
+        for s in range(0, len(records), 20)
+    ]
 
 
 def test_adversarial_clamp_launches_nothing_over_budget_and_stores_what_ran(tmp_path) -> None:
     trials, ran, footprint, limit = _adversarial(tmp_path, "clamp", 40)
     records = [read_record(t.user_attrs) for t in trials]
-    print("clamped share of TPE's proposals per block of 20:",
-          " ".join(f"{s:.2f}" for s in _shares(records, Decision.CLAMPED)))
+    print(
+        "clamped share of TPE's proposals per block of 20:",
+        " ".join(f"{s:.2f}" for s in _shares(records, Decision.CLAMPED)),
+    )
     assert sum(r.decision is Decision.CLAMPED for r in records) >= 5
     stored = {t.number: t.params for t in trials}
     for number, params in ran:
@@ -398,8 +425,9 @@ def test_adversarial_reject_teaches_tpe_the_infeasible_region(tmp_path) -> None:
                 assert t.state is TrialState.PRUNED and t.number not in launched
                 assert set(t.params) == {"buffer_mib", "n_envs", "lr"} and t.constraints["memprune_ram"] > 0
         runs.append(_shares(records, Decision.REJECTED))
-        print(f"seed {seed}: infeasible share of TPE's proposals per block of 20:",
-              " ".join(f"{s:.2f}" for s in runs[-1]))
+        print(
+            f"seed {seed}: infeasible share of TPE's proposals per block of 20:", " ".join(f"{s:.2f}" for s in runs[-1])
+        )
     shares = np.mean(runs, axis=0)
     print("mean over seeds:", " ".join(f"{s:.2f}" for s in shares))
     assert np.mean(shares[1:]) < 0.8 * shares[0]  # learned: well under the random startup's share
@@ -415,15 +443,21 @@ def test_reject_mode_leaves_tpe_exactly_the_search_its_own_constraints_give() ->
         return omp.Footprint.of(ram=baseline + p["buffer_mib"] * p["n_envs"] * MiB)
 
     def suggest(trial: optuna.Trial) -> tuple[int, int, float]:
-        return (trial.suggest_categorical("buffer_mib", [8, 16, 32, 64, 128]),
-                trial.suggest_categorical("n_envs", [1, 2, 4, 8]), trial.suggest_float("lr", 1e-4, 1e-1, log=True))
+        return (
+            trial.suggest_categorical("buffer_mib", [8, 16, 32, 64, 128]),
+            trial.suggest_categorical("n_envs", [1, 2, 4, 8]),
+            trial.suggest_float("lr", 1e-4, 1e-1, log=True),
+        )
 
     def score(b: int, e: int, lr: float) -> float:
         return b * e * (1 - abs(math.log10(lr) + 2.5) / 10)
 
     guard = MemoryGuard(footprint, omp.Budget(ram=baseline + 64 * MiB), on_infeasible="reject", soft=1.0)
-    guarded = optuna.create_study(direction="maximize", pruner=guard.wrap_pruner(),
-                                  sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=0, n_startup_trials=20)))
+    guarded = optuna.create_study(
+        direction="maximize",
+        pruner=guard.wrap_pruner(),
+        sampler=guard.wrap_sampler(optuna.samplers.TPESampler(seed=0, n_startup_trials=20)),
+    )
     guarded.optimize(guard.wrap_objective(lambda t: score(*suggest(t))), n_trials=60)
     bare = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=20))
     for _ in range(60):

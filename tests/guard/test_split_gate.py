@@ -17,8 +17,9 @@ MiB = 2**20
 
 def test_trials_whose_predictions_fit_together_run_at_once() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=p["n"] * MiB), omp.Budget(ram="1GiB"),
-                            search_space={"n": IntDistribution(1, 10)})
+    guard = omp.MemoryGuard(
+        lambda p: omp.Footprint.of(ram=p["n"] * MiB), omp.Budget(ram="1GiB"), search_space={"n": IntDistribution(1, 10)}
+    )
     study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(0)))
     lock, running, most = threading.Lock(), [0], [0]
 

@@ -53,8 +53,12 @@ def main():
         grandchild(int(sys.argv[2]), int(sys.argv[3]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "middle":
-        g = subprocess.Popen([sys.executable, HERE, "grandchild", sys.argv[2], sys.argv[3]],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        g = subprocess.Popen(
+            [sys.executable, HERE, "grandchild", sys.argv[2], sys.argv[3]],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         print(g.pid, flush=True)
         time.sleep(0.5)  # long enough for a monitor to see three generations
         return
@@ -88,8 +92,9 @@ def main():
             child = box[0]
             reply = f"ok {child.pid}"
         elif op == "orphan":
-            out = subprocess.run([sys.executable, HERE, "middle", args[0], str(os.getpid())],
-                                 capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [sys.executable, HERE, "middle", args[0], str(os.getpid())], capture_output=True, text=True, check=True
+            ).stdout
             reply = f"ok {out.strip()}"
         elif op == "child":
             child.stdin.write(" ".join(args) + "\n")

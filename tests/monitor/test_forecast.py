@@ -17,16 +17,17 @@ from optuna_memprune.monitor import forecast
 
 MiB = 2**20
 HORIZON = 10_000
-RATE = 100        # steps a second
-READS = 10        # readings a second
+RATE = 100  # steps a second
+READS = 10  # readings a second
 LIMIT = 1000 * MiB
 
 
 def _run(rss_at_step, seconds: float = HORIZON / RATE, noise: float = 0.0, seed: int = 0):
     """Readings ``(t, rss)`` at 10 Hz and step marks ``(t, step)`` each second of a run of ``HORIZON`` steps."""
     rng = random.Random(seed)
-    points = [(i / READS, int(rss_at_step(i / READS * RATE) + rng.gauss(0, noise)))
-              for i in range(int(seconds * READS))]
+    points = [
+        (i / READS, int(rss_at_step(i / READS * RATE) + rng.gauss(0, noise))) for i in range(int(seconds * READS))
+    ]
     marks = [(float(t), t * RATE) for t in range(int(seconds) + 1)]
     return points, marks
 
@@ -51,8 +52,11 @@ def test_linear_growth_is_stopped_early_with_the_projection_at_the_last_step() -
     assert f.projected_low > LIMIT and f.slope_low <= f.slope
     assert f.at(8_889) == pytest.approx(LIMIT, rel=0.02)
     text = describe(f, LIMIT)
-    assert re.match(r"stopped on the forecast: projected 1\.(0[6-9]|10) GiB at step 10,000 > 1000\.00 MiB; "
-                    r"at step 1,\d{3} now \(RSS [23]\d\d\.\d\d MiB, \+9\d\.\d\d KiB a step\)$", text), text
+    assert re.match(
+        r"stopped on the forecast: projected 1\.(0[6-9]|10) GiB at step 10,000 > 1000\.00 MiB; "
+        r"at step 1,\d{3} now \(RSS [23]\d\d\.\d\d MiB, \+9\d\.\d\d KiB a step\)$",
+        text,
+    ), text
 
 
 def test_growth_that_stays_under_the_limit_is_not_stopped() -> None:
@@ -60,14 +64,17 @@ def test_growth_that_stays_under_the_limit_is_not_stopped() -> None:
     assert _first_stop(points, marks) is None
 
 
-@pytest.mark.parametrize("name, rss", [
-    # a ring buffer of 600 MiB filling over the first 400 steps (its growth, extrapolated, is 15 GiB)
-    ("ring buffer", lambda s: 200 * MiB + 1.5 * MiB * min(s, 400)),
-    # a warm-up allocation of 700 MiB at step 800, then flat
-    ("warm-up", lambda s: 200 * MiB + (700 * MiB if s >= 800 else 0)),
-    # a sawtooth: 300 MiB allocated and freed every 200 steps (a periodic batch, a collector)
-    ("sawtooth", lambda s: 500 * MiB + 1.5 * MiB * (s % 200)),
-])
+@pytest.mark.parametrize(
+    "name, rss",
+    [
+        # a ring buffer of 600 MiB filling over the first 400 steps (its growth, extrapolated, is 15 GiB)
+        ("ring buffer", lambda s: 200 * MiB + 1.5 * MiB * min(s, 400)),
+        # a warm-up allocation of 700 MiB at step 800, then flat
+        ("warm-up", lambda s: 200 * MiB + (700 * MiB if s >= 800 else 0)),
+        # a sawtooth: 300 MiB allocated and freed every 200 steps (a periodic batch, a collector)
+        ("sawtooth", lambda s: 500 * MiB + 1.5 * MiB * (s % 200)),
+    ],
+)
 def test_a_plateau_is_never_stopped(name: str, rss) -> None:
     for seed in range(5):
         points, marks = _run(rss, noise=3 * MiB, seed=seed)
@@ -90,9 +97,9 @@ def test_a_noisy_flat_line_near_the_limit_is_never_stopped() -> None:
 
 def test_no_forecast_before_anything_to_fit_or_past_the_horizon() -> None:
     points, marks = _run(lambda s: 200 * MiB + 0.09 * MiB * s)
-    assert forecast(points, marks[:1], HORIZON, LIMIT) is None           # one mark: no rate
-    assert forecast(points[:5], marks[:2], HORIZON, LIMIT) is None       # too few readings
-    assert forecast(points, marks, 50, LIMIT) is None                    # the horizon is behind
+    assert forecast(points, marks[:1], HORIZON, LIMIT) is None  # one mark: no rate
+    assert forecast(points[:5], marks[:2], HORIZON, LIMIT) is None  # too few readings
+    assert forecast(points, marks, 50, LIMIT) is None  # the horizon is behind
     early = forecast([p for p in points if p[0] <= 5], marks[:6], HORIZON, LIMIT)
     assert early is not None and not early.over and "of the run observed" in early.held
 

@@ -68,11 +68,12 @@ class FakeNVML:
 
 
 TWO_GPUS = [
-    {"total": 80 * GiB,
-     "compute": [(100, 1 * GiB), (999, 5 * GiB)],
-     "graphics": [(100, 1 * GiB)]},  # pid 100 is C+G: one figure, listed twice
-    {"total": 40 * GiB,
-     "compute": [(101, 512 * MiB), (100, 256 * MiB), (102, None)]},  # None: the driver cannot tell
+    {
+        "total": 80 * GiB,
+        "compute": [(100, 1 * GiB), (999, 5 * GiB)],
+        "graphics": [(100, 1 * GiB)],
+    },  # pid 100 is C+G: one figure, listed twice
+    {"total": 40 * GiB, "compute": [(101, 512 * MiB), (100, 256 * MiB), (102, None)]},  # None: the driver cannot tell
 ]
 
 

@@ -33,8 +33,10 @@ def test_status_of_a_gone_process_is_none() -> None:
 
 
 def test_descendants_finds_children_and_grandchildren() -> None:
-    code = ("import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']);"
-            "print(g.pid, flush=True); time.sleep(30)")
+    code = (
+        "import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']);"
+        "print(g.pid, flush=True); time.sleep(30)"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         grandchild = int(child.stdout.readline())

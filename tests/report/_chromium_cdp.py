@@ -25,11 +25,21 @@ from typing import Any
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-extensions",
-    "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
-    "--host-resolver-rules=MAP * ~NOTFOUND",            # no name resolves
-    "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>",  # every request to a closed port
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-default-apps",
+    "--mute-audio",
+    "--hide-scrollbars",
+    "--host-resolver-rules=MAP * ~NOTFOUND",  # no name resolves
+    "--proxy-server=http://127.0.0.1:9",
+    "--proxy-bypass-list=<-loopback>",  # every request to a closed port
     "--remote-debugging-pipe",
 ]
 LOCAL = ("file:", "data:", "about:")
@@ -49,8 +59,8 @@ class Rendered:
     png: bytes
     width: int
     height: int
-    errors: list[str] = field(default_factory=list)     # console errors, exceptions, error log entries
-    requests: list[str] = field(default_factory=list)   # URLs requested that are not local
+    errors: list[str] = field(default_factory=list)  # console errors, exceptions, error log entries
+    requests: list[str] = field(default_factory=list)  # URLs requested that are not local
     boxes: dict[str, dict[str, float]] = field(default_factory=dict)  # selector matches: id -> page box
 
 
@@ -68,7 +78,7 @@ class _Pipe:
             message["sessionId"] = session
         data = json.dumps(message).encode() + b"\0"
         while data:
-            data = data[os.write(self._w, data):]
+            data = data[os.write(self._w, data) :]
         while True:
             reply = self._next()
             if reply.get("id") == self._id:
@@ -105,10 +115,13 @@ def render(page: Path, *, width: int = 1280, selector: str = "section.plot", tim
     ends = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (*os.pipe(), *os.pipe())]
     to_r, to_w, from_r, from_w = ends
     log = os.path.join(profile, "stderr.log")
-    actions = [(os.POSIX_SPAWN_DUP2, to_r, 3), (os.POSIX_SPAWN_DUP2, from_w, 4),
-               (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-               (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-               (os.POSIX_SPAWN_OPEN, 2, log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)]
+    actions = [
+        (os.POSIX_SPAWN_DUP2, to_r, 3),
+        (os.POSIX_SPAWN_DUP2, from_w, 4),
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 2, log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+    ]
     argv = [exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},900", "about:blank"]
     pid = os.posix_spawn(exe, argv, dict(os.environ), file_actions=actions)
     os.close(to_r)
@@ -119,18 +132,33 @@ def render(page: Path, *, width: int = 1280, selector: str = "section.plot", tim
         s = cdp.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Runtime", "Log", "Network", "Page"):
             cdp.call(f"{domain}.enable", session=s)
-        cdp.call("Network.emulateNetworkConditions", {"offline": True, "latency": 0, "downloadThroughput": -1,
-                                                      "uploadThroughput": -1}, session=s)
-        cdp.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
-                                                        "mobile": False}, session=s)
+        cdp.call(
+            "Network.emulateNetworkConditions",
+            {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+            session=s,
+        )
+        cdp.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+            session=s,
+        )
         cdp.call("Page.navigate", {"url": page.resolve().as_uri()}, session=s)
         cdp.wait_for("Page.loadEventFired")
         height = int(_eval(cdp, s, "document.documentElement.scrollHeight"))
-        cdp.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
-                                                        "mobile": False}, session=s)
-        boxes = json.loads(_eval(cdp, s, f"""JSON.stringify(Object.fromEntries(
+        cdp.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            session=s,
+        )
+        boxes = json.loads(
+            _eval(
+                cdp,
+                s,
+                f"""JSON.stringify(Object.fromEntries(
             [...document.querySelectorAll({json.dumps(selector)})].map(e => {{ const r = e.getBoundingClientRect();
-              return [e.id, {{x: r.x + scrollX, y: r.y + scrollY, width: r.width, height: r.height}}]; }})))"""))
+              return [e.id, {{x: r.x + scrollX, y: r.y + scrollY, width: r.width, height: r.height}}]; }})))""",
+            )
+        )
         shot = cdp.call("Page.captureScreenshot", {"format": "png"}, session=s)
         import base64
 
@@ -168,8 +196,11 @@ def _errors(events: list[dict[str, Any]]) -> list[str]:
 
 
 def _requests(events: list[dict[str, Any]]) -> list[str]:
-    return [e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"
-            and not e["params"]["request"]["url"].startswith(LOCAL)]
+    return [
+        e["params"]["request"]["url"]
+        for e in events
+        if e.get("method") == "Network.requestWillBeSent" and not e["params"]["request"]["url"].startswith(LOCAL)
+    ]
 
 
 def _reap(pid: int, grace: float = 5.0) -> None:
@@ -187,5 +218,7 @@ if __name__ == "__main__":
         sys.exit("usage: _chromium_cdp.py PAGE.html OUT.png")
     result = render(Path(sys.argv[1]))
     Path(sys.argv[2]).write_bytes(result.png)
-    print(f"{sys.argv[2]}: {result.width}x{result.height}, {len(result.png) // 1024} KiB, "
-          f"errors {result.errors}, requests {result.requests}")
+    print(
+        f"{sys.argv[2]}: {result.width}x{result.height}, {len(result.png) // 1024} KiB, "
+        f"errors {result.errors}, requests {result.requests}"
+    )

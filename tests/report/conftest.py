@@ -30,21 +30,24 @@ def build_guarded_study(path: Path, name: str = "guarded") -> str:
     between the soft line and the budget); 6 stopped (grows past the budget). The two that end over the
     soft line come last: nothing runs after them in a process whose RSS they raised."""
     start = _rss()
-    line = start + 256 * MiB                   # the soft line
+    line = start + 256 * MiB  # the soft line
     budget = omp.Budget(ram=int(line / SOFT), threads=512)
-    space = {"mode": CategoricalDistribution(["ok", "soft", "leak"]),
-             "a": IntDistribution(1, 400), "b": IntDistribution(100, 1000)}
+    space = {
+        "mode": CategoricalDistribution(["ok", "soft", "leak"]),
+        "a": IntDistribution(1, 400),
+        "b": IntDistribution(100, 1000),
+    }
     base: list[int] = []
 
     def footprint(p: dict) -> omp.Footprint:
         # What this process holds when the first trial is checked, the trial's arrays, and 32 MiB for the
         # storage's and Optuna's own growth while trials run: a + b up to about 190 fits under the soft line.
         base[:] = base or [_rss()]
-        return (omp.Footprint.of(ram=base[0] + 32 * MiB, threads=8, name="process")
-                + omp.Footprint.of(ram=(p["a"] + p["b"]) * MiB, name="arrays"))
+        return omp.Footprint.of(ram=base[0] + 32 * MiB, threads=8, name="process") + omp.Footprint.of(
+            ram=(p["a"] + p["b"]) * MiB, name="arrays"
+        )
 
-    guard = MemoryGuard(footprint, budget, clamp=["b"],
-                        search_space=space, soft=SOFT, monitor_interval=0.05)
+    guard = MemoryGuard(footprint, budget, clamp=["b"], search_space=space, soft=SOFT, monitor_interval=0.05)
 
     def objective(trial: optuna.Trial) -> float:
         mode = trial.suggest_categorical("mode", ["ok", "soft", "leak"])
@@ -67,12 +70,22 @@ def build_guarded_study(path: Path, name: str = "guarded") -> str:
         raise AssertionError(f"the guard did not act on trial {trial.number} ({mode}) in 10 s")
 
     url = f"sqlite:///{path}"
-    study = optuna.create_study(study_name=name, storage=url, direction="minimize",
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=3)),
-                                pruner=guard.wrap_pruner(None))
-    for params in ({"mode": "ok", "a": 20, "b": 100}, {"mode": "ok", "a": 40, "b": 120},
-                   {"mode": "ok", "a": 60}, {"mode": "ok", "a": 400}, {"mode": "ok", "a": 30, "b": 110},
-                   {"mode": "soft", "a": 10, "b": 100}, {"mode": "leak", "a": 10, "b": 100}):
+    study = optuna.create_study(
+        study_name=name,
+        storage=url,
+        direction="minimize",
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=3)),
+        pruner=guard.wrap_pruner(None),
+    )
+    for params in (
+        {"mode": "ok", "a": 20, "b": 100},
+        {"mode": "ok", "a": 40, "b": 120},
+        {"mode": "ok", "a": 60},
+        {"mode": "ok", "a": 400},
+        {"mode": "ok", "a": 30, "b": 110},
+        {"mode": "soft", "a": 10, "b": 100},
+        {"mode": "leak", "a": 10, "b": 100},
+    ):
         study.enqueue_trial(params)
     study.optimize(guard.wrap_objective(objective), n_trials=7)
     return url

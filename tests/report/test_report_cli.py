@@ -28,11 +28,21 @@ def test_table_shows_counts_notable_trials_quality_and_margin(guarded_url: str, 
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].startswith("study 'guarded': 7 trials, 7 guarded; budget per trial RAM ")
-    counts = {ln.split()[0]: ln.split()[1] for ln in lines
-              if ln.split() and ln.split()[0] in ("admitted", "clamped", "rejected", "soft_pruned", "stopped",
-                                                  "out_of_memory", "unchecked")}
-    assert counts == {"admitted": "3", "clamped": "1", "rejected": "1", "soft_pruned": "1", "stopped": "1",
-                      "out_of_memory": "0", "unchecked": "0"}
+    counts = {
+        ln.split()[0]: ln.split()[1]
+        for ln in lines
+        if ln.split()
+        and ln.split()[0] in ("admitted", "clamped", "rejected", "soft_pruned", "stopped", "out_of_memory", "unchecked")
+    }
+    assert counts == {
+        "admitted": "3",
+        "clamped": "1",
+        "rejected": "1",
+        "soft_pruned": "1",
+        "stopped": "1",
+        "out_of_memory": "0",
+        "unchecked": "0",
+    }
     trials = {int(ln.split()[0]): ln for ln in lines if ln.split() and ln.split()[0].isdigit()}
     assert sorted(trials) == [2, 3, 5, 6]  # rejected, clamped, soft-pruned, stopped; no admitted trial
     study = optuna.load_study(study_name="guarded", storage=guarded_url)
@@ -55,15 +65,20 @@ def test_json_output_is_the_report_data(guarded_url: str, capsys) -> None:
 
 def test_html_to_a_file_through_the_installed_command(guarded_url: str, tmp_path: Path) -> None:
     target = tmp_path / "report.html"
-    out = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "report", guarded_url, "--format", "html",
-                          "-o", str(target)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "optuna_memprune.cli", "report", guarded_url, "--format", "html", "-o", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"html report of study 'guarded' (7 guarded trials) -> {target}"
     assert target.read_text().startswith("<!DOCTYPE html>") and "plot-pred-vs-peak" in target.read_text()
 
 
-def test_dashboard_notes_and_sortable_columns_through_the_dashboards_own_api(guarded_url: str, capsys,
-                                                                             tmp_path: Path) -> None:
+def test_dashboard_notes_and_sortable_columns_through_the_dashboards_own_api(
+    guarded_url: str, capsys, tmp_path: Path
+) -> None:
     pytest.importorskip("optuna_dashboard")
     copy = tmp_path / "notes.db"  # notes are written into the storage: not into the shared study
     copy.write_bytes(Path(guarded_url.removeprefix("sqlite:///")).read_bytes())
@@ -80,7 +95,12 @@ def test_dashboard_notes_and_sortable_columns_through_the_dashboards_own_api(gua
     assert "clamped: b " in detail["trials"][2]["note"]["body"]
     sortable = {a["key"]: a["sortable"] for a in detail["union_user_attrs"]}
     assert {k for k in sortable if k.startswith("memprune:")} >= {
-        "memprune:decision", "memprune:reason", "memprune:pred_ram", "memprune:peak_ram", "memprune:budget_ram"}
+        "memprune:decision",
+        "memprune:reason",
+        "memprune:pred_ram",
+        "memprune:peak_ram",
+        "memprune:budget_ram",
+    }
     for key in ("memprune:pred_ram", "memprune:pred_threads", "memprune:budget_ram", "memprune:soft"):
         assert sortable[key], key  # numeric on every trial: a sortable column
 
@@ -118,17 +138,21 @@ def two_studies(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("missing-file", "no SQLite file at "),
-    ("bad-scheme", "cannot read the Optuna storage at nosuchdb://x: NoSuchModuleError"),
-    ("not-a-database", "cannot read the Optuna storage at sqlite:///"),
-    ("unknown-study", "no study 'nope' in sqlite:///"),
-    ("several-studies", "holds 2 studies; name one with --study: other, plain"),
-    ("no-guarded-trials", "study 'plain' has no guarded trials (1 trials, none with a memprune record)"),
-    ("unwritable-output", "cannot write the report to "),
-])
-def test_runtime_errors_are_one_line_and_exit_1(case: str, expected: str, two_studies: str, guarded_url: str,
-                                               tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing-file", "no SQLite file at "),
+        ("bad-scheme", "cannot read the Optuna storage at nosuchdb://x: NoSuchModuleError"),
+        ("not-a-database", "cannot read the Optuna storage at sqlite:///"),
+        ("unknown-study", "no study 'nope' in sqlite:///"),
+        ("several-studies", "holds 2 studies; name one with --study: other, plain"),
+        ("no-guarded-trials", "study 'plain' has no guarded trials (1 trials, none with a memprune record)"),
+        ("unwritable-output", "cannot write the report to "),
+    ],
+)
+def test_runtime_errors_are_one_line_and_exit_1(
+    case: str, expected: str, two_studies: str, guarded_url: str, tmp_path: Path, capsys
+) -> None:
     junk = tmp_path / "junk.db"
     junk.write_text("not a database\n")
     argv = {
@@ -165,9 +189,13 @@ def test_the_table_without_rich_holds_every_word_of_the_rich_one(guarded_url: st
 
 
 def test_html_without_matplotlib_is_one_line_naming_the_extra(guarded_url: str, tmp_path: Path) -> None:
-    code = ("import sys; sys.modules['matplotlib'] = None; from optuna_memprune.cli import main; "
-            f"sys.exit(main(['report', {guarded_url!r}, '-f', 'html', '-o', {str(tmp_path / 'r.html')!r}]))")
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; from optuna_memprune.cli import main; "
+        f"sys.exit(main(['report', {guarded_url!r}, '-f', 'html', '-o', {str(tmp_path / 'r.html')!r}]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and not (tmp_path / "r.html").exists()
-    assert out.stderr == ('memprune: error: the HTML report needs matplotlib, which is not installed: '
-                          'pip install "optuna-memprune[report]"\n')
+    assert out.stderr == (
+        "memprune: error: the HTML report needs matplotlib, which is not installed: "
+        'pip install "optuna-memprune[report]"\n'
+    )

@@ -23,17 +23,41 @@ def study(guarded_url: str) -> optuna.Study:
 
 def test_the_study_has_every_decision_the_report_must_show(study: optuna.Study) -> None:
     decisions = [read_record(t.user_attrs).decision for t in study.trials]
-    assert decisions == [Decision.ADMITTED, Decision.ADMITTED, Decision.CLAMPED, Decision.REJECTED,
-                         Decision.ADMITTED, Decision.SOFT_PRUNED, Decision.STOPPED], decisions
+    assert decisions == [
+        Decision.ADMITTED,
+        Decision.ADMITTED,
+        Decision.CLAMPED,
+        Decision.REJECTED,
+        Decision.ADMITTED,
+        Decision.SOFT_PRUNED,
+        Decision.STOPPED,
+    ], decisions
 
 
 def test_json_matches_the_record_on_every_trial(study: optuna.Study) -> None:
     data = json.loads(report.render_json(report.build(study)))
-    assert list(data) == ["schema", "study", "budget", "counts", "trials", "quality", "margin", "timelines",
-                          "largest_admitted"]
+    assert list(data) == [
+        "schema",
+        "study",
+        "budget",
+        "counts",
+        "trials",
+        "quality",
+        "margin",
+        "timelines",
+        "largest_admitted",
+    ]
     assert data["study"] == {"name": "guarded", "directions": ["minimize"], "n_trials": 7, "n_guarded": 7}
-    assert data["counts"] == {"admitted": 3, "clamped": 1, "rejected": 1, "soft_pruned": 1, "stopped": 1,
-                              "out_of_memory": 0, "forecast_stopped": 0, "unchecked": 0}
+    assert data["counts"] == {
+        "admitted": 3,
+        "clamped": 1,
+        "rejected": 1,
+        "soft_pruned": 1,
+        "stopped": 1,
+        "out_of_memory": 0,
+        "forecast_stopped": 0,
+        "unchecked": 0,
+    }
     frozen = {t.number: t for t in study.trials}
     for row in data["trials"]:
         t = frozen[row["number"]]
@@ -85,10 +109,24 @@ def test_margin_is_the_last_trial_that_has_one(tmp_path) -> None:
     storage = f"sqlite:///{tmp_path / 'margin.db'}"
     study = optuna.create_study(study_name="runner", storage=storage)
     for number, margin in enumerate([{"ram": 1.30}, {}, {"ram": 1.12, "threads": 1.0}, {}]):
-        record = TrialRecord(Decision.ADMITTED, "ran", pred_ram=100, peak_ram=110, margin=margin,
-                             host="node-a" if margin else None, gpu=0 if margin else None)
-        study.add_trial(create_trial(state=TrialState.COMPLETE, value=float(number), params={"x": number},
-                                     distributions={"x": IntDistribution(0, 9)}, user_attrs=record.attrs()))
+        record = TrialRecord(
+            Decision.ADMITTED,
+            "ran",
+            pred_ram=100,
+            peak_ram=110,
+            margin=margin,
+            host="node-a" if margin else None,
+            gpu=0 if margin else None,
+        )
+        study.add_trial(
+            create_trial(
+                state=TrialState.COMPLETE,
+                value=float(number),
+                params={"x": number},
+                distributions={"x": IntDistribution(0, 9)},
+                user_attrs=record.attrs(),
+            )
+        )
     data = report.build(study)
     assert data.margin is not None and data.margin.trial == 2
     assert data.margin.factors == {"ram": 1.12, "threads": 1.0}
@@ -122,15 +160,19 @@ def test_running_trials_are_shown_and_their_runner_is_said_unknown_without_a_led
     trial = study.ask({"x": IntDistribution(0, 9)})  # RUNNING, no record: its process died before writing one
     with pytest.raises(report.ReportError) as none_guarded:
         report.build(study)
-    unknown = ("no runner of this host's ledger holds it (it runs in process, on another host or under another "
-               "ledger)")
-    assert str(none_guarded.value) == (f"study 'r' has no guarded trials (1 trials, none with a memprune record; "
-                                       f"RUNNING: #0 ({unknown})): run it with MemoryGuard's wrappers first")
-    study.add_trial(create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=TrialRecord(Decision.ADMITTED).attrs()))
+    unknown = "no runner of this host's ledger holds it (it runs in process, on another host or under another ledger)"
+    assert str(none_guarded.value) == (
+        f"study 'r' has no guarded trials (1 trials, none with a memprune record; "
+        f"RUNNING: #0 ({unknown})): run it with MemoryGuard's wrappers first"
+    )
+    study.add_trial(
+        create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=TrialRecord(Decision.ADMITTED).attrs())
+    )
     data = report.build(study)
     assert [t.number for t in data.trials] == [1] and not (tmp_path / "cache").exists()
-    assert data.to_json_dict()["running"] == [{"number": 0, "state": "RUNNING", "params": {"x": trial.params["x"]},
-                                               "runner": None, "note": unknown}]
+    assert data.to_json_dict()["running"] == [
+        {"number": 0, "state": "RUNNING", "params": {"x": trial.params["x"]}, "runner": None, "note": unknown}
+    ]
     assert '<section id="running">' in report.render_html(data)
     study.tell(trial, 2.0)
     assert "running" not in report.build(study).to_json_dict()  # the key is there only while a trial runs
@@ -149,6 +191,8 @@ def test_fixed_hyperparameters_lowered_by_memprune_run_are_shown_with_the_params
     data = report.build(study)
     assert data.trials[1].overrides == {"buffer_size": (100000, 42000)}
     assert data.to_json_dict()["trials"][0]["overrides"] == {"buffer_size": [100000, 42000]}
-    assert override_lines(data) == ["fixed buffer_size lowered 100000 -> 42000 by --clamp-fixed on 2 trials (the "
-                                    "stored params plus this are what ran; replay a trial with -params "
-                                    "buffer_size:42000)"]
+    assert override_lines(data) == [
+        "fixed buffer_size lowered 100000 -> 42000 by --clamp-fixed on 2 trials (the "
+        "stored params plus this are what ran; replay a trial with -params "
+        "buffer_size:42000)"
+    ]

@@ -91,8 +91,12 @@ def test_every_plot_is_present_with_its_data(data: report.ReportData, page: str)
 def test_tables_in_the_page_name_every_notable_trial(data: report.ReportData, page: str) -> None:
     for t in data.notable:
         assert f'<td class="num">{t.number}</td><td>{t.state}</td>' in page
-    assert [t.decision for t in data.notable] == [Decision.CLAMPED, Decision.REJECTED, Decision.SOFT_PRUNED,
-                                                  Decision.STOPPED]
+    assert [t.decision for t in data.notable] == [
+        Decision.CLAMPED,
+        Decision.REJECTED,
+        Decision.SOFT_PRUNED,
+        Decision.STOPPED,
+    ]
     assert "no learned margin (in-process study)" in page
 
 
@@ -113,8 +117,7 @@ def _chromium_or_skip() -> None:
 
 
 @pytest.mark.chromium
-def test_chromium_renders_the_report_offline_without_errors(data: report.ReportData, page: str,
-                                                            tmp_path: Path) -> None:
+def test_chromium_renders_the_report_offline_without_errors(data: report.ReportData, page: str, tmp_path: Path) -> None:
     from PIL import Image
 
     _chromium_or_skip()
@@ -126,21 +129,23 @@ def test_chromium_renders_the_report_offline_without_errors(data: report.ReportD
     assert shot.errors == [] and shot.requests == []
     image = Image.open(io.BytesIO(shot.png)).convert("RGB")
     assert image.size == (shot.width, shot.height)
-    wanted = {"pred-vs-peak": [Decision.ADMITTED, Decision.CLAMPED, Decision.STOPPED],
-              "timelines": [Decision.STOPPED], "decisions": [d for d in Decision
-                                                          if d not in (Decision.UNCHECKED, Decision.OUT_OF_MEMORY,
-                                                                       Decision.FORECAST_STOPPED)],
-              "breakdown": [Decision.ADMITTED]}
+    wanted = {
+        "pred-vs-peak": [Decision.ADMITTED, Decision.CLAMPED, Decision.STOPPED],
+        "timelines": [Decision.STOPPED],
+        "decisions": [
+            d for d in Decision if d not in (Decision.UNCHECKED, Decision.OUT_OF_MEMORY, Decision.FORECAST_STOPPED)
+        ],
+        "breakdown": [Decision.ADMITTED],
+    }
     for plot in PLOTS:
         box = shot.boxes[f"plot-{plot}"]
         assert box["width"] > 600 and box["height"] > 200, (plot, box)
-        crop = image.crop((int(box["x"]), int(box["y"]), int(box["x"] + box["width"]),
-                           int(box["y"] + box["height"])))
+        crop = image.crop((int(box["x"]), int(box["y"]), int(box["x"] + box["width"]), int(box["y"] + box["height"])))
         pixels = np.asarray(crop, dtype=np.int32).reshape(-1, 3)
         inked = float((pixels.sum(axis=1) < 3 * 235).mean())
         assert inked > 0.02, f"plot {plot} is blank: {inked:.1%} of its pixels drawn"
         for decision in wanted[plot]:  # the data is drawn in the decisions' colours
-            rgb = np.array([int(COLORS[decision][i:i + 2], 16) for i in (1, 3, 5)])
+            rgb = np.array([int(COLORS[decision][i : i + 2], 16) for i in (1, 3, 5)])
             near = int((np.abs(pixels - rgb).sum(axis=1) < 40).sum())
             assert near >= 10, f"plot {plot}: no {decision.value} pixels ({COLORS[decision]})"
 
@@ -149,9 +154,12 @@ def test_chromium_renders_the_report_offline_without_errors(data: report.ReportD
 def test_the_chromium_check_sees_console_errors_and_network_requests(tmp_path: Path) -> None:
     _chromium_or_skip()
     html = tmp_path / "bad.html"
-    html.write_text('<!DOCTYPE html><html><head><link rel="icon" href="data:,"></head><body>'
-                    '<img src="http://example.com/x.png"><script>console.error("boom")</script></body></html>')
+    html.write_text(
+        '<!DOCTYPE html><html><head><link rel="icon" href="data:,"></head><body>'
+        '<img src="http://example.com/x.png"><script>console.error("boom")</script></body></html>'
+    )
     shot = chromium.render(html, selector="img")
     assert shot.requests == ["http://example.com/x.png"]
-    assert any("boom" in e for e in shot.errors) and any("x.png" in e or "Failed" in e for e in shot.errors), \
+    assert any("boom" in e for e in shot.errors) and any("x.png" in e or "Failed" in e for e in shot.errors), (
         shot.errors
+    )

@@ -27,11 +27,15 @@ MiB = 2**20
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=64 * MiB), omp.Budget(ram="64GiB"),
-                            search_space={"oom": CategoricalDistribution([True, False])})
+    guard = omp.MemoryGuard(
+        lambda p: omp.Footprint.of(ram=64 * MiB),
+        omp.Budget(ram="64GiB"),
+        search_space={"oom": CategoricalDistribution([True, False])},
+    )
     url = f"sqlite:///{tmp_path_factory.mktemp('oom') / 'oom.db'}"
-    study = optuna.create_study(study_name="oom", storage=url,
-                                sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study = optuna.create_study(
+        study_name="oom", storage=url, sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0))
+    )
     for oom in (False, True, False):
         study.enqueue_trial({"oom": oom})
 
@@ -39,7 +43,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> str:
         block = np.ones(8 * MiB, dtype=np.uint8)
         if trial.suggest_categorical("oom", [True, False]):
             np.empty(1 << 50, dtype=np.uint8)  # numpy's real "Unable to allocate 1.00 PiB ..."
-        return float(block[:: 4096].sum())
+        return float(block[::4096].sum())
 
     study.optimize(guard.wrap_objective(objective), n_trials=3)
     return url
@@ -69,7 +73,7 @@ def test_the_terminal_report_shows_the_decision_and_the_reason(url: str, capsys:
 def test_the_html_names_it_and_leaves_its_bound_out_of_the_pred_vs_peak_plot(url: str, tmp_path: Path) -> None:
     data = report.build(report.load(url))
     page = report.render_html(data)
-    notable = page[page.index('<section id="notable">'):]
+    notable = page[page.index('<section id="notable">') :]
     assert f'background:{COLORS[Decision.OUT_OF_MEMORY]}"></span>out_of_memory' in notable
     assert "ran out of memory: MemoryError: Unable to allocate 1.00 PiB" in notable
     assert "Trials that ran out of memory are left out" in page
@@ -101,5 +105,5 @@ def test_chromium_draws_the_out_of_memory_trial_in_its_colour(url: str, tmp_path
     box = shot.boxes["plot-decisions"]
     crop = image.crop((int(box["x"]), int(box["y"]), int(box["x"] + box["width"]), int(box["y"] + box["height"])))
     pixels = np.asarray(crop, dtype=np.int32).reshape(-1, 3)
-    rgb = np.array([int(COLORS[Decision.OUT_OF_MEMORY][i:i + 2], 16) for i in (1, 3, 5)])
+    rgb = np.array([int(COLORS[Decision.OUT_OF_MEMORY][i : i + 2], 16) for i in (1, 3, 5)])
     assert int((np.abs(pixels - rgb).sum(axis=1) < 40).sum()) >= 10  # its marker, in its colour

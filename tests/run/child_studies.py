@@ -10,15 +10,19 @@ import sys
 
 import optuna
 
-CHILD = ("import json, os, optuna; s = optuna.create_study(); print(json.dumps({'how': 'subprocess', 'sampler': "
-         "type(s.sampler).__name__, 'env': 'MEMPRUNE_RUN' in os.environ}), flush=True)")
+CHILD = (
+    "import json, os, optuna; s = optuna.create_study(); print(json.dumps({'how': 'subprocess', 'sampler': "
+    "type(s.sampler).__name__, 'env': 'MEMPRUNE_RUN' in os.environ}), flush=True)"
+)
 
 
 def child(how: str) -> None:
     study = optuna.create_study()
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
-    print(json.dumps({"how": how, "sampler": type(study.sampler).__name__, "env": "MEMPRUNE_RUN" in os.environ}),
-          flush=True)
+    print(
+        json.dumps({"how": how, "sampler": type(study.sampler).__name__, "env": "MEMPRUNE_RUN" in os.environ}),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

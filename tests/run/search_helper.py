@@ -26,5 +26,12 @@ def mark(path: str, what: str) -> None:
 
 def report(study: optuna.Study) -> None:
     """The study's trials as one JSON line on stdout: number, state, whether the guard's record is on it."""
-    print(json.dumps([{"number": t.number, "state": t.state.name, "record": records.read(t.user_attrs) is not None}
-                      for t in study.get_trials(deepcopy=False)]), flush=True)
+    print(
+        json.dumps(
+            [
+                {"number": t.number, "state": t.state.name, "record": records.read(t.user_attrs) is not None}
+                for t in study.get_trials(deepcopy=False)
+            ]
+        ),
+        flush=True,
+    )

@@ -24,8 +24,14 @@ def run(*args: str, env: dict[str, str] | None = None, cwd: Path = HERE) -> subp
     """``python -m optuna_memprune.cli run ARGS`` in this directory, the package importable from the checkout."""
     base = {k: v for k, v in os.environ.items() if k not in (storages.ENV_VAR, "MEMPRUNE_RUN")}
     path = os.pathsep.join(p for p in (PACKAGE_ROOT, base.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "run", *args], capture_output=True,
-                          text=True, env={**base, "PYTHONPATH": path, **(env or {})}, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "optuna_memprune.cli", "run", *args],
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": path, **(env or {})},
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def memprune_lines(stderr: str) -> list[str]:
@@ -49,10 +55,13 @@ def test_the_readme_example_without_guard_code_gets_a_record_on_every_trial(tmp_
     assert decisions[0] == "unchecked" and set(decisions[1:]) == {"admitted"}, decisions  # trial 0: space unknown
     assert all(records.read(t.user_attrs).pred_ram for t in trials[1:])
     lines = memprune_lines(proc.stderr)
-    assert lines[0] == ("memprune: guarding study 'example': budget Budget(ram=2.00 GiB), footprint: "
-                        "footprints:fits"), lines
-    assert lines[-1] == (f"memprune: 4 trials guarded in study 'example' (admitted 3, clamped 0, rejected 0, "
-                         f"stopped 0, unchecked 1); memprune report {url} --study-name example"), lines
+    assert lines[0] == (
+        "memprune: guarding study 'example': budget Budget(ram=2.00 GiB), footprint: footprints:fits"
+    ), lines
+    assert lines[-1] == (
+        f"memprune: 4 trials guarded in study 'example' (admitted 3, clamped 0, rejected 0, "
+        f"stopped 0, unchecked 1); memprune report {url} --study-name example"
+    ), lines
 
 
 def test_the_program_exit_status_is_kept_and_the_summary_still_printed(tmp_path: Path) -> None:
@@ -60,8 +69,10 @@ def test_the_program_exit_status_is_kept_and_the_summary_still_printed(tmp_path:
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout.startswith("best ")
     last = memprune_lines(proc.stderr)[-1]
-    assert last.startswith("memprune: 4 trials guarded in study 'example' (admitted 0, clamped 0, rejected 0, "
-                           "stopped 0, unchecked 4); footprint: none declared"), last
+    assert last.startswith(
+        "memprune: 4 trials guarded in study 'example' (admitted 0, clamped 0, rejected 0, "
+        "stopped 0, unchecked 4); footprint: none declared"
+    ), last
     assert "the study was in memory" in last
 
 
@@ -69,8 +80,19 @@ def test_the_program_exit_status_is_kept_and_the_summary_still_printed(tmp_path:
 def test_parallel_jobs_run_one_process_per_trial_on_a_shared_storage_and_say_so(storage, options, tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'jobs.db'}" if storage == "sqlite" else "-"
     jobs = ["2"] if storage == "sqlite" else ["1"]  # n_jobs=2 in the program, or n_jobs=1 with --workers 2
-    proc = run("--ram", "2GiB", *options, "--footprint", "footprints:fits", "--", sys.executable, "example_study.py",
-               url, *jobs, env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")})
+    proc = run(
+        "--ram",
+        "2GiB",
+        *options,
+        "--footprint",
+        "footprints:fits",
+        "--",
+        sys.executable,
+        "example_study.py",
+        url,
+        *jobs,
+        env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")},
+    )
     assert proc.returncode == 0 and proc.stdout.startswith("best "), proc.stderr  # the program's study has them
     lines = memprune_lines(proc.stderr)
     said = [line for line in lines if "2 jobs run as one process per trial (2 at a time" in line]
@@ -82,8 +104,9 @@ def test_parallel_jobs_run_one_process_per_trial_on_a_shared_storage_and_say_so(
     recs = [records.read(t.user_attrs) for t in trials]
     assert len(trials) == 4 and all(r is not None and r.host and r.enforcement for r in recs), recs  # the runner's
     assert all(r.peak_ram and r.peak_ram < 2 * 2**30 for r in recs), recs
-    assert lines[-1].startswith("memprune: 4 trials guarded in study 'example'") and \
-        lines[-1].endswith(f"memprune report {url} --study-name example"), lines
+    assert lines[-1].startswith("memprune: 4 trials guarded in study 'example'") and lines[-1].endswith(
+        f"memprune report {url} --study-name example"
+    ), lines
 
 
 def _ran_once(proc: subprocess.CompletedProcess, marks: Path, status: int) -> list[str]:
@@ -99,33 +122,59 @@ def _ran_once(proc: subprocess.CompletedProcess, marks: Path, status: int) -> li
     return memprune_lines(proc.stderr)
 
 
-@pytest.mark.parametrize("script, status", [("unguarded_helper.py", 0), ("unguarded_helper.py", 3),
-                                            ("unguarded_jobs.py", 5)])
+@pytest.mark.parametrize(
+    "script, status", [("unguarded_helper.py", 0), ("unguarded_helper.py", 3), ("unguarded_jobs.py", 5)]
+)
 def test_a_script_without_a_main_guard_runs_once_with_one_process_per_trial(script, status, tmp_path) -> None:
     marks = tmp_path / "marks"
-    proc = run("--ram", "2GiB", "--", sys.executable, script, str(marks), str(status),
-               env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")})
+    proc = run(
+        "--ram",
+        "2GiB",
+        "--",
+        sys.executable,
+        script,
+        str(marks),
+        str(status),
+        env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")},
+    )
     lines = _ran_once(proc, marks, status)
     assert sum("2 jobs run as one process per trial" in line for line in lines) == 1, lines
     assert len({line.split()[-1] for line in marks.read_text().splitlines()}) > 2  # trials ran in their own processes
     assert lines[-1].startswith("memprune: 6 trials guarded in study"), lines
 
 
-@pytest.mark.parametrize("mode, words", [
-    ("lock", "the objective cannot be sent to another process: TypeError: cannot pickle '_thread.lock'"),
-    ("sampler", "the study's sampler cannot be sent to another process: UnpicklingError: ScriptSampler is named in "
-                "the program's main module"),
-])
+@pytest.mark.parametrize(
+    "mode, words",
+    [
+        ("lock", "the objective cannot be sent to another process: TypeError: cannot pickle '_thread.lock'"),
+        (
+            "sampler",
+            "the study's sampler cannot be sent to another process: UnpicklingError: ScriptSampler is named in "
+            "the program's main module",
+        ),
+    ],
+)
 def test_what_cannot_cross_keeps_its_threads_under_whole_process_admission(mode, words, tmp_path) -> None:
     marks = tmp_path / "marks"
-    proc = run("--ram", "2GiB", "--", sys.executable, "unguarded_jobs.py", str(marks), "7", mode,
-               env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")})
+    proc = run(
+        "--ram",
+        "2GiB",
+        "--",
+        sys.executable,
+        "unguarded_jobs.py",
+        str(marks),
+        "7",
+        mode,
+        env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")},
+    )
     lines = _ran_once(proc, marks, 7)
     assert len({line.split()[-1] for line in marks.read_text().splitlines()}) == 1  # one process: threads
     said = [line for line in lines if f"2 jobs run as threads of this process ({words}" in line]
     assert len(said) == 1 and "with whole-process admission" in said[0], lines
-    assert lines[-1].startswith("memprune: 6 trials guarded in study") and \
-        f"; n_jobs=2 ran as threads ({words}" in lines[-1], lines
+    assert (
+        lines[-1].startswith("memprune: 6 trials guarded in study")
+        and f"; n_jobs=2 ran as threads ({words}" in lines[-1]
+    ), lines
 
 
 @pytest.mark.parametrize("script, given", [("unguarded_helper.py", "option"), ("unguarded_jobs.py", "environment")])
@@ -133,16 +182,26 @@ def test_storage_keeps_the_records_of_a_study_the_program_makes_in_memory(script
     url = f"sqlite:///{tmp_path / 'kept.db'}"
     options, env = (["--storage", url], {}) if given == "option" else ([], {storages.ENV_VAR: url})
     marks = tmp_path / "marks"
-    proc = run("--ram", "2GiB", *options, "--", sys.executable, script, str(marks), "0",
-               env={**env, "MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")})
+    proc = run(
+        "--ram",
+        "2GiB",
+        *options,
+        "--",
+        sys.executable,
+        script,
+        str(marks),
+        "0",
+        env={**env, "MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")},
+    )
     lines = _ran_once(proc, marks, 0)
     assert not (tmp_path / "cache" / "runs").exists() or not any((tmp_path / "cache" / "runs").iterdir()), lines
     (name,) = optuna.get_all_study_names(url)  # the program's study, after the program ended
     trials = optuna.load_study(study_name=name, storage=url).trials
     recs = [records.read(t.user_attrs) for t in trials]
     assert [t.state.name for t in trials] == ["COMPLETE"] * 6 and all(r is not None and r.peak_ram for r in recs)
-    assert lines[-1].endswith(f"the program made it in memory: its records are on --storage {url}; "
-                              f"memprune report {url} --study-name {name}"), lines
+    assert lines[-1].endswith(
+        f"the program made it in memory: its records are on --storage {url}; memprune report {url} --study-name {name}"
+    ), lines
 
 
 def test_a_study_the_program_gives_a_storage_keeps_it(tmp_path: Path) -> None:
@@ -178,8 +237,9 @@ def test_a_footprint_that_raises_runs_its_trials_unchecked_with_the_guards_warni
     assert proc.returncode == 0, proc.stderr
     assert "The footprint failed on 3 trials in a row" in proc.stderr
     reasons = [records.read(t.user_attrs).reason for t in guarded_trials(url)]
-    assert all(r.startswith("the footprint function failed: RuntimeError: this footprint is broken")
-               for r in reasons[1:]), reasons  # trial 0 ran before the space was known: no prediction after it
+    assert all(
+        r.startswith("the footprint function failed: RuntimeError: this footprint is broken") for r in reasons[1:]
+    ), reasons  # trial 0 ran before the space was known: no prediction after it
 
 
 def test_a_program_that_creates_no_study_says_so_and_keeps_its_status() -> None:
@@ -219,7 +279,8 @@ def test_dry_run_prints_what_it_would_guard_and_runs_nothing(tmp_path: Path) -> 
         f"memprune run would guard: {sys.executable} example_study.py {url}",
         "budget: Budget(ram=3.00 GiB) (the program's process)",
         "footprint: auto: the program's own memprune_footprint(params) if its main module defines one, else a "
-        "footprint learned from the study's own trials (its first trials run unchecked under the monitor)"]
+        "footprint learned from the study's own trials (its first trials run unchecked under the monitor)",
+    ]
     assert not (tmp_path / "dry.db").exists()
     data = json.loads(run("--ram", "3GiB", "--dry-run", "-f", "json", "--", "no_study.py").stdout)
     assert data["budget"] == {"ram": 3 * 2**30} and data["command"] == [sys.executable, "no_study.py"]
@@ -231,14 +292,17 @@ def _one_line(proc: subprocess.CompletedProcess, words: str) -> None:
     assert proc.stderr.startswith("memprune: error: ") and words in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("command, words", [
-    (["ls", "-l"], "COMMAND must be a Python program"),
-    (["run_me.sh"], "COMMAND must be a Python program"),
-    ([], "give the command to run after --"),
-    ([sys.executable], "runs no script, -m module or -c code"),
-    ([sys.executable, "-I", "no_study.py"], "skips the startup hook"),
-    ([sys.executable, "-m"], "needs a value"),
-])
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        (["ls", "-l"], "COMMAND must be a Python program"),
+        (["run_me.sh"], "COMMAND must be a Python program"),
+        ([], "give the command to run after --"),
+        ([sys.executable], "runs no script, -m module or -c code"),
+        ([sys.executable, "-I", "no_study.py"], "skips the startup hook"),
+        ([sys.executable, "-m"], "needs a value"),
+    ],
+)
 def test_a_command_that_is_not_a_python_program_is_one_line_and_nothing_runs(command, words, tmp_path) -> None:
     (tmp_path / "run_me.sh").write_text("#!/bin/sh\ntouch ran\n")
     (tmp_path / "run_me.sh").chmod(0o755)
@@ -246,33 +310,39 @@ def test_a_command_that_is_not_a_python_program_is_one_line_and_nothing_runs(com
     assert not (tmp_path / "ran").exists()
 
 
-@pytest.mark.parametrize("options, words", [
-    (["--footprint", "no_such_module:f"], "--footprint 'no_such_module:f' cannot be imported: ModuleNotFoundError"),
-    (["--footprint", "footprints:nope"], "has no attribute 'nope'"),
-    (["--footprint", "footprints:NOT_A_FUNCTION"], "is a int, not a function"),
-    (["--footprint", "rl-zoo3x"], "--footprint must be auto, learned, none, a recipe"),
-    (["--footprint", "sb3"], "the recipe cannot guard a command"),
-    ([], "give the budget"),
-    (["--ram", "1MiB"], "Budget.ram must be at least 32 MiB"),
-    (["--ram", "34MiB"], "RAM soft line"),
-    (["--threads", "2"], "Budget.threads must be at least 3"),
-    (["--ram", "lots"], "ram"),
-    (["--workers", "0"], "--workers"),
-    (["--clamp-fixed", "buffer_size"], "--clamp-fixed lowers the fixed hyperparameters of an rl-zoo3 search"),
-    (["--storage", "nope://x"], "--storage 'nope://x' cannot be opened: NoSuchModuleError"),
-    (["--storage", "sqlite:////no/such/dir/x.db"], "--storage 'sqlite:////no/such/dir/x.db' cannot be opened: "
-                                                  "StorageError: cannot create the SQLite file"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (["--footprint", "no_such_module:f"], "--footprint 'no_such_module:f' cannot be imported: ModuleNotFoundError"),
+        (["--footprint", "footprints:nope"], "has no attribute 'nope'"),
+        (["--footprint", "footprints:NOT_A_FUNCTION"], "is a int, not a function"),
+        (["--footprint", "rl-zoo3x"], "--footprint must be auto, learned, none, a recipe"),
+        (["--footprint", "sb3"], "the recipe cannot guard a command"),
+        ([], "give the budget"),
+        (["--ram", "1MiB"], "Budget.ram must be at least 32 MiB"),
+        (["--ram", "34MiB"], "RAM soft line"),
+        (["--threads", "2"], "Budget.threads must be at least 3"),
+        (["--ram", "lots"], "ram"),
+        (["--workers", "0"], "--workers"),
+        (["--clamp-fixed", "buffer_size"], "--clamp-fixed lowers the fixed hyperparameters of an rl-zoo3 search"),
+        (["--storage", "nope://x"], "--storage 'nope://x' cannot be opened: NoSuchModuleError"),
+        (
+            ["--storage", "sqlite:////no/such/dir/x.db"],
+            "--storage 'sqlite:////no/such/dir/x.db' cannot be opened: StorageError: cannot create the SQLite file",
+        ),
+    ],
+)
 def test_bad_options_are_one_line_before_anything_runs(options: list[str], words: str, tmp_path: Path) -> None:
     budget = [] if any(o in options for o in ("--ram", "--threads")) or options == [] else ["--ram", "2GiB"]
-    _one_line(run(*budget, *options, "--", sys.executable, "example_study.py", f"sqlite:///{tmp_path / 'x.db'}"),
-              words)
+    _one_line(run(*budget, *options, "--", sys.executable, "example_study.py", f"sqlite:///{tmp_path / 'x.db'}"), words)
     assert not (tmp_path / "x.db").exists()
 
 
 def test_a_bad_optuna_storage_variable_is_named_as_the_default_of_storage() -> None:
-    _one_line(run("--ram", "2GiB", "--", sys.executable, "no_study.py", env={storages.ENV_VAR: "nope://x"}),
-              f"${storages.ENV_VAR} (the default of --storage) 'nope://x' cannot be opened")
+    _one_line(
+        run("--ram", "2GiB", "--", sys.executable, "no_study.py", env={storages.ENV_VAR: "nope://x"}),
+        f"${storages.ENV_VAR} (the default of --storage) 'nope://x' cannot be opened",
+    )
 
 
 def test_learned_runs_its_warm_up_under_the_monitor_and_the_records_say_so(tmp_path: Path) -> None:
@@ -290,8 +360,20 @@ def test_learned_runs_its_warm_up_under_the_monitor_and_the_records_say_so(tmp_p
 
 def test_rl_zoo3_is_recognised_and_its_recipe_looked_up_in_the_registry() -> None:
     pytest.importorskip("rl_zoo3", reason="rl_zoo3 is not importable (the test extra installs rl-zoo3==2.9.2)")
-    proc = run("--ram", "3GiB", "--dry-run", "--", sys.executable, "-m", "rl_zoo3.train", "--algo", "dqn",
-               "--env", "CartPole-v1", "-optimize")
+    proc = run(
+        "--ram",
+        "3GiB",
+        "--dry-run",
+        "--",
+        sys.executable,
+        "-m",
+        "rl_zoo3.train",
+        "--algo",
+        "dqn",
+        "--env",
+        "CartPole-v1",
+        "-optimize",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[2] == "footprint: auto: the rlzoo3 recipe (estimate.recipes)"
     assert "footprint of the default params" in proc.stdout and "infeasible" not in proc.stdout
@@ -303,25 +385,48 @@ def _pong_ram(*buffer_sizes: int) -> list[int]:
     """The rl-zoo3 recipe's RAM for DQN on Pong at these buffer sizes, computed in a fresh process that reads
     the same calibration cache file as ``memprune run`` did, without a recheck (this test process may hold
     figures read before another process rechecked the file)."""
-    code = ("import sys; from optuna_memprune.estimate import recipes; print(*(recipes.rlzoo3('dqn', "
-            "'PongNoFrameskip-v4', hyperparams={'buffer_size': int(b)}).ram for b in sys.argv[1:]))")
+    code = (
+        "import sys; from optuna_memprune.estimate import recipes; print(*(recipes.rlzoo3('dqn', "
+        "'PongNoFrameskip-v4', hyperparams={'buffer_size': int(b)}).ram for b in sys.argv[1:]))"
+    )
     base = {k: v for k, v in os.environ.items() if k != "MEMPRUNE_RUN"}
     path = os.pathsep.join(p for p in (PACKAGE_ROOT, base.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-c", code, *map(str, buffer_sizes)], capture_output=True, text=True,
-                          env={**base, "PYTHONPATH": path, "MEMPRUNE_RECHECK": "0"}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *map(str, buffer_sizes)],
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": path, "MEMPRUNE_RECHECK": "0"},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return [int(x) for x in proc.stdout.split()]
 
 
 def test_a_fixed_hyperparameter_that_no_trial_fits_is_named_with_the_largest_value_that_fits() -> None:
     pytest.importorskip("rl_zoo3", reason="rl_zoo3 is not importable (the test extra installs rl-zoo3==2.9.2)")
-    proc = run("--ram", "4GiB", "--dry-run", "--", sys.executable, "-m", "rl_zoo3.train", "--algo", "dqn",
-               "--env", "PongNoFrameskip-v4", "-optimize", env={"MEMPRUNE_RECHECK": "0"})
+    proc = run(
+        "--ram",
+        "4GiB",
+        "--dry-run",
+        "--",
+        sys.executable,
+        "-m",
+        "rl_zoo3.train",
+        "--algo",
+        "dqn",
+        "--env",
+        "PongNoFrameskip-v4",
+        "-optimize",
+        env={"MEMPRUNE_RECHECK": "0"},
+    )
     assert proc.returncode == 0, proc.stderr
     line = proc.stdout.splitlines()[-1]
-    found = re.fullmatch(r"every trial of this search is infeasible: buffer_size 100000 needs ([0-9.]+) GiB at "
-                         r"3\.60 GiB; ([0-9]+) fits \(the soft line, 90% of the 4\.00 GiB budget\): "
-                         r"pass -params buffer_size:\2", line)  # the zoo's yml value against the soft line
+    found = re.fullmatch(
+        r"every trial of this search is infeasible: buffer_size 100000 needs ([0-9.]+) GiB at "
+        r"3\.60 GiB; ([0-9]+) fits \(the soft line, 90% of the 4\.00 GiB budget\): "
+        r"pass -params buffer_size:\2",
+        line,
+    )  # the zoo's yml value against the soft line
     assert found, line
     fits, soft = int(found[2]), 0.9 * 4 * 2**30
     need, fitting = _pong_ram(100000, fits)  # the figures of the same cache, as the line was computed
@@ -343,6 +448,8 @@ def test_clamp_fixed_lowers_the_buffer_and_a_replayed_trial_gets_the_same_value(
     study.tell(trial, 1.0)
     replay = run("--ram", "4GiB", "--dry-run", "--", *zoo, "--storage", url, "--study-name", "pong", "--trial-id", "0")
     assert replay.returncode == 0, replay.stderr
-    assert memprune_lines(replay.stderr) == [f"memprune: trial 0 ran with buffer_size 100000 -> {found[1]} "
-                                             f"(--clamp-fixed): replayed with -params buffer_size:{found[1]}"]
+    assert memprune_lines(replay.stderr) == [
+        f"memprune: trial 0 ran with buffer_size 100000 -> {found[1]} "
+        f"(--clamp-fixed): replayed with -params buffer_size:{found[1]}"
+    ]
     assert replay.stdout.splitlines()[0].endswith(f"--trial-id 0 -params buffer_size:{found[1]}"), replay.stdout

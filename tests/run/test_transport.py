@@ -41,4 +41,5 @@ def test_a_sampler_class_of_the_main_module_cannot_be_sent(in_main):
     assert _split.unsendable(optuna.samplers.TPESampler(seed=0), "sampler") is None
     assert _split.unsendable(in_main(seed=0), "sampler") == (
         "the study's sampler cannot be sent to another process: UnpicklingError: MainSampler is named in the "
-        "program's main module, which a trial's process does not import")
+        "program's main module, which a trial's process does not import"
+    )

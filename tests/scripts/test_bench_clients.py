@@ -27,15 +27,28 @@ SPACE = {"width": IntDistribution(32, 4096, log=True), "lr": FloatDistribution(1
 T0 = dt.datetime(2026, 1, 1)
 
 
-def trial(number: int, record: TrialRecord | None, state: TrialState = TrialState.COMPLETE, seconds: float = 1.0,
-          width: int = 64, lr: float = 1e-3) -> FrozenTrial:
+def trial(
+    number: int,
+    record: TrialRecord | None,
+    state: TrialState = TrialState.COMPLETE,
+    seconds: float = 1.0,
+    width: int = 64,
+    lr: float = 1e-3,
+) -> FrozenTrial:
     start = T0 + dt.timedelta(seconds=10 * number)
-    return FrozenTrial(number=number, state=state, value=0.5 if state == TrialState.COMPLETE else None,
-                       datetime_start=start,
-                       datetime_complete=start + dt.timedelta(seconds=seconds) if state.is_finished() else None,
-                       params={"width": width, "lr": lr}, distributions=SPACE,
-                       user_attrs=record.attrs() if record else {}, system_attrs={}, intermediate_values={},
-                       trial_id=number)
+    return FrozenTrial(
+        number=number,
+        state=state,
+        value=0.5 if state == TrialState.COMPLETE else None,
+        datetime_start=start,
+        datetime_complete=start + dt.timedelta(seconds=seconds) if state.is_finished() else None,
+        params={"width": width, "lr": lr},
+        distributions=SPACE,
+        user_attrs=record.attrs() if record else {},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=number,
+    )
 
 
 def learned(center: int, bound: int) -> dict:
@@ -49,15 +62,53 @@ def test_score_counts_warmup_errors_bounds_launches_rejections_clamps_losses_and
         trial(1, TrialRecord(Decision.STOPPED, peak_ram=1001 * MiB, budget_ram=budget), TrialState.PRUNED, 4.0),
         trial(2, TrialRecord(Decision.UNCHECKED, peak_ram=500 * MiB, budget_ram=budget)),
         # predicted from here on: fit 10% under, bound 20% over a 500 MiB peak
-        trial(3, TrialRecord(Decision.ADMITTED, pred_ram=450 * MiB, peak_ram=500 * MiB, budget_ram=budget,
-                             learned=learned(450 * MiB, 600 * MiB))),
-        trial(4, TrialRecord(Decision.REJECTED, pred_ram=2000 * MiB, budget_ram=budget, soft=0.9,
-                             learned=learned(1500 * MiB, 2000 * MiB)), TrialState.PRUNED, width=4000),
-        trial(5, TrialRecord(Decision.CLAMPED, pred_ram=880 * MiB, peak_ram=1100 * MiB, budget_ram=budget,
-                             clamped_from={"lr": 0.002}, learned=learned(800 * MiB, 880 * MiB)),
-              TrialState.PRUNED, 2.5),
-        trial(6, TrialRecord(Decision.STOPPED, pred_ram=880 * MiB, peak_ram=1100 * MiB, budget_ram=budget,
-                             learned=learned(800 * MiB, 880 * MiB)), TrialState.PRUNED, 3.0),
+        trial(
+            3,
+            TrialRecord(
+                Decision.ADMITTED,
+                pred_ram=450 * MiB,
+                peak_ram=500 * MiB,
+                budget_ram=budget,
+                learned=learned(450 * MiB, 600 * MiB),
+            ),
+        ),
+        trial(
+            4,
+            TrialRecord(
+                Decision.REJECTED,
+                pred_ram=2000 * MiB,
+                budget_ram=budget,
+                soft=0.9,
+                learned=learned(1500 * MiB, 2000 * MiB),
+            ),
+            TrialState.PRUNED,
+            width=4000,
+        ),
+        trial(
+            5,
+            TrialRecord(
+                Decision.CLAMPED,
+                pred_ram=880 * MiB,
+                peak_ram=1100 * MiB,
+                budget_ram=budget,
+                clamped_from={"lr": 0.002},
+                learned=learned(800 * MiB, 880 * MiB),
+            ),
+            TrialState.PRUNED,
+            2.5,
+        ),
+        trial(
+            6,
+            TrialRecord(
+                Decision.STOPPED,
+                pred_ram=880 * MiB,
+                peak_ram=1100 * MiB,
+                budget_ram=budget,
+                learned=learned(800 * MiB, 880 * MiB),
+            ),
+            TrialState.PRUNED,
+            3.0,
+        ),
         trial(7, None, TrialState.RUNNING),
     ]
     run = bench.Run("p", 1, budget, asked=8)
@@ -67,7 +118,7 @@ def test_score_counts_warmup_errors_bounds_launches_rejections_clamps_losses_and
     assert (run.launched_after, run.over_after) == (3, 1)  # 3, 5 and 6 launched; 6 stopped (5 clamped, not over)
     assert rejected == [(4, {"width": 4000, "lr": 1e-3}, 0.9 * budget)] and run.rejected == 1
     assert run.memoryless_clamps == 1  # trial 5 moved only the learning rate
-    assert run.lost == 1                # trial 7 left RUNNING, no record
+    assert run.lost == 1  # trial 7 left RUNNING, no record
     assert run.wasted == pytest.approx(7.0)  # trials 1 and 6 ended over the budget
     assert run.decisions == {"unchecked": 2, "stopped": 2, "admitted": 1, "rejected": 1, "clamped": 1}
 
@@ -85,26 +136,70 @@ def test_in_a_shared_process_fit_and_bound_are_scored_as_admission_compares_them
     # the process at 400 MiB, the trial's own 300 MiB: fit 270 (10% under it), bound 330 (10% over it); as
     # admission compares them, 670 and 730 MiB against the process's 700 MiB peak
     run = bench.Run("p", 1, 1000 * MiB, asked=1)
-    bench.score(run, [trial(0, TrialRecord(Decision.ADMITTED, pred_ram=270 * MiB, peak_ram=700 * MiB,
-                                           start_ram=400 * MiB, budget_ram=1000 * MiB,
-                                           learned=learned(270 * MiB, 330 * MiB)))])
+    bench.score(
+        run,
+        [
+            trial(
+                0,
+                TrialRecord(
+                    Decision.ADMITTED,
+                    pred_ram=270 * MiB,
+                    peak_ram=700 * MiB,
+                    start_ram=400 * MiB,
+                    budget_ram=1000 * MiB,
+                    learned=learned(270 * MiB, 330 * MiB),
+                ),
+            )
+        ],
+    )
     assert run.fit_errors_own == [pytest.approx(0.1)] and run.bound_over_own == [pytest.approx(0.1)]
     assert run.fit_errors == [pytest.approx(30 / 700)] and run.bound_over == [pytest.approx(30 / 700)]
 
 
 def test_clients_line_aggregates_runs() -> None:
-    a = bench.Run("a", 1, MiB, asked=3, trials=3, exit_code=0, unguarded_exit=0, warmup=4, fit_errors=[0.1, 0.3],
-                  bound_over=[0.2], launched_after=10, over_after=1, replayed=2, false_rejects=1, wasted=1.0,
-                  wasted_unguarded=3.0)
-    b = bench.Run("b", 2, MiB, asked=3, trials=5, exit_code=0, unguarded_exit=0, warmup=2, fit_errors=[0.2],
-                  bound_over=[0.4, 0.6], launched_after=10, lost=2, memoryless_clamps=1, wasted=1.0,
-                  wasted_unguarded=5.0)
+    a = bench.Run(
+        "a",
+        1,
+        MiB,
+        asked=3,
+        trials=3,
+        exit_code=0,
+        unguarded_exit=0,
+        warmup=4,
+        fit_errors=[0.1, 0.3],
+        bound_over=[0.2],
+        launched_after=10,
+        over_after=1,
+        replayed=2,
+        false_rejects=1,
+        wasted=1.0,
+        wasted_unguarded=3.0,
+    )
+    b = bench.Run(
+        "b",
+        2,
+        MiB,
+        asked=3,
+        trials=5,
+        exit_code=0,
+        unguarded_exit=0,
+        warmup=2,
+        fit_errors=[0.2],
+        bound_over=[0.4, 0.6],
+        launched_after=10,
+        lost=2,
+        memoryless_clamps=1,
+        wasted=1.0,
+        wasted_unguarded=5.0,
+    )
     totals = bench.Totals({"a", "b"}, [a, b])
     own, line = totals.line().splitlines()
     assert own.startswith("CLIENTS_OWN fit_median_err=- bound_median_over=- ")
-    assert line == ("CLIENTS programs=2 runs=2 trials_as_asked=1/2 warmup_max=4 fit_median_err=20.0% "
-                    "bound_median_over=40.0% over_budget_after_warmup=5.0% false_rejects=50.0% "
-                    "memoryless_clamps=1 lost=2 wasted_compute_ratio=0.25")
+    assert line == (
+        "CLIENTS programs=2 runs=2 trials_as_asked=1/2 warmup_max=4 fit_median_err=20.0% "
+        "bound_median_over=40.0% over_budget_after_warmup=5.0% false_rejects=50.0% "
+        "memoryless_clamps=1 lost=2 wasted_compute_ratio=0.25"
+    )
     crashed = bench.Run("c", 1, MiB, asked=3, trials=3, exit_code=1, unguarded_exit=0)
     assert not crashed.as_asked
 

@@ -13,8 +13,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_demo_study_runs_and_records_every_trial(tmp_path):
     storage = f"sqlite:///{tmp_path / 'demo.db'}"
-    out = subprocess.run([sys.executable, str(ROOT / "studies" / "demo.py"), "--trials", "6", "--storage", storage],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "studies" / "demo.py"), "--trials", "6", "--storage", storage],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "at launch:" in out.stdout and "wall time" in out.stdout
     trials = optuna.load_study(study_name="demo", storage=storage).trials

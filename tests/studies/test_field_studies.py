@@ -28,8 +28,11 @@ def _buffer_never_ran_at_1e6(trials):
 
 def _deque_and_ring_decided_apart(trials):
     def decision(kind):
-        return next(read_record(t.user_attrs).decision for t in trials
-                    if t.params.get("buffer_kind") == kind and t.params.get("buffer_size") == 1_000_000)
+        return next(
+            read_record(t.user_attrs).decision
+            for t in trials
+            if t.params.get("buffer_kind") == kind and t.params.get("buffer_size") == 1_000_000
+        )
 
     assert decision("deque") is Decision.REJECTED
     assert decision("numpy") is Decision.ADMITTED
@@ -73,8 +76,12 @@ def _launch(record) -> str:
 @pytest.mark.parametrize("name", sorted(STUDIES))
 def test_study_smoke_runs_guarded_and_decides_nothing_wrongly(name, tmp_path):
     url = f"sqlite:///{tmp_path / (name + '.db')}"
-    out = subprocess.run([sys.executable, str(ROOT / "studies" / f"{name}.py"), "--smoke", "--storage", url],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "studies" / f"{name}.py"), "--smoke", "--storage", url],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith(f"STUDY {name} ") and " wrong=0 " in last, out.stdout[-3000:]
@@ -93,7 +100,8 @@ def test_study_smoke_runs_guarded_and_decides_nothing_wrongly(name, tmp_path):
         if r.decision is Decision.REJECTED:
             assert t.state is optuna.trial.TrialState.PRUNED and r.peak_ram is None
             assert any(b is not None and (getattr(r, f"pred_{k}") or 0) > r.soft * b for k, b in budgets.items()), (
-                f"#{t.number} rejected with {r.pred_ram=} {r.pred_vram=} {r.pred_threads=} under {budgets}")
+                f"#{t.number} rejected with {r.pred_ram=} {r.pred_vram=} {r.pred_threads=} under {budgets}"
+            )
             continue
         assert r.peak_ram is not None, f"#{t.number} ran without a RAM reading"
         # A trial checked before launch must not cross its budget: the guard would have stopped it.
@@ -107,8 +115,12 @@ def test_study_smoke_runs_guarded_and_decides_nothing_wrongly(name, tmp_path):
     if check is not None:
         check(trials)
 
-    report = subprocess.run([sys.executable, "-m", "optuna_memprune.cli", "report", url, "--study", name,
-                             "--format", "json"], capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [sys.executable, "-m", "optuna_memprune.cli", "report", url, "--study", name, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
     data = json.loads(report.stdout)
     assert data["study"]["name"] == name and data["study"]["n_trials"] == len(trials)

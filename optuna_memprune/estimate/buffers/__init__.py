@@ -30,18 +30,34 @@ from .sb3 import array, replay_buffer, rollout_buffer
 
 # The allocators' constants stay importable from here, as before the split (outside ``__all__``).
 from .deque import (  # noqa: F401  isort: skip
-    GLIBC_MALLOC_ALIGNMENT, GLIBC_MINSIZE, GLIBC_MMAP_THRESHOLD, GLIBC_SIZE_SZ, PYMALLOC_ALIGNMENT, PYMALLOC_MAX,
-    PYMALLOC_POOL_OVERHEAD, PYMALLOC_POOL_SIZE,
+    GLIBC_MALLOC_ALIGNMENT,
+    GLIBC_MINSIZE,
+    GLIBC_MMAP_THRESHOLD,
+    GLIBC_SIZE_SZ,
+    PYMALLOC_ALIGNMENT,
+    PYMALLOC_MAX,
+    PYMALLOC_POOL_OVERHEAD,
+    PYMALLOC_POOL_SIZE,
 )
 from .fill import HUGE_PAGE_SIZE, NUMPY_HUGEPAGE_MIN  # noqa: F401  isort: skip
 from .layouts import PAGE_SIZE  # noqa: F401  isort: skip
 
 __all__ = [
-    "Field", "Growth", "FillCurve",
-    "sb3_replay_layout", "sb3_dict_replay_layout", "sb3_rollout_layout", "layout_nbytes",
-    "replay_buffer", "replay_fill_curve", "rollout_buffer",
-    "deque_buffer", "deque_fill_curve", "measure_object_overheads",
-    "array", "frame_stack",
-    "ATARI_FRAME_SHAPE", "ATARI_FRAME_DTYPE",
+    "Field",
+    "Growth",
+    "FillCurve",
+    "sb3_replay_layout",
+    "sb3_dict_replay_layout",
+    "sb3_rollout_layout",
+    "layout_nbytes",
+    "replay_buffer",
+    "replay_fill_curve",
+    "rollout_buffer",
+    "deque_buffer",
+    "deque_fill_curve",
+    "measure_object_overheads",
+    "array",
+    "frame_stack",
+    "ATARI_FRAME_SHAPE",
+    "ATARI_FRAME_DTYPE",
 ]
-

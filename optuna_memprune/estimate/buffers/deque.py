@@ -48,15 +48,30 @@ _MEASURE_LOCK = threading.Lock()
 # CPython 3.11 Objects/tupleobject.c PyTuple_MAXFREELIST (2000 per size) and floatobject.c
 # PyFloat_MAXFREELIST (100): more than this many objects are made before measuring.
 _FREELIST_DRAIN = 2100
-_SCALAR_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                  "float16", "float32", "float64")
+_SCALAR_DTYPES = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
 
 
 def _traced_at(line: int) -> int:
     """Bytes tracemalloc holds for live allocations made from one line of this file."""
     here = _traced_at.__code__.co_filename
-    return sum(s.size for s in tracemalloc.take_snapshot().statistics("lineno")
-               if s.traceback[0].filename == here and s.traceback[0].lineno == line)
+    return sum(
+        s.size
+        for s in tracemalloc.take_snapshot().statistics("lineno")
+        if s.traceback[0].filename == here and s.traceback[0].lineno == line
+    )
 
 
 def _traced_per_object(make: Any, n: int, *, freelist: bool = False) -> float:
@@ -192,9 +207,18 @@ def _pymalloc_block(request: int) -> Fraction:
     return Fraction(_glibc_chunk(request))
 
 
-_OVERHEAD_KEYS = ("tuple_base", "tuple_per_item", "ndarray_object", "ndarray_dims_per_axis",
-                  "ndarray_data_extra", "float", "numpy_scalars", "deque_block", "deque_block_items",
-                  "deque_first_block_items")
+_OVERHEAD_KEYS = (
+    "tuple_base",
+    "tuple_per_item",
+    "ndarray_object",
+    "ndarray_dims_per_axis",
+    "ndarray_data_extra",
+    "float",
+    "numpy_scalars",
+    "deque_block",
+    "deque_block_items",
+    "deque_first_block_items",
+)
 
 
 def _transition_bytes(transition: Any, ov: Mapping[str, Any]) -> tuple[int, int, str]:
@@ -249,7 +273,10 @@ def _check_overheads(overheads: Any) -> Mapping[str, Any]:
 
 
 def deque_fill_curve(
-    transition: Sequence[Any], *, maxlen: int, overheads: Mapping[str, Any] | None = None,
+    transition: Sequence[Any],
+    *,
+    maxlen: int,
+    overheads: Mapping[str, Any] | None = None,
     name: str = "deque buffer",
 ) -> FillCurve:
     """RSS of a ``collections.deque(maxlen=...)`` of transition tuples as a function of appends.
@@ -314,6 +341,8 @@ def deque_buffer(
     data, other, words = _transition_bytes(transition, ov)
     curve = deque_fill_curve(transition, maxlen=maxlen, overheads=ov, name=name)
     n = maxlen if steps is None else min(steps, maxlen)
-    note = (f"{n:,} of {maxlen:,} tuples {words}: {data + other:,} B each "
-            f"({data:,} B array data), {format_bytes(curve.full)} when full")
+    note = (
+        f"{n:,} of {maxlen:,} tuples {words}: {data + other:,} B each "
+        f"({data:,} B array data), {format_bytes(curve.full)} when full"
+    )
     return Footprint((Component(name, Kind.BUFFER, ram=curve.ram(steps), note=note),))

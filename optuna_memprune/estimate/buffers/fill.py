@@ -13,8 +13,15 @@ from typing import Any, NamedTuple
 from ...exceptions import EstimateError
 from .layouts import PAGE_SIZE, Field, check_count, round_up, sb3_dict_replay_layout, sb3_replay_layout
 
-__all__ = ["Growth", "FillCurve", "replay_fill_curve", "replay_parts", "replay_curve",
-           "HUGE_PAGE_SIZE", "NUMPY_HUGEPAGE_MIN"]
+__all__ = [
+    "Growth",
+    "FillCurve",
+    "replay_fill_curve",
+    "replay_parts",
+    "replay_curve",
+    "HUGE_PAGE_SIZE",
+    "NUMPY_HUGEPAGE_MIN",
+]
 
 # A PMD-sized transparent huge page on x86-64 (linux Documentation/admin-guide/mm/transhuge.rst).
 HUGE_PAGE_SIZE = 2 * 1024 * 1024
@@ -86,8 +93,9 @@ class FillCurve:
         return lo
 
 
-def _array_growth(field: Field, *, steps_per_row: int, lead_steps: int = 0, written: bool = True,
-                  huge_pages: bool = False) -> Growth:
+def _array_growth(
+    field: Field, *, steps_per_row: int, lead_steps: int = 0, written: bool = True, huge_pages: bool = False
+) -> Growth:
     """A ring-buffer array filled row by row along axis 0, pages mapped on first write.
 
     With huge pages the array's offset within 2 MiB regions is unknown: the pages before its first
@@ -97,36 +105,63 @@ def _array_growth(field: Field, *, steps_per_row: int, lead_steps: int = 0, writ
     full = round_up(field.nbytes, PAGE_SIZE)
     slack = HUGE_PAGE_SIZE - PAGE_SIZE if huge_pages and field.nbytes >= NUMPY_HUGEPAGE_MIN else 0
     row_bytes = field.nbytes // field.shape[0] if written else 0
-    return Growth(field.name, row_bytes, field.shape[0], full if written else 0, steps_per_row, lead_steps,
-                  PAGE_SIZE, slack)
+    return Growth(
+        field.name, row_bytes, field.shape[0], full if written else 0, steps_per_row, lead_steps, PAGE_SIZE, slack
+    )
 
 
 def replay_parts(
-    obs_shape: Any, obs_dtype: Any, action_shape: Any, action_dtype: Any, *, buffer_size: Any, n_envs: Any,
-    optimize_memory_usage: bool, handle_timeout_termination: bool, dict_obs: Mapping[str, Any] | None,
+    obs_shape: Any,
+    obs_dtype: Any,
+    action_shape: Any,
+    action_dtype: Any,
+    *,
+    buffer_size: Any,
+    n_envs: Any,
+    optimize_memory_usage: bool,
+    handle_timeout_termination: bool,
+    dict_obs: Mapping[str, Any] | None,
 ) -> tuple[list[Field], int, int]:
     """(fields, rows, n_envs) of a replay buffer, plain or Dict, with its arguments checked."""
     if dict_obs is not None:
         if obs_shape is not None or obs_dtype is not None:
             raise EstimateError(
-                f"obs_shape and obs_dtype must be None when dict_obs is given, but got {obs_shape!r} and "
-                f"{obs_dtype!r}."
+                f"obs_shape and obs_dtype must be None when dict_obs is given, but got {obs_shape!r} and {obs_dtype!r}."
             )
         fields = sb3_dict_replay_layout(
-            dict_obs, action_shape, action_dtype, buffer_size=buffer_size, n_envs=n_envs,
-            optimize_memory_usage=optimize_memory_usage, handle_timeout_termination=handle_timeout_termination,
+            dict_obs,
+            action_shape,
+            action_dtype,
+            buffer_size=buffer_size,
+            n_envs=n_envs,
+            optimize_memory_usage=optimize_memory_usage,
+            handle_timeout_termination=handle_timeout_termination,
         )
     else:
         fields = sb3_replay_layout(
-            obs_shape, obs_dtype, action_shape, action_dtype, buffer_size=buffer_size, n_envs=n_envs,
-            optimize_memory_usage=optimize_memory_usage, handle_timeout_termination=handle_timeout_termination,
+            obs_shape,
+            obs_dtype,
+            action_shape,
+            action_dtype,
+            buffer_size=buffer_size,
+            n_envs=n_envs,
+            optimize_memory_usage=optimize_memory_usage,
+            handle_timeout_termination=handle_timeout_termination,
         )
     n_envs = check_count(n_envs, "n_envs", kind="processes")
     return fields, fields[0].shape[0], n_envs
 
 
-def replay_curve(fields: list[Field], rows: int, n_envs: int, *, optimize_memory_usage: bool,
-                 handle_timeout_termination: bool, huge_pages: bool, name: str) -> FillCurve:
+def replay_curve(
+    fields: list[Field],
+    rows: int,
+    n_envs: int,
+    *,
+    optimize_memory_usage: bool,
+    handle_timeout_termination: bool,
+    huge_pages: bool,
+    name: str,
+) -> FillCurve:
     """The fill curve of the layout :func:`replay_parts` returned (one Growth per array)."""
     parts = []
     for field in fields:
@@ -134,8 +169,9 @@ def replay_curve(fields: list[Field], rows: int, n_envs: int, *, optimize_memory
         lead = n_envs if optimize_memory_usage and field.name == "observations" else 0
         # `timeouts` is written only when handle_timeout_termination; never-written zero pages cost no RSS.
         written = field.name != "timeouts" or handle_timeout_termination
-        parts.append(_array_growth(field, steps_per_row=n_envs, lead_steps=lead, written=written,
-                                   huge_pages=huge_pages))
+        parts.append(
+            _array_growth(field, steps_per_row=n_envs, lead_steps=lead, written=written, huge_pages=huge_pages)
+        )
     return FillCurve(name, tuple(parts), rows * n_envs)
 
 
@@ -164,10 +200,22 @@ def replay_fill_curve(
     get an upper bound (up to 2 MiB more per array while filling; the full size is the same).
     """
     fields, rows, n_envs = replay_parts(
-        obs_shape, obs_dtype, action_shape, action_dtype, buffer_size=buffer_size, n_envs=n_envs,
-        optimize_memory_usage=optimize_memory_usage, handle_timeout_termination=handle_timeout_termination,
+        obs_shape,
+        obs_dtype,
+        action_shape,
+        action_dtype,
+        buffer_size=buffer_size,
+        n_envs=n_envs,
+        optimize_memory_usage=optimize_memory_usage,
+        handle_timeout_termination=handle_timeout_termination,
         dict_obs=dict_obs,
     )
-    return replay_curve(fields, rows, n_envs, optimize_memory_usage=optimize_memory_usage,
-                        handle_timeout_termination=handle_timeout_termination, huge_pages=huge_pages, name=name)
-
+    return replay_curve(
+        fields,
+        rows,
+        n_envs,
+        optimize_memory_usage=optimize_memory_usage,
+        handle_timeout_termination=handle_timeout_termination,
+        huge_pages=huge_pages,
+        name=name,
+    )

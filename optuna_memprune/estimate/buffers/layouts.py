@@ -17,9 +17,21 @@ from ...exceptions import EstimateError
 from .. import checks
 
 __all__ = [
-    "Field", "layout_nbytes", "sb3_replay_layout", "sb3_dict_replay_layout", "sb3_rollout_layout",
-    "frame_stack", "ATARI_FRAME_SHAPE", "ATARI_FRAME_DTYPE", "PAGE_SIZE", "FLOAT32",
-    "round_up", "check_count", "check_shape", "check_dtype", "check_steps",
+    "Field",
+    "layout_nbytes",
+    "sb3_replay_layout",
+    "sb3_dict_replay_layout",
+    "sb3_rollout_layout",
+    "frame_stack",
+    "ATARI_FRAME_SHAPE",
+    "ATARI_FRAME_DTYPE",
+    "PAGE_SIZE",
+    "FLOAT32",
+    "round_up",
+    "check_count",
+    "check_shape",
+    "check_dtype",
+    "check_steps",
 ]
 
 # Pages. A base page is 4 KiB on x86-64 (and the default on aarch64 Linux); `getconf PAGESIZE`.
@@ -87,9 +99,7 @@ def check_dtype(value: Any, name: str) -> np.dtype:
     try:
         dtype = np.dtype(value)
     except TypeError:
-        raise EstimateError(
-            f"{name} must be a numpy dtype or dtype name such as 'uint8', but got {value!r}."
-        ) from None
+        raise EstimateError(f"{name} must be a numpy dtype or dtype name such as 'uint8', but got {value!r}.") from None
     if dtype.hasobject or dtype.itemsize == 0:
         raise EstimateError(f"{name} must be a fixed-size numpy dtype, but got {value!r}.")
     return dtype
@@ -214,12 +224,20 @@ def sb3_dict_replay_layout(
     for key, spec in obs_spaces.items():
         if not isinstance(spec, (tuple, list)) or len(spec) != 2:
             raise EstimateError(f"obs_spaces[{key!r}] must be (shape, dtype), but got {spec!r}.")
-        obs.append((str(key), _obs_shape(spec[0], f"obs_spaces[{key!r}] shape"),
-                    check_dtype(spec[1], f"obs_spaces[{key!r}] dtype")))
+        obs.append(
+            (
+                str(key),
+                _obs_shape(spec[0], f"obs_spaces[{key!r}] shape"),
+                check_dtype(spec[1], f"obs_spaces[{key!r}] dtype"),
+            )
+        )
     action_dim = _action_dim(action_shape, "action_shape")
     action_dtype = _replay_action_dtype(check_dtype(action_dtype, "action_dtype"))
-    fields = [Field(f"{prefix}[{key!r}]", (rows, n_envs, *shape), dtype)
-              for prefix in ("observations", "next_observations") for key, shape, dtype in obs]
+    fields = [
+        Field(f"{prefix}[{key!r}]", (rows, n_envs, *shape), dtype)
+        for prefix in ("observations", "next_observations")
+        for key, shape, dtype in obs
+    ]
     fields.append(Field("actions", (rows, n_envs, action_dim), action_dtype))
     fields.extend(Field(name, (rows, n_envs), FLOAT32) for name in ("rewards", "dones", "timeouts"))
     return fields
@@ -249,11 +267,16 @@ def sb3_rollout_layout(
     obs_shape = _obs_shape(obs_shape, "obs_shape")
     fields = [
         Field("observations", (n_steps, n_envs, *obs_shape), check_dtype(obs_dtype, "obs_dtype")),
-        Field("actions", (n_steps, n_envs, _action_dim(action_shape, "action_shape")),
-              check_dtype(action_dtype, "action_dtype")),
+        Field(
+            "actions",
+            (n_steps, n_envs, _action_dim(action_shape, "action_shape")),
+            check_dtype(action_dtype, "action_dtype"),
+        ),
     ]
-    fields.extend(Field(name, (n_steps, n_envs), FLOAT32)
-                  for name in ("rewards", "returns", "episode_starts", "values", "log_probs", "advantages"))
+    fields.extend(
+        Field(name, (n_steps, n_envs), FLOAT32)
+        for name in ("rewards", "returns", "episode_starts", "values", "log_probs", "advantages")
+    )
     return fields
 
 
@@ -280,4 +303,3 @@ def frame_stack(obs_shape: Sequence[int], n_stack: int, *, channels_last: bool |
         channels_last = not (len(shape) == 3 and int(np.argmin(shape)) == 0)
     shape[-1 if channels_last else 0] *= n_stack
     return tuple(shape)
-

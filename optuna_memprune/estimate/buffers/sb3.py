@@ -104,14 +104,28 @@ def replay_buffer(
     """
     steps = check_steps(steps)
     fields, rows, n_envs = replay_parts(
-        obs_shape, obs_dtype, action_shape, action_dtype, buffer_size=buffer_size, n_envs=n_envs,
-        optimize_memory_usage=optimize_memory_usage, handle_timeout_termination=handle_timeout_termination,
+        obs_shape,
+        obs_dtype,
+        action_shape,
+        action_dtype,
+        buffer_size=buffer_size,
+        n_envs=n_envs,
+        optimize_memory_usage=optimize_memory_usage,
+        handle_timeout_termination=handle_timeout_termination,
         dict_obs=dict_obs,
     )
-    curve = replay_curve(fields, rows, n_envs, optimize_memory_usage=optimize_memory_usage,
-                         handle_timeout_termination=handle_timeout_termination, huge_pages=huge_pages, name=name)
-    components = [Component(name, Kind.BUFFER, ram=curve.ram(steps),
-                            note=_fill_note(curve, layout_nbytes(fields), steps))]
+    curve = replay_curve(
+        fields,
+        rows,
+        n_envs,
+        optimize_memory_usage=optimize_memory_usage,
+        handle_timeout_termination=handle_timeout_termination,
+        huge_pages=huge_pages,
+        name=name,
+    )
+    components = [
+        Component(name, Kind.BUFFER, ram=curve.ram(steps), note=_fill_note(curve, layout_nbytes(fields), steps))
+    ]
     cuda = _device_is_cuda(device)
     if batch_size is not None:
         batch = check_count(batch_size, "batch_size", kind="dimension")
@@ -120,10 +134,15 @@ def replay_buffer(
         obs = sum(v for k, v in per_row.items() if k.startswith("observations"))
         per_item = 2 * obs + per_row["actions"] + 2 * FLOAT32.itemsize
         ram, vram = _batch_copies(per_item, batch, live_batches=1, cuda=cuda)
-        components.append(Component(
-            f"{name} sample() copies", Kind.TEMPORARIES, ram=ram, vram=vram,
-            note=f"{batch:,} x {per_item:,} B as numpy copies, then as torch tensors on {device}",
-        ))
+        components.append(
+            Component(
+                f"{name} sample() copies",
+                Kind.TEMPORARIES,
+                ram=ram,
+                vram=vram,
+                note=f"{batch:,} x {per_item:,} B as numpy copies, then as torch tensors on {device}",
+            )
+        )
     return Footprint(tuple(components))
 
 
@@ -182,17 +201,23 @@ def rollout_buffer(
     if flatten >= ram:
         peak, why = flatten, f"swap_and_flatten copy of the largest array ({format_bytes(flatten)})"
     else:
-        peak, why = ram, (f"minibatch copies: {batch:,} x {per_item:,} B as numpy, "
-                          f"{live} live as torch on {device}")
-    return Footprint((
-        Component(name, Kind.BUFFER, ram=layout_nbytes(fields),
-                  note=f"{n_steps:,} steps x {n_envs} envs, filled every rollout"),
-        Component(f"{name} get() copies", Kind.TEMPORARIES, ram=peak, vram=vram, note=f"peak of get(): {why}"),
-    ))
+        peak, why = ram, (f"minibatch copies: {batch:,} x {per_item:,} B as numpy, {live} live as torch on {device}")
+    return Footprint(
+        (
+            Component(
+                name,
+                Kind.BUFFER,
+                ram=layout_nbytes(fields),
+                note=f"{n_steps:,} steps x {n_envs} envs, filled every rollout",
+            ),
+            Component(f"{name} get() copies", Kind.TEMPORARIES, ram=peak, vram=vram, note=f"peak of get(): {why}"),
+        )
+    )
 
 
-def array(shape: Sequence[int], dtype: Any, *, name: str = "array", touched: float = 1.0,
-          kind: Kind = Kind.BUFFER) -> Footprint:
+def array(
+    shape: Sequence[int], dtype: Any, *, name: str = "array", touched: float = 1.0, kind: Kind = Kind.BUFFER
+) -> Footprint:
     """One numpy array: RSS of the ``touched`` fraction of its bytes, rounded up to pages.
 
     Example:
@@ -207,4 +232,3 @@ def array(shape: Sequence[int], dtype: Any, *, name: str = "array", touched: flo
     if touched < 1.0:
         note += f", {touched:.0%} touched"
     return Footprint((Component(name, Kind(kind), ram=ram, note=note),))
-

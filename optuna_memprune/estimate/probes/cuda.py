@@ -30,8 +30,11 @@ def _nvml_used(pid: int) -> tuple[int, str, str]:
                 used = max(used, int(proc.usedGpuMemory))
     name = pynvml.nvmlDeviceGetName(handle)
     driver = pynvml.nvmlSystemGetDriverVersion()
-    return used, name.decode() if isinstance(name, bytes) else name, \
-        driver.decode() if isinstance(driver, bytes) else driver
+    return (
+        used,
+        name.decode() if isinstance(name, bytes) else name,
+        driver.decode() if isinstance(driver, bytes) else driver,
+    )
 
 
 def measure() -> dict[str, Any]:
@@ -61,8 +64,14 @@ def measure() -> dict[str, Any]:
     nvml, name, driver = _nvml_used(os.getpid())
     if not nvml:
         return {"error": "NVML lists no memory for this process (another pid namespace?)", "gpu": name}
-    return {"context": max(0, nvml - torch.cuda.memory_reserved()), "cublas_workspace": cublas, "gpu": name,
-            "driver": driver, "torch": torch.__version__, "cuda": torch.version.cuda}
+    return {
+        "context": max(0, nvml - torch.cuda.memory_reserved()),
+        "cublas_workspace": cublas,
+        "gpu": name,
+        "driver": driver,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
 
 
 if __name__ == "__main__":

@@ -72,8 +72,13 @@ def main(args: dict[str, Any]) -> None:
     e3 = make(3, DummyVecEnv)
     run(e3, args["steps"])
     four = status()
-    result = {"before": before, "one": one, "four": four,
-              "observation_space": describe(e1.observation_space), "action_space": describe(e1.action_space)}
+    result = {
+        "before": before,
+        "one": one,
+        "four": four,
+        "observation_space": describe(e1.observation_space),
+        "action_space": describe(e1.action_space),
+    }
     e1.close()
     e3.close()
     del e1, e3
@@ -90,8 +95,11 @@ def main(args: dict[str, Any]) -> None:
         remaining = set(descendants(me))
         workers = [s for pid, s in during.items() if pid not in remaining and s]
         helpers = [s for pid, s in during.items() if pid in remaining and s]
-        result["subproc"] = {"workers": workers, "helpers": helpers,
-                             "main_delta": main_during["VmRSS"] - main_before["VmRSS"]}
+        result["subproc"] = {
+            "workers": workers,
+            "helpers": helpers,
+            "main_delta": main_during["VmRSS"] - main_before["VmRSS"],
+        }
     emit(result)
 
 

@@ -62,11 +62,21 @@ def measure(torch: Any, convs: list[list[Any]]) -> tuple[list[dict[str, Any]], i
             fwd()
             bwd()
         y, peak = peak_of(fwd)
-        rows.append({"op": "fwd", "measured": max(0, peak - mapped(y)),
-                     "features": workspace_features(aten.convolution.default, fwd_args, {}, y, block)})
+        rows.append(
+            {
+                "op": "fwd",
+                "measured": max(0, peak - mapped(y)),
+                "features": workspace_features(aten.convolution.default, fwd_args, {}, y, block),
+            }
+        )
         grads, peak = peak_of(bwd)
-        rows.append({"op": "bwd", "measured": max(0, peak - sum(mapped(g) for g in grads if g is not None)),
-                     "features": workspace_features(aten.convolution_backward.default, bwd_args, {}, grads, block)})
+        rows.append(
+            {
+                "op": "bwd",
+                "measured": max(0, peak - sum(mapped(g) for g in grads if g is not None)),
+                "features": workspace_features(aten.convolution_backward.default, bwd_args, {}, grads, block),
+            }
+        )
     return rows, block
 
 
@@ -80,8 +90,9 @@ def fit(torch: Any, n_rules: int, rows: list[dict[str, Any]]) -> list[float]:
         best = None
         for n in range(1, len(rules) + 1):
             for subset in itertools.combinations(rules, n):
-                a = torch.tensor([[dict(r["features"]).get(k, 0) / r["measured"] for k in subset] for r in mine],
-                                 dtype=torch.float64)
+                a = torch.tensor(
+                    [[dict(r["features"]).get(k, 0) / r["measured"] for k in subset] for r in mine], dtype=torch.float64
+                )
                 sol = torch.linalg.lstsq(a, torch.ones(len(mine), 1, dtype=torch.float64)).solution.flatten()
                 if bool((sol >= 0).all()):
                     err = float(((a @ sol) - 1).square().sum())
@@ -106,8 +117,12 @@ def main() -> None:
 
         torch.set_num_threads(1)
         rows, block = measure(torch, args["convs"])
-        result = {"rows": rows, "block": block, "rules": list(WORKSPACE_RULES),
-                  "coef": fit(torch, len(WORKSPACE_RULES), rows)}
+        result = {
+            "rows": rows,
+            "block": block,
+            "rules": list(WORKSPACE_RULES),
+            "coef": fit(torch, len(WORKSPACE_RULES), rows),
+        }
     except (OSError, AttributeError, RuntimeError) as e:  # no glibc, no clear_refs, no oneDNN
         result = {"error": f"{type(e).__name__}: {e}"}
     emit(result)

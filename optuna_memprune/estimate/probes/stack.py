@@ -24,8 +24,13 @@ def main() -> None:
         import torch
 
         result["default_torch_threads"] = torch.get_num_threads()
-        net = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                  torch.nn.Linear(8 * 14 * 14, 32), torch.nn.Linear(32, 4))
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(4, 8, 3),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8 * 14 * 14, 32),
+            torch.nn.Linear(32, 4),
+        )
         opt = torch.optim.Adam(net.parameters()) if args["train"] else None
 
         def step() -> None:

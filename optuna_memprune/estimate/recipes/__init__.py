@@ -65,15 +65,14 @@ def process(
     if isinstance(stack, str):
         named = stacks()
         if stack not in named:
-            raise EstimateError(f"stack must be one of {sorted(named)} or a tuple of module names, "
-                                f"but got {stack!r}.")
+            raise EstimateError(f"stack must be one of {sorted(named)} or a tuple of module names, but got {stack!r}.")
         stack = named[stack]
-    return _process(stack, torch_threads=torch_threads, training=training, extra_threads=extra_threads,
-                    calibration=calibration)
+    return _process(
+        stack, torch_threads=torch_threads, training=training, extra_threads=extra_threads, calibration=calibration
+    )
 
 
-def calibrate(*, env_ids: Sequence[str] = (), force: bool = False
-              ) -> tuple[Calibration, list[EnvProfile], float]:
+def calibrate(*, env_ids: Sequence[str] = (), force: bool = False) -> tuple[Calibration, list[EnvProfile], float]:
     """Measure now torch's stack and every recipe's (those importable here), the CPU kernels (with torch),
     and each of ``env_ids`` with every recipe that profiles envs.
 

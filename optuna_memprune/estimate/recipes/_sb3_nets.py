@@ -23,13 +23,30 @@ from ..footprint import Footprint
 
 #: rl-zoo3's names for net_arch choices (``hyperparams_opt.py``); on-policy algos read a list as pi and vf alike.
 NET_ARCH = {
-    "tiny": [64], "small": [64, 64], "medium": [256, 256], "big": [400, 300], "large": [256, 256, 256],
+    "tiny": [64],
+    "small": [64, 64],
+    "medium": [256, 256],
+    "big": [400, 300],
+    "large": [256, 256, 256],
     "verybig": [512, 512, 512],
 }
 #: policy_kwargs forwarded to the policy class (it must take them; they may change the networks' memory).
-FORWARDED = ("net_arch", "activation_fn", "n_quantiles", "n_critics", "features_extractor_kwargs",
-             "share_features_extractor", "use_sde", "log_std_init", "use_expln", "squash_output", "full_std",
-             "clip_mean", "ortho_init", "normalize_images")
+FORWARDED = (
+    "net_arch",
+    "activation_fn",
+    "n_quantiles",
+    "n_critics",
+    "features_extractor_kwargs",
+    "share_features_extractor",
+    "use_sde",
+    "log_std_init",
+    "use_expln",
+    "squash_output",
+    "full_std",
+    "clip_mean",
+    "ortho_init",
+    "normalize_images",
+)
 #: policy_kwargs read by the recipe itself (the optimizer's state size), not forwarded.
 OPTIMIZER = ("optimizer_class", "optimizer_kwargs")
 #: algo -> (module, Cnn class, Mlp class); module "" is SB3's common policies.
@@ -44,8 +61,15 @@ _CLASSES = {
     "a2c": ("stable_baselines3.common.policies", "ActorCriticCnnPolicy", "ActorCriticPolicy"),
     "trpo": ("stable_baselines3.common.policies", "ActorCriticCnnPolicy", "ActorCriticPolicy"),
 }
-_ARCH_KEYS = {"ppo": {"pi", "vf"}, "a2c": {"pi", "vf"}, "trpo": {"pi", "vf"}, "sac": {"pi", "qf"},
-              "td3": {"pi", "qf"}, "ddpg": {"pi", "qf"}, "tqc": {"pi", "qf"}}
+_ARCH_KEYS = {
+    "ppo": {"pi", "vf"},
+    "a2c": {"pi", "vf"},
+    "trpo": {"pi", "vf"},
+    "sac": {"pi", "qf"},
+    "td3": {"pi", "qf"},
+    "ddpg": {"pi", "qf"},
+    "tqc": {"pi", "qf"},
+}
 _build_lock = threading.Lock()
 
 
@@ -65,8 +89,10 @@ def net_arch(value: Any, algo: str) -> Any:
         widths = value
     else:
         keys = f", a dict with keys {sorted(_ARCH_KEYS[algo])}" if algo in _ARCH_KEYS else ""
-        raise EstimateError(f"param 'net_arch' of {algo} must be a list of layer widths{keys} or one of "
-                            f"{sorted(NET_ARCH)}, but got {value!r}.")
+        raise EstimateError(
+            f"param 'net_arch' of {algo} must be a list of layer widths{keys} or one of "
+            f"{sorted(NET_ARCH)}, but got {value!r}."
+        )
     for width in widths:
         check_count(width, "param 'net_arch' layer width", "dimension")
     return value
@@ -83,8 +109,9 @@ def activation_name(value: Any) -> str:
         name = zoo.get(value, str(value).rpartition(".")[2]) if isinstance(value, str) else ""
     cls = getattr(nn, name, None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise EstimateError(f"policy_kwargs 'activation_fn' must be a torch.nn activation (nn.ReLU, 'tanh', ...), "
-                            f"but got {value!r}.")
+        raise EstimateError(
+            f"policy_kwargs 'activation_fn' must be a torch.nn activation (nn.ReLU, 'tanh', ...), but got {value!r}."
+        )
     return name
 
 
@@ -100,8 +127,9 @@ def optimizer_of(algo: str, kwargs: Mapping[str, Any], use_rms_prop: bool) -> An
         return name[:7] if name.startswith("rmsprop") else name
     if name == "sgd":
         return ("sgd", {"momentum": float(extra.get("momentum", 0.0))})
-    raise EstimateError(f"policy_kwargs 'optimizer_class' must be Adam, AdamW, RMSprop, RMSpropTFLike or SGD, "
-                        f"but got {cls!r}.")
+    raise EstimateError(
+        f"policy_kwargs 'optimizer_class' must be Adam, AdamW, RMSprop, RMSpropTFLike or SGD, but got {cls!r}."
+    )
 
 
 def policy_class(algo: str, cnn: bool) -> type:
@@ -121,8 +149,7 @@ def check_forwarded(algo: str, cnn: bool, kwargs: Mapping[str, Any]) -> None:
     taken = set(inspect.signature(policy_class(algo, cnn).__init__).parameters)
     wrong = sorted(k for k in kwargs if k not in taken)
     if wrong:
-        raise EstimateError(f"policy_kwargs {wrong} are not parameters of {algo}'s "
-                            f"{policy_class(algo, cnn).__name__}.")
+        raise EstimateError(f"policy_kwargs {wrong} are not parameters of {algo}'s {policy_class(algo, cnn).__name__}.")
 
 
 @functools.lru_cache(maxsize=64)
@@ -158,13 +185,17 @@ def _policy_on_meta(algo: str, cnn: bool, obs_key: str, act_key: str, kwargs_key
 def networks(algo: str, cnn: bool, obs: dict, act: dict, kwargs: Mapping[str, Any]) -> dict:
     """The policy of ``algo`` on meta with the forwarded ``kwargs`` (JSON-able: activation by name), and its
     cache key."""
-    key = (algo, cnn, json.dumps(obs, sort_keys=True), json.dumps(act, sort_keys=True),
-           json.dumps(dict(kwargs), sort_keys=True))
+    key = (
+        algo,
+        cnn,
+        json.dumps(obs, sort_keys=True),
+        json.dumps(act, sort_keys=True),
+        json.dumps(dict(kwargs), sort_keys=True),
+    )
     try:
         policy = _policy_on_meta(*key)
     except (TypeError, ValueError, KeyError, AssertionError) as exc:
-        raise EstimateError(f"SB3 could not build a {algo} policy with policy_kwargs={dict(kwargs)!r}: {exc}") \
-            from exc
+        raise EstimateError(f"SB3 could not build a {algo} policy with policy_kwargs={dict(kwargs)!r}: {exc}") from exc
     return {"policy": policy, "key": key}
 
 
@@ -218,6 +249,13 @@ def train_step(algo: str, nets: dict, obs_shape, obs_dtype, act_shape, batch, de
         frozen = {"critic": 1, "actor": 1 if algo in ("td3", "ddpg") else 0}
         shapes = {"actor": [obs_shape], "critic": [obs_shape, (act_dim,)]}
     return torch_training(
-        models, shapes, batch_size=batch, input_dtype=obs_dtype, optimizer=optimizer, frozen=frozen,
-        device=device, cache_key=("sb3", str(optimizer)) + key, name=algo,
+        models,
+        shapes,
+        batch_size=batch,
+        input_dtype=obs_dtype,
+        optimizer=optimizer,
+        frozen=frozen,
+        device=device,
+        cache_key=("sb3", str(optimizer)) + key,
+        name=algo,
     )

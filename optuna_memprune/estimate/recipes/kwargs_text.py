@@ -33,8 +33,9 @@ def read_value(text: str, what: str) -> Any:
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
-        raise EstimateError(f"{what} must be Python text such as \"dict(net_arch=[64, 64])\", but got {text!r} "
-                            f"({exc.msg}).") from None
+        raise EstimateError(
+            f'{what} must be Python text such as "dict(net_arch=[64, 64])", but got {text!r} ({exc.msg}).'
+        ) from None
     return _value(tree.body, what, text)
 
 
@@ -50,16 +51,21 @@ def read_kwargs(value: Any, what: str) -> dict[str, Any]:
     if isinstance(value, str):
         value = read_value(value, what)
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise EstimateError(f"{what} must be a dict of keyword arguments (or its text, \"dict(...)\"), "
-                            f"but got {value!r}.")
+        raise EstimateError(
+            f'{what} must be a dict of keyword arguments (or its text, "dict(...)"), but got {value!r}.'
+        )
     return dict(value)
 
 
 def _value(node: ast.AST, what: str, text: str) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) \
-            and isinstance(node.operand, ast.Constant) and isinstance(node.operand.value, (int, float)):
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, (ast.USub, ast.UAdd))
+        and isinstance(node.operand, ast.Constant)
+        and isinstance(node.operand.value, (int, float))
+    ):
         return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
     if isinstance(node, (ast.List, ast.Tuple)):
         items = [_value(e, what, text) for e in node.elts]
@@ -68,11 +74,18 @@ def _value(node: ast.AST, what: str, text: str) -> Any:
         return {_value(k, what, text): _value(v, what, text) for k, v in zip(node.keys, node.values, strict=True)}
     if isinstance(node, (ast.Name, ast.Attribute)):
         return _dotted(node, what, text)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" \
-            and not node.args and all(k.arg is not None for k in node.keywords):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "dict"
+        and not node.args
+        and all(k.arg is not None for k in node.keywords)
+    ):
         return {k.arg: _value(k.value, what, text) for k in node.keywords}
-    raise EstimateError(f"{what} must be a literal or dict(...) text, with names such as nn.ReLU, but got "
-                        f"{text!r}: {ast.unparse(node)!r} would need running code.")
+    raise EstimateError(
+        f"{what} must be a literal or dict(...) text, with names such as nn.ReLU, but got "
+        f"{text!r}: {ast.unparse(node)!r} would need running code."
+    )
 
 
 def _dotted(node: ast.AST, what: str, text: str) -> str:

@@ -38,14 +38,35 @@ STACKS = {
 HELP = "an rl-zoo3 trial: the zoo's yml hyperparameters for --algo/--env merged with the trial's sampled params"
 #: The algos rl-zoo3 tunes that the SB3 recipe models.
 ALGOS = ("dqn", "qrdqn", "ppo", "a2c", "trpo", "sac", "td3", "ddpg", "tqc")
-_ON_POLICY_ARCH = {"tiny": {"pi": [64], "vf": [64]}, "small": {"pi": [64, 64], "vf": [64, 64]},
-                   "medium": {"pi": [256, 256], "vf": [256, 256]}}
+_ON_POLICY_ARCH = {
+    "tiny": {"pi": [64], "vf": [64]},
+    "small": {"pi": [64, 64], "vf": [64, 64]},
+    "medium": {"pi": [256, 256], "vf": [256, 256]},
+}
 #: rl-zoo3's sampled names (``hyperparams_opt.py``) that are not SB3's; their mapping is in ``zoo_to_sb3``.
-SAMPLED = ("batch_size_pow", "n_steps_pow", "one_minus_gamma", "one_minus_gae_lambda", "subsample_steps",
-           "noise_type", "noise_std", "n_sampled_goal", "goal_selection_strategy")
+SAMPLED = (
+    "batch_size_pow",
+    "n_steps_pow",
+    "one_minus_gamma",
+    "one_minus_gae_lambda",
+    "subsample_steps",
+    "noise_type",
+    "noise_std",
+    "n_sampled_goal",
+    "goal_selection_strategy",
+)
 #: yml keys the zoo's manager takes for itself (``_preprocess_hyperparams``), never passed to SB3.
-MANAGER = ("n_envs", "n_timesteps", "frame_stack", "env_wrapper", "normalize", "vec_env_wrapper", "callback",
-           "monitor_kwargs", "env_kwargs")
+MANAGER = (
+    "n_envs",
+    "n_timesteps",
+    "frame_stack",
+    "env_wrapper",
+    "normalize",
+    "vec_env_wrapper",
+    "callback",
+    "monitor_kwargs",
+    "env_kwargs",
+)
 _SAME_OBS_WRAPPERS = ("rl_zoo3.wrappers.FrameSkip",)  # wrappers that leave the observation as it is
 _ATARI_WRAPPER = "stable_baselines3.common.atari_wrappers.AtariWrapper"
 _ATARI_SAME_OBS = {"noop_max", "frame_skip", "terminal_on_life_loss", "clip_reward", "action_repeat_probability"}
@@ -86,8 +107,9 @@ def fixed_hyperparams(algo: str, env_id: str, path: str | Path | None = None) ->
     elif "default" in data:
         section = data["default"]
     else:
-        raise EstimateError(f"no hyperparameters for {algo} on {env_id!r} in {file} (no env, atari or default "
-                            f"section).")
+        raise EstimateError(
+            f"no hyperparameters for {algo} on {env_id!r} in {file} (no env, atari or default section)."
+        )
     return dict(section)
 
 
@@ -110,7 +132,7 @@ def zoo_to_sb3(algo: str, sampled: Mapping[str, Any]) -> dict[str, Any]:
             power = check_count(out.pop(f"{name}_pow"), f"param '{name}_pow'", "dimension")
             if power > 40:
                 raise EstimateError(f"param '{name}_pow' must be at most 40 (2**40 {name}), but got {power}.")
-            out[name] = 2 ** power
+            out[name] = 2**power
     for name in ("gamma", "gae_lambda"):
         if f"one_minus_{name}" in out:
             out[name] = 1 - out.pop(f"one_minus_{name}")
@@ -121,8 +143,10 @@ def zoo_to_sb3(algo: str, sampled: Mapping[str, Any]) -> dict[str, Any]:
     if "net_arch" in policy and isinstance(policy["net_arch"], str) and algo in ("ppo", "a2c", "trpo"):
         arch = policy["net_arch"]
         if arch not in _ON_POLICY_ARCH:
-            raise EstimateError(f"param 'net_arch' of {algo} must be one of {sorted(_ON_POLICY_ARCH)} or a list/dict "
-                                f"of widths, but got {arch!r}.")
+            raise EstimateError(
+                f"param 'net_arch' of {algo} must be one of {sorted(_ON_POLICY_ARCH)} or a list/dict "
+                f"of widths, but got {arch!r}."
+            )
         policy["net_arch"] = {k: list(v) for k, v in _ON_POLICY_ARCH[arch].items()}
     if policy:
         given = read_kwargs(out.get("policy_kwargs"), "param 'policy_kwargs'")
@@ -190,14 +214,26 @@ def rlzoo3(
     cal = calibration or load()
     atari = sb3_recipe.is_atari(env_id)
     stack = STACKS["rlzoo3-atari" if atari else "rlzoo3"]
-    fp = sb3_recipe.sb3(algo, env_id, kwargs, n_envs=n_envs, frame_stack=frame_stack, vec_env=vec_env,
-                        device=device, stack=stack, calibration=cal)
+    fp = sb3_recipe.sb3(
+        algo,
+        env_id,
+        kwargs,
+        n_envs=n_envs,
+        frame_stack=frame_stack,
+        vec_env=vec_env,
+        device=device,
+        stack=stack,
+        calibration=cal,
+    )
     if n_eval_envs:
         profile = sb3_recipe.env_profile(env_id, frame_stack, cal)
         evals = env_instances(profile, n_eval_envs) if vec_env == "dummy" else env_workers(profile, n_eval_envs)
         # subproc: the training envs already started multiprocessing's helpers; the eval env adds workers only
-        fp = fp + Footprint(tuple(replace(c, name=f"eval env: {c.name}") for c in evals.components
-                                  if c.name != "multiprocessing helpers"))
+        fp = fp + Footprint(
+            tuple(
+                replace(c, name=f"eval env: {c.name}") for c in evals.components if c.name != "multiprocessing helpers"
+            )
+        )
     return fp
 
 
@@ -236,8 +272,14 @@ def largest_fitting(
     return _bisect(ram, present, limit)
 
 
-def budget_advice(algo: str, env_id: str, budget: int | str, name: str = "buffer_size",
-                  params: Mapping[str, Any] | None = None, **options: Any) -> str | None:
+def budget_advice(
+    algo: str,
+    env_id: str,
+    budget: int | str,
+    name: str = "buffer_size",
+    params: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> str | None:
     """None if the trial fits ``budget``, else one line: ``"buffer_size 100000 needs 5.72 GiB at 4.00 GiB;
     67000 fits"`` (the whole trial's RAM; the fitting value rounded down to two significant digits), or
     ``"...; no buffer_size fits"``. ``options`` are ``rlzoo3``'s keyword arguments."""
@@ -245,8 +287,9 @@ def budget_advice(algo: str, env_id: str, budget: int | str, name: str = "buffer
     return None if advice is None else advice[0]
 
 
-def _advice(algo: str, env_id: str, budget: int | str, name: str, params: Mapping[str, Any] | None,
-            **options: Any) -> tuple[str, int | None] | None:
+def _advice(
+    algo: str, env_id: str, budget: int | str, name: str, params: Mapping[str, Any] | None, **options: Any
+) -> tuple[str, int | None] | None:
     """``budget_advice``'s line and the value it names as fitting (None: none fits); None if the trial fits."""
     limit = units.parse_bytes(budget, name="budget")
     hyperparams = options.pop("hyperparams", None)
@@ -266,8 +309,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``memprune predict rlzoo3`` (the trial's sampled params come as ``name=value`` words)."""
     parser.add_argument("--algo", required=True, choices=ALGOS)
     parser.add_argument("--env", required=True, help="the env id given to rl_zoo3.train, e.g. PongNoFrameskip-v4")
-    parser.add_argument("-params", "--hyperparams", dest="hyperparams", nargs="+", default=[], metavar="KEY:VALUE",
-                        help="overrides of the zoo's fixed hyperparameters, as rl_zoo3.train takes them")
+    parser.add_argument(
+        "-params",
+        "--hyperparams",
+        dest="hyperparams",
+        nargs="+",
+        default=[],
+        metavar="KEY:VALUE",
+        help="overrides of the zoo's fixed hyperparameters, as rl_zoo3.train takes them",
+    )
     parser.add_argument("-n", "--n-timesteps", dest="n_timesteps", type=int, default=None)
     parser.add_argument("--n-eval-envs", type=int, default=1)
     parser.add_argument("--vec-env", choices=["dummy", "subproc"], default="dummy")
@@ -278,8 +328,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace, params: dict[str, Any]) -> tuple[str, Footprint]:
     """``memprune predict rlzoo3``: a title line and the footprint of the parsed options and params."""
     hyperparams = _hyperparams(args.hyperparams)
-    fp = rlzoo3(args.algo, args.env, params, hyperparams=hyperparams, n_timesteps=args.n_timesteps,
-                n_eval_envs=args.n_eval_envs, vec_env=args.vec_env, device=args.device, conf_file=args.conf_file)
+    fp = rlzoo3(
+        args.algo,
+        args.env,
+        params,
+        hyperparams=hyperparams,
+        n_timesteps=args.n_timesteps,
+        n_eval_envs=args.n_eval_envs,
+        vec_env=args.vec_env,
+        device=args.device,
+        conf_file=args.conf_file,
+    )
     words = [f"{k}:{v}" for k, v in hyperparams.items()] + [f"{k}={v}" for k, v in params.items()]
     return f"rl-zoo3 {args.algo} on {args.env} " + " ".join(words), fp
 
@@ -291,8 +350,10 @@ def for_command(argv: list[str]) -> tuple[str, Callable[[Mapping[str, Any]], Foo
     ``--conf-file``, ``--num-threads``; the rest is the search's own business); ``--device auto`` is CUDA
     where torch sees a GPU."""
     algo, env_id, options = _train_options(argv)
-    return (f"the rlzoo3 recipe ({algo} on {env_id}, the zoo's yml merged with each trial's params)",
-            partial(_trial, algo, env_id, options))
+    return (
+        f"the rlzoo3 recipe ({algo} on {env_id}, the zoo's yml merged with each trial's params)",
+        partial(_trial, algo, env_id, options),
+    )
 
 
 def fixed_message(argv: list[str], budget: Any, soft: float = 0.9) -> str | None:
@@ -311,8 +372,10 @@ def fixed_message(argv: list[str], budget: Any, soft: float = 0.9) -> str | None
         return None
     text, fits = advice
     fix = "" if fits is None else f": pass -params {name}:{fits}"
-    return (f"every trial of this search is infeasible: {text} (the soft line, {soft:.0%} of the "
-            f"{units.format_bytes(ram)} budget){fix}")
+    return (
+        f"every trial of this search is infeasible: {text} (the soft line, {soft:.0%} of the "
+        f"{units.format_bytes(ram)} budget){fix}"
+    )
 
 
 def clamp_fixed(argv: list[str], budget: Any, names: list[str], soft: float = 0.9) -> dict[str, tuple[Any, int]]:
@@ -326,23 +389,34 @@ def clamp_fixed(argv: list[str], budget: Any, names: list[str], soft: float = 0.
     hyperparams = dict(options.pop("hyperparams"))
     merged = {**fixed_hyperparams(algo, env_id, options["conf_file"]), **hyperparams}
     out: dict[str, tuple[Any, int]] = {}
+
     def count(key: str) -> bool:
         value = merged.get(key)
-        return key not in MANAGER and key != "torch_threads" and isinstance(value, (int, float)) \
-            and not isinstance(value, bool) and float(value).is_integer() and value >= 1
+        return (
+            key not in MANAGER
+            and key != "torch_threads"
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and float(value).is_integer()
+            and value >= 1
+        )
 
     for name in names:
         if not count(name):
-            raise EstimateError(f"--clamp-fixed {name!r}: not a fixed count of {algo} on {env_id}; the zoo's "
-                                f"fixed counts are {sorted(k for k in merged if count(k))}.")
+            raise EstimateError(
+                f"--clamp-fixed {name!r}: not a fixed count of {algo} on {env_id}; the zoo's "
+                f"fixed counts are {sorted(k for k in merged if count(k))}."
+            )
         if ram is None:
             continue
         advice = _advice(algo, env_id, int(soft * ram), name, None, hyperparams=hyperparams, **options)
         if advice is None:
             continue
         if advice[1] is None:
-            raise EstimateError(f"--clamp-fixed {name}: no value of it brings a trial under the soft line ({soft:.0%} "
-                                f"of {units.format_bytes(ram)}): {advice[0]}.")
+            raise EstimateError(
+                f"--clamp-fixed {name}: no value of it brings a trial under the soft line ({soft:.0%} "
+                f"of {units.format_bytes(ram)}): {advice[0]}."
+            )
         out[name] = (int(merged[name]), advice[1])
         hyperparams[name] = advice[1]
     return out
@@ -389,10 +463,14 @@ def _train_options(argv: list[str]) -> tuple[str, str, dict[str, Any]]:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     threads = {"torch_threads": args.num_threads} if args.num_threads > 0 else {}  # train.py sets it
-    options = {"hyperparams": {**threads, **_hyperparams(args.hyperparams)},
-               "n_timesteps": args.n_timesteps if args.n_timesteps > 0 else None, "n_eval_envs": args.n_eval_envs,
-               "vec_env": args.vec_env, "device": "cuda" if device.startswith("cuda") else "cpu",
-               "conf_file": args.conf_file}
+    options = {
+        "hyperparams": {**threads, **_hyperparams(args.hyperparams)},
+        "n_timesteps": args.n_timesteps if args.n_timesteps > 0 else None,
+        "n_eval_envs": args.n_eval_envs,
+        "vec_env": args.vec_env,
+        "device": "cuda" if device.startswith("cuda") else "cpu",
+        "conf_file": args.conf_file,
+    }
     return _check_algo(args.algo), args.env, options
 
 
@@ -428,7 +506,7 @@ def _check_wrappers(env_id: str, wrappers: Any) -> None:
     names = {}
     for item in items:
         if isinstance(item, dict) and len(item) == 1:
-            (name, kwargs), = item.items()
+            ((name, kwargs),) = item.items()
             names[name] = kwargs or {}
         elif isinstance(item, str):
             names[item] = {}
@@ -436,8 +514,10 @@ def _check_wrappers(env_id: str, wrappers: Any) -> None:
             raise EstimateError(f"env_wrapper must be a wrapper name or {{name: kwargs}}, but got {item!r}.")
     atari = sb3_recipe.is_atari(env_id)
     if atari != (_ATARI_WRAPPER in names):
-        raise EstimateError(f"{env_id}: the env profile applies SB3's AtariWrapper to Atari envs only, but the "
-                            f"zoo's env_wrapper is {list(names) or None}.")
+        raise EstimateError(
+            f"{env_id}: the env profile applies SB3's AtariWrapper to Atari envs only, but the "
+            f"zoo's env_wrapper is {list(names) or None}."
+        )
     extra = set(names.get(_ATARI_WRAPPER, {})) - _ATARI_SAME_OBS
     if extra:
         raise EstimateError(f"AtariWrapper {sorted(extra)} change the observation; not modelled.")

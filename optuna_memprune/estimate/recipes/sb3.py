@@ -61,19 +61,66 @@ _CONTINUOUS = ("sac", "td3", "ddpg", "tqc")
 _FLAT_POLICY = ("net_arch", "n_quantiles", "n_critics", "activation_fn", "ortho_init", "log_std_init")
 #: SB3 params the recipe accepts by name: they change no array or tensor size.
 _ACCEPTED = {
-    "learning_starts", "gradient_steps", "train_freq", "n_epochs", "learning_rate", "gamma", "tau",
-    "target_update_interval", "exploration_fraction", "exploration_initial_eps", "exploration_final_eps",
-    "ent_coef", "vf_coef", "max_grad_norm", "gae_lambda", "clip_range", "clip_range_vf", "policy_delay",
-    "target_policy_noise", "target_noise_clip", "sde_sample_freq", "use_sde_at_warmup", "normalize_advantage",
-    "handle_timeout_termination", "target_entropy", "top_quantiles_to_drop_per_net", "cg_max_steps",
-    "cg_damping", "line_search_shrinking_factor", "line_search_max_iter", "n_critic_updates", "target_kl",
-    "rms_prop_eps", "action_noise", "stats_window_size", "seed", "verbose", "tensorboard_log",
+    "learning_starts",
+    "gradient_steps",
+    "train_freq",
+    "n_epochs",
+    "learning_rate",
+    "gamma",
+    "tau",
+    "target_update_interval",
+    "exploration_fraction",
+    "exploration_initial_eps",
+    "exploration_final_eps",
+    "ent_coef",
+    "vf_coef",
+    "max_grad_norm",
+    "gae_lambda",
+    "clip_range",
+    "clip_range_vf",
+    "policy_delay",
+    "target_policy_noise",
+    "target_noise_clip",
+    "sde_sample_freq",
+    "use_sde_at_warmup",
+    "normalize_advantage",
+    "handle_timeout_termination",
+    "target_entropy",
+    "top_quantiles_to_drop_per_net",
+    "cg_max_steps",
+    "cg_damping",
+    "line_search_shrinking_factor",
+    "line_search_max_iter",
+    "n_critic_updates",
+    "target_kl",
+    "rms_prop_eps",
+    "action_noise",
+    "stats_window_size",
+    "seed",
+    "verbose",
+    "tensorboard_log",
 }
-_KNOWN_PARAMS = _ACCEPTED | set(_FLAT_POLICY) | {
-    "buffer_size", "batch_size", "n_steps", "optimize_memory_usage", "torch_threads", "use_sde", "use_rms_prop",
-    "total_timesteps", "n_timesteps", "policy", "features_dim", "policy_kwargs", "sub_sampling_factor",
-    "replay_buffer_class", "replay_buffer_kwargs",
-}
+_KNOWN_PARAMS = (
+    _ACCEPTED
+    | set(_FLAT_POLICY)
+    | {
+        "buffer_size",
+        "batch_size",
+        "n_steps",
+        "optimize_memory_usage",
+        "torch_threads",
+        "use_sde",
+        "use_rms_prop",
+        "total_timesteps",
+        "n_timesteps",
+        "policy",
+        "features_dim",
+        "policy_kwargs",
+        "sub_sampling_factor",
+        "replay_buffer_class",
+        "replay_buffer_kwargs",
+    }
+)
 #: The policy_kwargs keys the recipe takes (forwarded to SB3's policy class, or the optimizer read).
 POLICY_KWARGS = nets.FORWARDED + nets.OPTIMIZER
 _POLICIES = ("MlpPolicy", "CnnPolicy")
@@ -98,14 +145,17 @@ def check_env(env_id: object) -> str:
     try:
         import gymnasium as gym
     except ImportError:
-        raise EstimateError("the sb3 recipe needs gymnasium and stable-baselines3, which are not installed: "
-                            'pip install "optuna-memprune[rl]"') from None
+        raise EstimateError(
+            "the sb3 recipe needs gymnasium and stable-baselines3, which are not installed: "
+            'pip install "optuna-memprune[rl]"'
+        ) from None
     if is_atari(env_id):
         try:
             import ale_py
         except ImportError:
-            raise EstimateError(f"env id {env_id!r} is an Atari env, which needs ale-py: "
-                                'pip install "optuna-memprune[rl]"') from None
+            raise EstimateError(
+                f'env id {env_id!r} is an Atari env, which needs ale-py: pip install "optuna-memprune[rl]"'
+            ) from None
         gym.register_envs(ale_py)
     from gymnasium.envs.registration import find_highest_version, parse_env_id
 
@@ -114,8 +164,9 @@ def check_env(env_id: object) -> str:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise EstimateError(f"unknown env id {env_id!r}: its module {module!r} cannot be imported "
-                                f"({exc}).") from None
+            raise EstimateError(
+                f"unknown env id {env_id!r}: its module {module!r} cannot be imported ({exc})."
+            ) from None
     if name in gym.registry:
         return env_id
     try:  # an id without a version means its latest version, as gymnasium.make reads it
@@ -125,8 +176,11 @@ def check_env(env_id: object) -> str:
     except gym.error.Error:  # not even shaped like an id
         pass
     close = difflib.get_close_matches(name, list(gym.registry), n=3)
-    raise EstimateError(f"unknown env id {env_id!r}: not in Gymnasium's registry"
-                        + (f" (close matches: {', '.join(map(repr, close))})" if close else "") + ".")
+    raise EstimateError(
+        f"unknown env id {env_id!r}: not in Gymnasium's registry"
+        + (f" (close matches: {', '.join(map(repr, close))})" if close else "")
+        + "."
+    )
 
 
 def env_profile(env_id: str, frame_stack: int | None, calibration: Calibration | None = None) -> EnvProfile:
@@ -136,8 +190,9 @@ def env_profile(env_id: str, frame_stack: int | None, calibration: Calibration |
         check_count(frame_stack, "frame_stack", "dimension")
     atari = is_atari(env_id)
     stack = STACKS["sb3-atari" if atari else "sb3"]
-    return (calibration or load()).env(env_id, atari=atari, frame_stack=frame_stack, imports=stack.imports,
-                                       versioned=stack.versioned)
+    return (calibration or load()).env(
+        env_id, atari=atari, frame_stack=frame_stack, imports=stack.imports, versioned=stack.versioned
+    )
 
 
 def calibrate_env(env_id: str, calibration: Calibration | None = None) -> EnvProfile:
@@ -146,9 +201,18 @@ def calibrate_env(env_id: str, calibration: Calibration | None = None) -> EnvPro
 
 
 #: The memory params (those that size an array or a tensor) and the kind of value each is (``checks.CEILINGS``).
-_COUNTS = {"buffer_size": "items", "n_steps": "items", "total_timesteps": "items", "n_timesteps": "items",
-           "batch_size": "dimension", "n_quantiles": "dimension", "n_critics": "dimension",
-           "features_dim": "dimension", "sub_sampling_factor": "dimension", "torch_threads": "processes"}
+_COUNTS = {
+    "buffer_size": "items",
+    "n_steps": "items",
+    "total_timesteps": "items",
+    "n_timesteps": "items",
+    "batch_size": "dimension",
+    "n_quantiles": "dimension",
+    "n_critics": "dimension",
+    "features_dim": "dimension",
+    "sub_sampling_factor": "dimension",
+    "torch_threads": "processes",
+}
 #: The memory params that are switches: ``bool()`` of any other value (the text "maybe") would be a guess.
 _FLAGS = ("optimize_memory_usage", "use_sde", "use_rms_prop")
 _SDE = ("ppo", "a2c", "trpo", "sac", "tqc")  # SB3 passes the algo's use_sde to these policies
@@ -167,16 +231,21 @@ def _check_params(algo: str, params: Mapping[str, Any]) -> tuple[dict[str, Any],
         if value is not None and type(value).__name__ not in ("bool", "bool_"):  # numpy's too
             raise EstimateError(f"param {name!r} must be True or False, but got {value!r}.")
     if out.get("policy") is not None and out["policy"] not in _POLICIES:
-        raise EstimateError(f"param 'policy' must be one of {list(_POLICIES)} (MultiInputPolicy and custom "
-                            f"policies are not modelled), but got {out['policy']!r}.")
+        raise EstimateError(
+            f"param 'policy' must be one of {list(_POLICIES)} (MultiInputPolicy and custom "
+            f"policies are not modelled), but got {out['policy']!r}."
+        )
     rb_class = out.get("replay_buffer_class")
     if rb_class is not None and str(getattr(rb_class, "__name__", rb_class)).rpartition(".")[2] != "ReplayBuffer":
-        raise EstimateError(f"param 'replay_buffer_class' must be SB3's ReplayBuffer (others, HerReplayBuffer "
-                            f"included, are not modelled), but got {rb_class!r}.")
+        raise EstimateError(
+            f"param 'replay_buffer_class' must be SB3's ReplayBuffer (others, HerReplayBuffer "
+            f"included, are not modelled), but got {rb_class!r}."
+        )
     rb_kwargs = read_kwargs(out.get("replay_buffer_kwargs"), "param 'replay_buffer_kwargs'")
     if set(rb_kwargs) - {"handle_timeout_termination"}:
-        raise EstimateError(f"param 'replay_buffer_kwargs' may only hold handle_timeout_termination, but got "
-                            f"{sorted(rb_kwargs)}.")
+        raise EstimateError(
+            f"param 'replay_buffer_kwargs' may only hold handle_timeout_termination, but got {sorted(rb_kwargs)}."
+        )
     pk = read_kwargs(out.pop("policy_kwargs", None), "param 'policy_kwargs'")
     unknown = sorted(set(pk) - set(POLICY_KWARGS))
     if unknown:
@@ -184,8 +253,9 @@ def _check_params(algo: str, params: Mapping[str, Any]) -> tuple[dict[str, Any],
     for name in _FLAT_POLICY:
         if out.get(name) is not None:
             if name in pk and pk[name] != out[name]:
-                raise EstimateError(f"param {name!r} is given twice, {out[name]!r} and policy_kwargs "
-                                    f"{name}={pk[name]!r}.")
+                raise EstimateError(
+                    f"param {name!r} is given twice, {out[name]!r} and policy_kwargs {name}={pk[name]!r}."
+                )
             pk[name] = out.pop(name)
     fe = read_kwargs(pk.get("features_extractor_kwargs"), "policy_kwargs 'features_extractor_kwargs'")
     if out.get("features_dim") is not None:
@@ -276,8 +346,10 @@ def sb3(
     profile = env_profile(env_id, frame_stack, cal)
     obs, act = profile.observation_space, profile.action_space
     if obs["type"] != "Box" or act["type"] not in ("Discrete", "Box", "MultiDiscrete", "MultiBinary"):
-        raise EstimateError(f"{env_id}: observation space {obs['type']} / action space {act['type']} "
-                            "is not supported by the sb3 recipe yet.")
+        raise EstimateError(
+            f"{env_id}: observation space {obs['type']} / action space {act['type']} "
+            "is not supported by the sb3 recipe yet."
+        )
     if algo in ("dqn", "qrdqn") and act["type"] != "Discrete":
         raise EstimateError(f"{algo} needs a Discrete action space; {env_id} has {act['type']}.")
     if algo in _CONTINUOUS and act["type"] != "Box":
@@ -307,19 +379,43 @@ def sb3(
         omu = bool(params.get("optimize_memory_usage", defaults["optimize_memory_usage"]))
         total = params.get("total_timesteps", params.get("n_timesteps"))
         steps = None if total is None else min(int(total), buffer_size)
-        parts.append(replay_buffer(obs_shape, obs["dtype"], act_shape, act_dtype, buffer_size=buffer_size,
-                                   n_envs=n_envs, optimize_memory_usage=omu,
-                                   handle_timeout_termination=not omu, steps=steps, batch_size=batch,
-                                   device=device))
+        parts.append(
+            replay_buffer(
+                obs_shape,
+                obs["dtype"],
+                act_shape,
+                act_dtype,
+                buffer_size=buffer_size,
+                n_envs=n_envs,
+                optimize_memory_usage=omu,
+                handle_timeout_termination=not omu,
+                steps=steps,
+                batch_size=batch,
+                device=device,
+            )
+        )
     else:
         n_steps = _positive_int(params, "n_steps", defaults["n_steps"])
         rollout = n_steps * n_envs
-        batch = rollout if algo == "a2c" and "batch_size" not in params else \
-            _positive_int(params, "batch_size", defaults["batch_size"])
+        batch = (
+            rollout
+            if algo == "a2c" and "batch_size" not in params
+            else _positive_int(params, "batch_size", defaults["batch_size"])
+        )
         if algo == "trpo":  # the policy step takes the whole rollout (sub-sampled), the critic's minibatches less
             batch = max(batch, rollout // (params.get("sub_sampling_factor") or 1), 1)
-        parts.append(rollout_buffer(obs_shape, obs["dtype"], act_shape, act_dtype, n_steps=n_steps, n_envs=n_envs,
-                                    batch_size=None if algo in ("a2c", "trpo") else batch, device=device))
+        parts.append(
+            rollout_buffer(
+                obs_shape,
+                obs["dtype"],
+                act_shape,
+                act_dtype,
+                n_steps=n_steps,
+                n_envs=n_envs,
+                batch_size=None if algo in ("a2c", "trpo") else batch,
+                device=device,
+            )
+        )
     parts.append(nets.train_step(algo, built, obs_shape, obs["dtype"], act_shape, batch, device, optimizer))
     fp = sum(parts, Footprint())
     hint = "buffer_size, n_steps, batch_size, n_envs, frame_stack and net_arch"
@@ -340,6 +436,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace, params: dict[str, Any]) -> tuple[str, Footprint]:
     """``memprune predict sb3``: a title line and the footprint of the parsed options and params."""
-    fp = sb3(args.algo, args.env, params, n_envs=args.n_envs, frame_stack=args.frame_stack,
-             vec_env=args.vec_env, device=args.device)
+    fp = sb3(
+        args.algo,
+        args.env,
+        params,
+        n_envs=args.n_envs,
+        frame_stack=args.frame_stack,
+        vec_env=args.vec_env,
+        device=args.device,
+    )
     return f"sb3 {args.algo} on {args.env} " + " ".join(f"{k}={v}" for k, v in params.items()), fp

@@ -21,24 +21,30 @@ _N_CATS = len(Category)
 class Structure:
     """The shape of a trace, independent of the batch size: which storages, in which order, of what kind."""
 
-    cats: np.ndarray            # per record: its Category
-    rules: np.ndarray           # per record: kernel workspace rule (WORKSPACE_RULES) or -1 for a storage
-    host: np.ndarray            # per record: on another device than the traced one (CPU scalars of a meta trace)
-    owners: np.ndarray          # per record: index of the network a persistent storage belongs to, else -1
+    cats: np.ndarray  # per record: its Category
+    rules: np.ndarray  # per record: kernel workspace rule (WORKSPACE_RULES) or -1 for a storage
+    host: np.ndarray  # per record: on another device than the traced one (CPU scalars of a meta trace)
+    owners: np.ndarray  # per record: index of the network a persistent storage belongs to, else -1
     n_nets: int
-    events: np.ndarray          # r >= 0 alloc of record r, ~r free
-    registered: int             # records 0..registered-1 existed before the step (weights, state, grads)
-    prev_grad: tuple[tuple[int, int], ...]   # (param index, record) before the step
-    new_grad: tuple[tuple[int, int], ...]    # (param index, record) after the step
-    alloc_pos: np.ndarray       # per record: index of its alloc event
-    free_pos: np.ndarray        # per record: index of its free event, len(events) if it outlives the step
+    events: np.ndarray  # r >= 0 alloc of record r, ~r free
+    registered: int  # records 0..registered-1 existed before the step (weights, state, grads)
+    prev_grad: tuple[tuple[int, int], ...]  # (param index, record) before the step
+    new_grad: tuple[tuple[int, int], ...]  # (param index, record) after the step
+    alloc_pos: np.ndarray  # per record: index of its alloc event
+    free_pos: np.ndarray  # per record: index of its free event, len(events) if it outlives the step
 
     def same_as(self, other: Structure) -> bool:
         """Same storages in the same order (sizes aside): the condition for a linear fit over batch sizes."""
-        return (self.registered == other.registered and self.n_nets == other.n_nets
-                and self.prev_grad == other.prev_grad and self.new_grad == other.new_grad
-                and all(np.array_equal(getattr(self, a), getattr(other, a))
-                        for a in ("cats", "rules", "host", "owners", "events")))
+        return (
+            self.registered == other.registered
+            and self.n_nets == other.n_nets
+            and self.prev_grad == other.prev_grad
+            and self.new_grad == other.new_grad
+            and all(
+                np.array_equal(getattr(self, a), getattr(other, a))
+                for a in ("cats", "rules", "host", "owners", "events")
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -61,8 +67,8 @@ class Peak:
     """What ``analyse`` reads from a timeline; bytes, indexed by ``Category``."""
 
     peak: int
-    at_peak: tuple[int, ...]                # live bytes per category at the peak
-    final: tuple[tuple[int, ...], ...]      # per network, live bytes per category after the step (persistent)
+    at_peak: tuple[int, ...]  # live bytes per category at the peak
+    final: tuple[tuple[int, ...], ...]  # per network, live bytes per category after the step (persistent)
 
     def persistent(self, cat: int) -> int:
         """Bytes of category ``cat`` alive after the step, over all networks."""
@@ -95,8 +101,9 @@ def analyse(structure: Structure, sizes: np.ndarray, *, device_only: bool = Fals
     at_peak = np.bincount(structure.cats[live], weights=sizes[live], minlength=_N_CATS)
     alive = structure.free_pos >= len(ev)
     owner = np.where(structure.owners >= 0, structure.owners, structure.n_nets)[alive]
-    final = np.bincount(owner * _N_CATS + structure.cats[alive], weights=sizes[alive],
-                        minlength=(structure.n_nets + 1) * _N_CATS).reshape(structure.n_nets + 1, _N_CATS)
+    final = np.bincount(
+        owner * _N_CATS + structure.cats[alive], weights=sizes[alive], minlength=(structure.n_nets + 1) * _N_CATS
+    ).reshape(structure.n_nets + 1, _N_CATS)
     return Peak(peak, tuple(int(x) for x in at_peak), tuple(tuple(int(x) for x in row) for row in final))
 
 

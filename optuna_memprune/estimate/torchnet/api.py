@@ -153,9 +153,18 @@ def torch_training(
         True
     """
     spec = make_spec(
-        model, input_shape, training=True, batch_size=batch_size, input_dtype=input_dtype,
-        optimizer=optimizer, dtype=dtype, autocast=autocast, accumulation_steps=accumulation_steps,
-        frozen=frozen, device=device, scheduler=scheduler,
+        model,
+        input_shape,
+        training=True,
+        batch_size=batch_size,
+        input_dtype=input_dtype,
+        optimizer=optimizer,
+        dtype=dtype,
+        autocast=autocast,
+        accumulation_steps=accumulation_steps,
+        frozen=frozen,
+        device=device,
+        scheduler=scheduler,
     )
     return _footprint(model, spec, batch_size, cache_key=cache_key, name=name, calibration=calibration)
 
@@ -186,8 +195,17 @@ def torch_inference(
         'network weights'
     """
     spec = make_spec(
-        model, input_shape, training=False, batch_size=batch_size, input_dtype=input_dtype, optimizer=None,
-        dtype=dtype, autocast=autocast, accumulation_steps=1, frozen=0, device=device,
+        model,
+        input_shape,
+        training=False,
+        batch_size=batch_size,
+        input_dtype=input_dtype,
+        optimizer=None,
+        dtype=dtype,
+        autocast=autocast,
+        accumulation_steps=1,
+        frozen=0,
+        device=device,
     )
     return _footprint(model, spec, batch_size, cache_key=cache_key, name=name, calibration=calibration)
 
@@ -242,16 +260,18 @@ def scale_workspaces(structure: Structure, sizes: np.ndarray, calibration: Any =
     return np.where(ws, scaled, sizes)
 
 
-def _footprint(model: Any, spec: Spec, batch_size: int, *, cache_key: Any, name: str,
-               calibration: Any = None) -> Footprint:
+def _footprint(
+    model: Any, spec: Spec, batch_size: int, *, cache_key: Any, name: str, calibration: Any = None
+) -> Footprint:
     if not isinstance(name, str):
         raise EstimateError(f"name must be a str, but got {name!r}.")
     entry = cache.lookup(model, spec, cache_key)
     structure, sizes = entry.sizes_at(batch_size)
     if spec.cuda:
         rounded = -(-sizes // allocator.MIN_BLOCK_SIZE) * allocator.MIN_BLOCK_SIZE
-        result = analyse(structure, np.where(sizes > 0, np.maximum(rounded, allocator.MIN_BLOCK_SIZE), 0),
-                         device_only=True)
+        result = analyse(
+            structure, np.where(sizes > 0, np.maximum(rounded, allocator.MIN_BLOCK_SIZE), 0), device_only=True
+        )
     else:
         sizes = scale_workspaces(structure, sizes, calibration)
         result = analyse(structure, sizes)
@@ -267,20 +287,35 @@ def _footprint(model: Any, spec: Spec, batch_size: int, *, cache_key: Any, name:
     if not spec.cuda:
         retained = heap.retained(allocator_events(structure, sizes, heap.STEPS))
         if retained:
-            comps.append(Component(f"{name} allocator overhead", Kind.ALLOCATOR, ram=retained,
-                                   note="glibc heap retention (model; varies run to run)"))
+            comps.append(
+                Component(
+                    f"{name} allocator overhead",
+                    Kind.ALLOCATOR,
+                    ram=retained,
+                    note="glibc heap retention (model; varies run to run)",
+                )
+            )
     if spec.cuda:
         costs = _cuda_costs(calibration)
         workspace = costs.cublas_workspace
         peaks = allocator.replay([(-1, workspace)] + allocator_events(structure, sizes, _ALLOCATOR_STEPS))
         overhead = max(0, peaks.peak_reserved - result.peak - workspace)
         comps += [
-            Component(f"{name} allocator overhead", Kind.ALLOCATOR, vram=overhead,
-                      note="reserved - allocated (caching allocator model)"),
+            Component(
+                f"{name} allocator overhead",
+                Kind.ALLOCATOR,
+                vram=overhead,
+                note="reserved - allocated (caching allocator model)",
+            ),
             Component("cuBLAS workspace", Kind.CUDA_CONTEXT, vram=workspace, note="one handle, one stream"),
-            Component("CUDA context", Kind.CUDA_CONTEXT, vram=costs.context,
-                      note=f"measured on this host's {costs.gpu}" if costs.measured else
-                      "default: measured on the first host with a GPU that evaluates it"),
+            Component(
+                "CUDA context",
+                Kind.CUDA_CONTEXT,
+                vram=costs.context,
+                note=f"measured on this host's {costs.gpu}"
+                if costs.measured
+                else "default: measured on the first host with a GPU that evaluates it",
+            ),
         ]
     return Footprint(tuple(comps))
 

@@ -32,14 +32,15 @@ _EXACT_PER_ENTRY = 32
 class Entry:
     """What the cache keeps per architecture and spec: a linear fit over batch size, or exact traces."""
 
-    def __init__(self, structure: Structure | None, intercept: np.ndarray | None, slope: np.ndarray | None,
-                 session_args: tuple) -> None:
+    def __init__(
+        self, structure: Structure | None, intercept: np.ndarray | None, slope: np.ndarray | None, session_args: tuple
+    ) -> None:
         self.structure = structure
         self.intercept = intercept
         self.slope = slope
         self.linear = structure is not None
         self.exact: OrderedDict[int, Trace] = OrderedDict()
-        self.session_args = session_args     # (model, spec) to trace exact batch sizes; () when linear
+        self.session_args = session_args  # (model, spec) to trace exact batch sizes; () when linear
         self.lock = threading.Lock()
 
     def sizes_at(self, batch_size: int) -> tuple[Structure, np.ndarray]:
@@ -71,19 +72,24 @@ def _guarded_trace(run: Callable[[], Trace], spec: Spec) -> Trace:
         raise
     except Exception as e:  # the user's model failed on meta: say so, keep the cause, name the likely input
         if "item() cannot be called on meta tensors" in str(e):
-            raise EstimateError("tracing the network's step on the meta device failed: the network reads a number "
-                                "back from a tensor (Tensor.item(), int(t) or float(t)), which a trace without "
-                                "data cannot know; give this footprint by hand, or leave it to the learned "
-                                "footprint (learn=estimate.learned()).") from e
+            raise EstimateError(
+                "tracing the network's step on the meta device failed: the network reads a number "
+                "back from a tensor (Tensor.item(), int(t) or float(t)), which a trace without "
+                "data cannot know; give this footprint by hand, or leave it to the learned "
+                "footprint (learn=estimate.learned())."
+            ) from e
         per_net = [shapes[0] if len(shapes) == 1 else list(shapes) for shapes in spec.input_shapes]
         shown = per_net[0] if len(per_net) == 1 else dict(zip(spec.nets, per_net, strict=False))
-        raise EstimateError(f"tracing the network's step on the meta device failed: {type(e).__name__}: "
-                            f"{str(e).rstrip('.')}; check input_shape={shown!r} against the network's first "
-                            "layer.") from e
+        raise EstimateError(
+            f"tracing the network's step on the meta device failed: {type(e).__name__}: "
+            f"{str(e).rstrip('.')}; check input_shape={shown!r} against the network's first "
+            "layer."
+        ) from e
 
 
 def _fit(model: Any, spec: Spec) -> Entry:
     """Trace at two small batch sizes, fit bytes = intercept + slope * batch per storage, check at a third."""
+
     def run() -> tuple[Trace, ...]:
         session = Session(model, spec)
         return tuple(session.trace(b) for b in (*_FIT_BATCHES, _CHECK_BATCH))
@@ -124,7 +130,7 @@ def lookup(model: Any, spec: Spec, cache_key: Any) -> Entry:
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-    fitted = _fit(model, spec)      # outside the lock: other threads' evaluations go on meanwhile
+    fitted = _fit(model, spec)  # outside the lock: other threads' evaluations go on meanwhile
     with _CACHE_LOCK:
         hit = _CACHE.setdefault(key, fitted)
         while len(_CACHE) > _CACHE_SIZE:

@@ -31,7 +31,7 @@ __all__ = ["CPU_LIMIT_BYTES", "call_factory"]
 # meta as soon as they are registered, so this bounds what it computes with, not the model).
 CPU_LIMIT_BYTES = 256 * 2**20
 _PATCH_LOCK = threading.Lock()
-_HERE = threading.local()       # .active: this thread is inside the patched build
+_HERE = threading.local()  # .active: this thread is inside the patched build
 
 
 class _CountCPU(TorchFunctionMode):
@@ -62,7 +62,8 @@ class _CountCPU(TorchFunctionMode):
                 if self.live > self.limit:
                     raise EstimateError(
                         f"the model's constructor holds more than {self.limit} bytes of CPU tensors at once "
-                        "while building on CPU (its parameters and buffers go to meta as they are registered)")
+                        "while building on CPU (its parameters and buffers go to meta as they are registered)"
+                    )
         return out
 
 
@@ -86,7 +87,7 @@ def _build_on_cpu_with_meta_weights(factory: Callable[[], Any]) -> Any:
         register_buffer(self, name, _to_meta(t) if getattr(_HERE, "active", False) else t, persistent)
 
     with _PATCH_LOCK:
-        nn.Module.register_parameter, nn.Module.register_buffer = param, buffer   # type: ignore[method-assign]
+        nn.Module.register_parameter, nn.Module.register_buffer = param, buffer  # type: ignore[method-assign]
         _HERE.active = True
         try:
             with torch.device("cpu"), _CountCPU(CPU_LIMIT_BYTES):
@@ -116,4 +117,5 @@ def call_factory(factory: Callable[[], Any], label: str) -> Any:
                 f"{label} could not be built without memory: on the meta device it failed ({why}), and on CPU "
                 f"with its parameters moved to meta as registered it failed too ({again}). Pass an nn.Module "
                 "instance built as usual instead (its architecture is copied to meta, its memory is never "
-                "touched), or a factory that builds on the meta device.") from second
+                "touched), or a factory that builds on the meta device."
+            ) from second

@@ -43,15 +43,22 @@ class Category(enum.IntEnum):
         return _KINDS[self]
 
 
-_KINDS = (Kind.WEIGHTS, Kind.WEIGHTS, Kind.GRADIENTS, Kind.OPTIMIZER, Kind.ACTIVATIONS, Kind.TEMPORARIES,
-          Kind.TEMPORARIES)
+_KINDS = (
+    Kind.WEIGHTS,
+    Kind.WEIGHTS,
+    Kind.GRADIENTS,
+    Kind.OPTIMIZER,
+    Kind.ACTIVATIONS,
+    Kind.TEMPORARIES,
+    Kind.TEMPORARIES,
+)
 
 
 class Phase(enum.IntEnum):
     """Phases of the traced step: where a storage was allocated decides its category."""
 
     OTHER = 0
-    TARGET = 1      # frozen copies' forward and their batch
+    TARGET = 1  # frozen copies' forward and their batch
     FORWARD = 2
     BACKWARD = 3
     OPTIMIZER = 4
@@ -69,21 +76,21 @@ class StorageCounter(TorchDispatchMode):
     def __init__(self, device_type: str, *, workspaces: bool = False) -> None:
         super().__init__()
         self.device_type = device_type
-        self.block = channel_block() if workspaces else 0   # 0: no kernel workspace records
+        self.block = channel_block() if workspaces else 0  # 0: no kernel workspace records
         self.sizes: list[int] = []
-        self.rules: list[int] = []              # per record: workspace rule (WORKSPACE_RULES), -1 for storages
+        self.rules: list[int] = []  # per record: workspace rule (WORKSPACE_RULES), -1 for storages
         self.cats: list[int] = []
         self.phases: list[int] = []
         self.host: list[bool] = []
-        self.owners: list[int] = []             # network index of persistent storages, -1 for the rest
+        self.owners: list[int] = []  # network index of persistent storages, -1 for the rest
         self.events: list[int] = []
         self.registered = 0
-        self.prev_grad: dict[int, int] = {}     # param index -> record of its grad before the step
-        self.new_grad: dict[int, int] = {}      # param index -> record of its grad after the step
+        self.prev_grad: dict[int, int] = {}  # param index -> record of its grad before the step
+        self.new_grad: dict[int, int] = {}  # param index -> record of its grad after the step
         self.phase = Phase.OTHER
         self.recording = True
-        self._live: dict[int, int] = {}         # id(storage) -> record
-        self._refs: dict[int, Any] = {}         # id(storage) -> weakref (kept so callbacks fire)
+        self._live: dict[int, int] = {}  # id(storage) -> record
+        self._refs: dict[int, Any] = {}  # id(storage) -> weakref (kept so callbacks fire)
 
     # -- records --
     def _freed(self, key: int, _ref: Any) -> None:
@@ -112,8 +119,10 @@ class StorageCounter(TorchDispatchMode):
 
     def workspaces(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> None:
         """Records of the op's kernel workspaces: allocated after its outputs, freed as it returns."""
-        recs = [self._record(nbytes, Category.KERNEL_WORKSPACES, rule, False)
-                for rule, nbytes in workspace_features(func, args, kwargs, out, self.block)]
+        recs = [
+            self._record(nbytes, Category.KERNEL_WORKSPACES, rule, False)
+            for rule, nbytes in workspace_features(func, args, kwargs, out, self.block)
+        ]
         self.events.extend(recs)
         self.events.extend(~r for r in recs)
 
@@ -182,7 +191,7 @@ class StorageCounter(TorchDispatchMode):
         return out
 
 
-_SCALAR_READ = "aten._local_scalar_dense.default"      # the op behind .item(), float(t), bool(t)
+_SCALAR_READ = "aten._local_scalar_dense.default"  # the op behind .item(), float(t), bool(t)
 
 
 class StandInScalars(TorchDispatchMode):

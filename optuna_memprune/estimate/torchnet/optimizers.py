@@ -33,10 +33,10 @@ _NAME_DEFAULTS: dict[str, dict[str, Any]] = {"sgd": {"lr": 1e-3, "momentum": 0.9
 _LR = {"lr": 1e-3}
 _UNTRACEABLE = {
     "LBFGS": "its step() re-runs the closure while tensor values (loss and gradient tests) say so, and the meta "
-             "device holds no values; its state is 2 x history_size flat copies of the parameters plus a few "
-             "more: trace with optimizer=None and add that by hand",
+    "device holds no values; its state is 2 x history_size flat copies of the parameters plus a few "
+    "more: trace with optimizer=None and add that by hand",
     "SparseAdam": "it takes sparse gradients only (nn.Embedding(sparse=True)), which the traced step does not "
-                  "make; trace with optimizer='adam' for an upper bound",
+    "make; trace with optimizer='adam' for an upper bound",
 }
 _KWARG_MESSAGE = "a pair (name or class, kwargs dict)"
 
@@ -45,8 +45,11 @@ def _torch_optimizers() -> dict[str, type]:
     import torch
 
     base = torch.optim.Optimizer
-    return {n.lower(): c for n in dir(torch.optim)
-            if isinstance(c := getattr(torch.optim, n), type) and issubclass(c, base) and c is not base}
+    return {
+        n.lower(): c
+        for n in dir(torch.optim)
+        if isinstance(c := getattr(torch.optim, n), type) and issubclass(c, base) and c is not base
+    }
 
 
 def _hashable(kwargs: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -77,8 +80,11 @@ def resolve_optimizer(optimizer: Any) -> tuple[str | None, Any, tuple[tuple[str,
         what = type(optimizer)
         takes = inspect.signature(what.__init__).parameters
         open_ended = any(p.kind is p.VAR_KEYWORD for p in takes.values())
-        kwargs = {k: v for k, v in optimizer.defaults.items()     # defaults may hold more than __init__ takes
-                  if (open_ended or k in takes) and not (k in ("foreach", "fused") and v is None)}
+        kwargs = {
+            k: v
+            for k, v in optimizer.defaults.items()  # defaults may hold more than __init__ takes
+            if (open_ended or k in takes) and not (k in ("foreach", "fused") and v is None)
+        }
     elif isinstance(optimizer, tuple) and len(optimizer) == 2 and isinstance(optimizer[1], Mapping):
         what, kwargs = optimizer[0], dict(optimizer[1])
     known = _torch_optimizers()
@@ -88,13 +94,19 @@ def resolve_optimizer(optimizer: Any) -> tuple[str | None, Any, tuple[tuple[str,
     elif isinstance(what, type) and issubclass(what, base) and what is not base:
         cls = what
     else:
-        names = ", ".join(repr(c.__name__) for c in sorted(known.values(), key=lambda c: c.__name__.lower())
-                          if c.__name__ not in _UNTRACEABLE)
-        raise EstimateError(f"optimizer must be a torch.optim optimizer ({names}; by name, class or instance), "
-                            f"{_KWARG_MESSAGE} or None, but got {optimizer!r}.")
+        names = ", ".join(
+            repr(c.__name__)
+            for c in sorted(known.values(), key=lambda c: c.__name__.lower())
+            if c.__name__ not in _UNTRACEABLE
+        )
+        raise EstimateError(
+            f"optimizer must be a torch.optim optimizer ({names}; by name, class or instance), "
+            f"{_KWARG_MESSAGE} or None, but got {optimizer!r}."
+        )
     if cls.__name__ in _UNTRACEABLE and getattr(torch.optim, cls.__name__, None) is cls:
-        raise EstimateError(f"optimizer {cls.__name__} cannot be traced on the meta device: "
-                            f"{_UNTRACEABLE[cls.__name__]}.")
+        raise EstimateError(
+            f"optimizer {cls.__name__} cannot be traced on the meta device: {_UNTRACEABLE[cls.__name__]}."
+        )
     in_torch = getattr(torch.optim, cls.__name__, None) is cls
     return cls.__name__.lower(), cls.__name__ if in_torch else cls, _hashable(kwargs)
 
@@ -115,8 +127,10 @@ def resolve_scheduler(scheduler: Any) -> tuple[Any, tuple[tuple[str, Any], ...]]
     bases = (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)
     cls = getattr(lr_scheduler, what, None) if isinstance(what, str) else what
     if not (isinstance(cls, type) and issubclass(cls, bases)) or cls is lr_scheduler.LRScheduler:
-        raise EstimateError(f"scheduler must be a torch.optim.lr_scheduler class (by name or class), "
-                            f"{_KWARG_MESSAGE} or None, but got {scheduler!r}.")
+        raise EstimateError(
+            f"scheduler must be a torch.optim.lr_scheduler class (by name or class), "
+            f"{_KWARG_MESSAGE} or None, but got {scheduler!r}."
+        )
     return cls.__name__ if getattr(lr_scheduler, cls.__name__, None) is cls else cls, _hashable(kwargs)
 
 

@@ -26,24 +26,23 @@ class Spec:
 
     training: bool
     nets: tuple[str, ...]
-    input_shapes: tuple[tuple[tuple[int, ...], ...], ...]      # per net, per input
+    input_shapes: tuple[tuple[tuple[int, ...], ...], ...]  # per net, per input
     input_dtype: str
     dtype: str
-    optimizer: str | None                                       # lower-case class name, for messages
+    optimizer: str | None  # lower-case class name, for messages
     optimizer_kwargs: tuple[tuple[str, Any], ...]
     autocast: str | None
     accumulation_steps: int
-    frozen: tuple[int, ...]                                     # per net
-    cuda: bool                                                  # target device kind
-    optimizer_class: Any = None         # torch.optim class name, or the class itself when outside torch.optim
-    scheduler: Any = None               # torch.optim.lr_scheduler class name or class; None for none
+    frozen: tuple[int, ...]  # per net
+    cuda: bool  # target device kind
+    optimizer_class: Any = None  # torch.optim class name, or the class itself when outside torch.optim
+    scheduler: Any = None  # torch.optim.lr_scheduler class name or class; None for none
     scheduler_kwargs: tuple[tuple[str, Any], ...] = ()
 
     @property
     def foreach(self) -> bool:
         """The optimizer's ``foreach``: as given, else torch's default on the target device."""
         return dict(self.optimizer_kwargs).get("foreach", self.cuda)
-
 
 
 def _check_shape(shape: Any, what: str) -> tuple[int, ...]:
@@ -68,8 +67,13 @@ def _check_dtype(value: Any, allowed: Sequence[str], what: str) -> str:
 
 def _check_frozen(frozen: Any, nets: tuple[str, ...]) -> tuple[int, ...]:
     if not isinstance(frozen, Mapping):
-        check_int(frozen, "frozen", minimum=0, message=f"frozen must be a non-negative int (or a dict name -> "
-                                                       f"count for a dict model), but got {frozen!r}.")
+        check_int(
+            frozen,
+            "frozen",
+            minimum=0,
+            message=f"frozen must be a non-negative int (or a dict name -> "
+            f"count for a dict model), but got {frozen!r}.",
+        )
         return tuple(frozen for _ in nets)
     if nets == ("",):
         raise EstimateError(f"frozen must be a non-negative int (a dict only for a dict model), but got {frozen!r}.")
@@ -79,18 +83,28 @@ def _check_frozen(frozen: Any, nets: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(check_int(frozen.get(n, 0), "frozen", minimum=0, message=message) for n in nets)
 
 
-
-
 def make_spec(
-    model: Any, input_shape: Any, *, training: bool, batch_size: Any, input_dtype: Any, optimizer: Any,
-    dtype: Any, autocast: Any, accumulation_steps: Any, frozen: Any, device: Any, scheduler: Any = None,
+    model: Any,
+    input_shape: Any,
+    *,
+    training: bool,
+    batch_size: Any,
+    input_dtype: Any,
+    optimizer: Any,
+    dtype: Any,
+    autocast: Any,
+    accumulation_steps: Any,
+    frozen: Any,
+    device: Any,
+    scheduler: Any = None,
 ) -> Spec:
     """The checked ``Spec`` of a call of ``torch_training``/``torch_inference``; raises ``EstimateError``
     naming the argument and the value given. ``batch_size`` is checked, not kept (the cache fits over it)."""
     check_count(check_int(batch_size, "batch_size", minimum=1), "batch_size", "dimension")
     check_int(accumulation_steps, "accumulation_steps", minimum=1)
-    if not isinstance(device, str) or not (device == "cpu" or device == "cuda" or (
-            device.startswith("cuda:") and device[5:].isdigit())):
+    if not isinstance(device, str) or not (
+        device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())
+    ):
         raise EstimateError(f"device must be 'cpu', 'cuda' or 'cuda:N', but got {device!r}.")
     if isinstance(model, Mapping):
         if not model:

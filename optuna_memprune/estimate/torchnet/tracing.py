@@ -99,11 +99,11 @@ def arch_key(model: Any, spec: Spec) -> tuple:
     parts = []
     for net in spec.nets:
         m = build(model, net, "meta")
-        shapes = tuple((n, tuple(t.shape), str(t.dtype), t.requires_grad) for n, t in m.named_parameters()) + \
-            tuple((n, tuple(t.shape), str(t.dtype)) for n, t in m.named_buffers())
+        shapes = tuple((n, tuple(t.shape), str(t.dtype), t.requires_grad) for n, t in m.named_parameters()) + tuple(
+            (n, tuple(t.shape), str(t.dtype)) for n, t in m.named_buffers()
+        )
         parts.append((net, type(m).__module__, type(m).__qualname__, repr(m), shapes))
     return ("derived", tuple(parts))
-
 
 
 @dataclass
@@ -116,7 +116,7 @@ class _Net:
     optimizer: Any
     scheduler: Any
     shapes: tuple[tuple[int, ...], ...]
-    first: int      # index of its first parameter in the step's numbering
+    first: int  # index of its first parameter in the step's numbering
 
 
 def _make_optimizer(spec: Spec, params: list) -> Any:
@@ -126,7 +126,7 @@ def _make_optimizer(spec: Spec, params: list) -> Any:
 
 
 def _no_memory_device(model: Any, spec: Spec) -> str:
-    """"fake" (FakeTensorMode CPU tensors) or "meta": where a step is traced without memory.
+    """ "fake" (FakeTensorMode CPU tensors) or "meta": where a step is traced without memory.
 
     Plain meta tensors are the fastest, and give the same storages as real tensors wherever torch runs the
     same kernels on both. It does not for RNNs (CPU batches the input projection and may call oneDNN) and
@@ -171,9 +171,18 @@ def trace(
     ``target`` ("cpu"/"cuda") picks the optimizer's ``foreach`` default and the no-memory device.
     """
     spec = make_spec(
-        model, input_shape, training=training, batch_size=batch_size, input_dtype=input_dtype,
-        optimizer=optimizer if training else None, dtype=dtype, autocast=autocast,
-        accumulation_steps=accumulation_steps, frozen=frozen, device=target, scheduler=scheduler,
+        model,
+        input_shape,
+        training=training,
+        batch_size=batch_size,
+        input_dtype=input_dtype,
+        optimizer=optimizer if training else None,
+        dtype=dtype,
+        autocast=autocast,
+        accumulation_steps=accumulation_steps,
+        frozen=frozen,
+        device=target,
+        scheduler=scheduler,
     )
     return Session(model, spec, device).trace(batch_size)
 
@@ -360,5 +369,3 @@ class Session:
             free_pos=positions(events, n, alloc=False),
         )
         return Trace(structure, np.asarray(counter.sizes, dtype=np.int64), batch_size, self.device)
-
-

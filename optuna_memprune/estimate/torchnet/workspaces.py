@@ -46,8 +46,9 @@ def _padded_bytes(t: Any, block: int) -> int:
     return t.numel() // max(c, 1) * padded * t.element_size()
 
 
-def workspace_features(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any,
-                       block: int) -> list[tuple[int, int]]:
+def workspace_features(
+    func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any, block: int
+) -> list[tuple[int, int]]:
     """``(rule, feature bytes)`` of the kernel workspaces a CPU op allocates outside the dispatcher.
 
     ``rule`` indexes ``WORKSPACE_RULES``; ``block`` is ``channel_block()``. Only convolutions (1-3 spatial
