@@ -15,7 +15,7 @@ from ..budget import RAM_FLOOR, Budget
 from ..estimate.learn import Learned, learned
 from ..monitor import gpu_reader
 from ..units import check_number, format_bytes
-from ._forecast import check_horizon
+from ._forecast_stop import check_horizon
 from ._learning import Learning
 from ._objective import GuardedObjective
 from ._policy import Policy

@@ -26,7 +26,7 @@ from optuna.distributions import (
 from .. import _internals, records
 from ..monitor import Monitor, Reading, downsample
 from ..records import Decision
-from ._forecast import StepForecast, trial_forecast
+from ._forecast_stop import StepForecast, trial_forecast
 from ._interrupt import importing, set_async_exc
 from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cuda_peak
 from ._outcome import Outcome, trial_outcome

@@ -10,7 +10,7 @@ the guard's private module it comes from.
 from __future__ import annotations
 
 from ._call import MonitorOnly
-from ._forecast import StepForecast, trial_forecast
+from ._forecast_stop import StepForecast, trial_forecast
 from ._margin import margin as learned_margin
 from ._objective import store_rejection
 from ._oom import OutOfMemory, killed_by_oom_killer, out_of_memory

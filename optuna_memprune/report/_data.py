@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..exceptions import MemPruneError
 from ..records import RESOURCES, Decision, TrialRecord, read, read_overrides
 from ..storages import StorageError, open_storage, shown
-from ._forecast import forecast_stops
+from ._stops import forecast_stops
 
 if TYPE_CHECKING:
     import optuna

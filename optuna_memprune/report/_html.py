@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision
-from . import _forecast, _learned
+from . import _learned, _stops
 from . import _format as fmt
 from ._table import margin_line, running_word
 
@@ -74,8 +74,8 @@ def render(data: ReportData) -> str:
                 f'<section class="plot" id="plot-{plot_id}"><h2>{_e(title)}</h2>{body}'
                 f'<p class="caption">{_e(caption) if svg is not None else ""}</p></section>'
             )
-        stops = _forecast.forecast_stops(data.trials)
-        drawn = _forecast.plot(stops)
+        stops = _stops.forecast_stops(data.trials)
+        drawn = _stops.plot(stops)
         if drawn is not None:
             sections.append(
                 f'<section class="plot" id="plot-forecast"><h2>Forecast stops: observed and projected '
@@ -86,7 +86,7 @@ def render(data: ReportData) -> str:
         title=_e(f"memprune report: {data.study_name}"),
         summary=_summary(data),
         plots="\n".join(sections),
-        notable=_notable(data) + _running(data) + _forecast.html_rows(stops),
+        notable=_notable(data) + _running(data) + _stops.html_rows(stops),
     )
 
 

@@ -12,8 +12,8 @@ from .._console import parts
 from ..records import RESOURCES, Decision
 from . import _format as fmt
 from . import _learned
-from ._forecast import forecast_stops
-from ._forecast import table as forecast_table
+from ._stops import forecast_stops
+from ._stops import table as forecast_table
 
 if TYPE_CHECKING:
     from rich.console import Group

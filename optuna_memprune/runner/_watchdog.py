@@ -53,7 +53,7 @@ class TrialProcess:
         self.monitor: Monitor | None = None
         self.heartbeat: Any = None
         self.cgroup = cgroup  # the trial's group, where one was made (``_cgroup``)
-        self.forecast = forecast  # the forecast stop (``.._forecast``), where the trial has a horizon
+        self.forecast = forecast  # the forecast stop (``guard.backend.StepForecast``), where the trial has a horizon
 
     def watch(self) -> None:
         try:

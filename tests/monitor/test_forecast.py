@@ -12,7 +12,7 @@ import re
 import pytest
 
 import optuna_memprune as omp
-from optuna_memprune.guard._forecast import StepForecast, check_horizon, describe, resolve_horizon
+from optuna_memprune.guard._forecast_stop import StepForecast, check_horizon, describe, resolve_horizon
 from optuna_memprune.monitor import forecast
 
 MiB = 2**20
