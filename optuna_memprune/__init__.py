@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and IDEs (
     from . import estimate
     from .guard import (
         Decision,
+        Enforcement,
+        EnforcementMode,
         GuardedObjective,
         GuardedPruner,
         GuardedSampler,
@@ -54,6 +56,8 @@ __all__ = [
     "read_record",
     "TrialRecord",
     "Decision",
+    "Enforcement",
+    "EnforcementMode",
     "optimize",
     "HostBudget",
     "Ledger",
@@ -71,6 +75,8 @@ _GUARD = (
     "read_record",
     "TrialRecord",
     "Decision",
+    "Enforcement",
+    "EnforcementMode",
 )
 _LEDGER = ("HostBudget", "Ledger")
 

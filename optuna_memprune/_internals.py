@@ -10,7 +10,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import optuna
@@ -146,21 +146,36 @@ def rdb_modules() -> tuple[str, ...]:
     return ("optuna.storages._rdb.models",)
 
 
+class _ForkServer(Protocol):
+    """The private names of multiprocessing's ``forkserver.ForkServer`` used below
+    (``multiprocessing/forkserver.py``); typeshed's stub declares only its public methods."""
+
+    _forkserver_pid: int | None
+    _forkserver_alive_fd: int | None
+    _forkserver_address: str | bytes | None
+
+    def _stop(self) -> None: ...
+
+
+def _fork_server() -> _ForkServer:
+    """This process's fork server object (``forkserver._forkserver``), typed with the private names read."""
+    from multiprocessing import forkserver
+
+    # typeshed's ForkServer has no private attributes; _ForkServer names the ones this module reads
+    return forkserver._forkserver  # type: ignore[return-value]
+
+
 def stop_fork_server() -> None:
     """Stop this process's multiprocessing fork server (``forkserver._forkserver._stop()``), which
     otherwise lives as long as the process; multiprocessing offers no public way to end it."""
-    from multiprocessing import forkserver
-
-    forkserver._forkserver._stop()
+    _fork_server()._stop()
 
 
 def forget_inherited_fork_server() -> None:
     """In a process forked by a fork server, let go of the server's "alive" pipe that multiprocessing
     hands every child (``ForkServer._forkserver_alive_fd``): the server exits only once no process holds
     it. A fork server this process needs later is then started afresh, as a forked child's would be."""
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver
+    server = _fork_server()
     if server._forkserver_pid is None and server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
@@ -195,7 +210,7 @@ def main_module_left_out() -> Iterator[None]:
         original = spawn.get_preparation_data
         if not getattr(original, "memprune_wrapped", False):
 
-            def get_preparation_data(name: str) -> dict:
+            def get_preparation_data(name: str) -> dict[str, Any]:
                 data = original(name)
                 if getattr(_LEFT_OUT, "active", False):
                     for key in _MAIN_KEYS:

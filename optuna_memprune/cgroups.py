@@ -1,6 +1,6 @@
 """Linux control groups of this process: where its trial groups can go, one trial's group (hard limit, soft
 line, exact peak, OOM kills, whole-tree kill, removal), reaping the groups of dead runners, and the memory
-limit that this process's own ancestry puts on it.
+limit that this process's own ancestry puts on it (``host_limit``, read by ``_cgroupfs`` and re-exported here).
 
 Standard library only (layer 0, next to ``procfs``); knows nothing of trials, budgets, Optuna or the ledger.
 Never raises into its caller for a host without cgroups: what cannot be made is ``None`` with a reason.
@@ -17,11 +17,11 @@ import time
 from typing import NamedTuple
 
 from . import procfs
-from .units import format_bytes
+from ._cgroupfs import UNLIMITED, group_dir, memberships, mounts, read_text
+from ._cgroupfs import HostLimit as HostLimit  # re-exported: the ledger and the tests take it from here
+from ._cgroupfs import host_limit as host_limit
 
 PREFIX = "memprune-"
-#: cgroup v1 reports "no limit" as the largest page-aligned signed 64-bit value; anything this big is unlimited.
-_UNLIMITED = 1 << 62
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _KILL_S = 2.0  # killing a group's processes until none is left, at most this long
 _REMOVE_S = 1.0  # rmdir of a group whose last processes are still exiting, retried this long
@@ -55,58 +55,9 @@ class Join(NamedTuple):
     high: int | None
 
 
-class HostLimit(NamedTuple):
-    """The tightest memory limit of this process's cgroup ancestry: bytes, the group's usage, and where
-    it came from (``"cgroup v1 /system.slice/job.scope limit 2.00 GiB"``)."""
-
-    limit: int
-    usage: int
-    source: str
-
-
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
-
-
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
-
-
-def _mounts() -> list[tuple[str, str, str, str]]:
-    """``(root, mount point, fs type, super options)`` of every cgroup mount of this process."""
-    out = []
-    for line in _read("/proc/self/mountinfo").splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
-            out.append((_unescape(fields[3]), _unescape(fields[4]), tail[0], tail[2]))
-    return out
-
-
-def _unescape(field: str) -> str:  # mountinfo writes a space, tab, newline or backslash as octal
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
-
-
-def _memberships() -> dict[str, str]:
-    """This process's group per controller from /proc/self/cgroup; the v2 group under the key ``""``."""
-    out = {}
-    for line in _read("/proc/self/cgroup").splitlines():
-        _, controllers, path = line.split(":", 2)
-        for c in controllers.split(",") if controllers else [""]:
-            out[c] = path
-    return out
-
-
-def _dir(mount: tuple[str, str, str, str], group: str) -> str | None:
-    """The directory of ``group`` in a mounted hierarchy, or None when the mount does not show it."""
-    root, point = mount[0].rstrip("/"), mount[1]
-    if group != root and not group.startswith(root + "/"):
-        return None
-    return (point + group[len(root) :]).rstrip("/") or "/"
 
 
 def _owner_tag() -> str:
@@ -135,17 +86,17 @@ def places() -> tuple[list[Place], list[str]]:
     """Every place of this process's own groups, best first (not yet probed), and why a v2 group has no
     memory controller for sub-groups, where it has none."""
     try:
-        mounts, groups = _mounts(), _memberships()
+        hierarchies, groups = mounts(), memberships()
     except (OSError, ValueError) as exc:
         return [], [f"this process's cgroups cannot be read ({exc})"]
     candidates, why = [], []
-    for mount in mounts:
+    for mount in hierarchies:
         if mount[2] == "cgroup2" and "" in groups:
-            path = _dir(mount, groups[""])
+            path = group_dir(mount, groups[""])
             if path is not None:
                 candidates.append(Place(2, path, groups[""], False))
         elif mount[2] == "cgroup" and "memory" in mount[3].split(",") and "memory" in groups:
-            path = _dir(mount, groups["memory"])
+            path = group_dir(mount, groups["memory"])
             if path is not None:
                 candidates.append(Place(1, path, groups["memory"], True))
     for cand in [c for c in candidates if c.version == 2]:
@@ -165,10 +116,10 @@ def _v2_memory(cand: Place) -> tuple[Place | None, str]:
     if os.path.basename(path) == f"{_owner_tag()}runner":  # this runner's own leaf, made by an earlier call
         path, name = os.path.dirname(path), os.path.dirname(name) or "/"
     try:
-        if "memory" not in _read(f"{path}/cgroup.subtree_control").split():
-            if "memory" not in _read(f"{path}/cgroup.controllers").split():
+        if "memory" not in read_text(f"{path}/cgroup.subtree_control").split():
+            if "memory" not in read_text(f"{path}/cgroup.controllers").split():
                 return None, f"cgroup v2 {name}: no memory controller is delegated to it"
-            if [int(p) for p in _read(f"{path}/cgroup.procs").split()] == [os.getpid()]:
+            if [int(p) for p in read_text(f"{path}/cgroup.procs").split()] == [os.getpid()]:
                 os.makedirs(f"{path}/{_owner_tag()}runner", exist_ok=True)
                 _write(f"{path}/{_owner_tag()}runner/cgroup.procs", str(os.getpid()))
             _write(f"{path}/cgroup.subtree_control", "+memory")
@@ -240,23 +191,23 @@ class TrialGroup:
 
     def pids(self) -> list[int]:
         try:
-            return [int(p) for p in _read(f"{self.path}/cgroup.procs").split()]
+            return [int(p) for p in read_text(f"{self.path}/cgroup.procs").split()]
         except (OSError, ValueError):
             return []
 
     def hard_limit(self) -> int | None:
         """The hard limit in place now, bytes; None when unlimited or unreadable."""
         try:
-            text = _read(self._file("memory.limit_in_bytes", "memory.max")).strip()
+            text = read_text(self._file("memory.limit_in_bytes", "memory.max")).strip()
         except OSError:
             return None
-        return None if text == "max" or int(text) >= _UNLIMITED else int(text)
+        return None if text == "max" or int(text) >= UNLIMITED else int(text)
 
     def peak(self) -> int | None:
         """The exact peak charge of the group (v1 ``memory.max_usage_in_bytes``, v2 ``memory.peak`` where
         the kernel has it, since Linux 5.19); None where there is none."""
         try:
-            return int(_read(self._file("memory.max_usage_in_bytes", "memory.peak")).split()[0])
+            return int(read_text(self._file("memory.max_usage_in_bytes", "memory.peak")).split()[0])
         except (OSError, ValueError, IndexError):
             return None
 
@@ -264,7 +215,7 @@ class TrialGroup:
         """What the group is charged now (v1 ``memory.usage_in_bytes``, v2 ``memory.current``); once its
         processes are gone, that is the page cache they left (still charged to it); 0 where unreadable."""
         try:
-            return int(_read(self._file("memory.usage_in_bytes", "memory.current")).split()[0])
+            return int(read_text(self._file("memory.usage_in_bytes", "memory.current")).split()[0])
         except (OSError, ValueError, IndexError):
             return 0
 
@@ -272,7 +223,7 @@ class TrialGroup:
         """Processes the kernel's OOM killer killed in the group (v1 ``memory.oom_control``, v2
         ``memory.events``); 0 where not counted."""
         try:
-            text = _read(self._file("memory.oom_control", "memory.events"))
+            text = read_text(self._file("memory.oom_control", "memory.events"))
         except OSError:
             return 0
         for line in text.splitlines():
@@ -287,7 +238,7 @@ class TrialGroup:
             return True
         if self.place.version == 2:
             try:
-                for line in _read(f"{self.path}/cpu.stat").splitlines():
+                for line in read_text(f"{self.path}/cpu.stat").splitlines():
                     key, _, value = line.partition(" ")
                     if key == "usage_usec":
                         return int(value) > 0
@@ -350,7 +301,7 @@ def _kill(path: str) -> bool:
     deadline = time.monotonic() + _KILL_S
     while True:
         try:
-            pids = [int(p) for p in _read(procs).split()]
+            pids = [int(p) for p in read_text(procs).split()]
         except (OSError, ValueError):
             return True  # gone
         if not pids:
@@ -392,7 +343,7 @@ def _alive(pid: int, start: int) -> bool:
 def reap(where: Place) -> list[str]:
     """Kill and remove the groups that dead runners left at ``where`` (a runner killed before it could);
     the names of those removed."""
-    out = []
+    out: list[str] = []
     try:
         names = os.listdir(where.path)
     except OSError:
@@ -408,62 +359,3 @@ def reap(where: Place) -> list[str]:
         if _rmdir(path):
             out.append(name)
     return out
-
-
-def host_limit() -> HostLimit | None:
-    """The tightest memory limit along this process's cgroup ancestry (the group with the least room left,
-    limit less usage: a container's, a Slurm job's, a systemd slice's), or None when none is limited.
-
-    cgroup v2: ``memory.max`` and ``memory.current`` of each ancestor visible in the mount; v1: the same
-    of ``memory.limit_in_bytes`` and ``memory.usage_in_bytes``, and ``hierarchical_memory_limit`` of
-    ``memory.stat`` (which sees ancestors above the mount's root too)."""
-    try:
-        mounts, groups = _mounts(), _memberships()
-    except (OSError, ValueError):
-        return None
-    found: list[HostLimit] = []
-    for mount in mounts:
-        if mount[2] == "cgroup2" and "" in groups:
-            version, group, files = 2, groups[""], ("memory.max", "memory.current")
-        elif mount[2] == "cgroup" and "memory" in mount[3].split(",") and "memory" in groups:
-            version, group, files = 1, groups["memory"], ("memory.limit_in_bytes", "memory.usage_in_bytes")
-        else:
-            continue
-        path = _dir(mount, group)
-        if path is None:
-            continue
-        top = mount[1].rstrip("/") or "/"
-        name = group
-        while True:
-            found += _limit_at(path, version, name, files)
-            if path.rstrip("/") == top or len(path) <= len(top):
-                break
-            path, name = os.path.dirname(path), os.path.dirname(name) or "/"
-        if version == 1:
-            found += _hierarchical(_dir(mount, group) or "", group)
-    if not found:
-        return None
-    return min(found, key=lambda h: h.limit - h.usage)
-
-
-def _limit_at(path: str, version: int, name: str, files: tuple[str, str]) -> list[HostLimit]:
-    try:
-        text = _read(f"{path}/{files[0]}").strip()
-        if text == "max" or int(text) >= _UNLIMITED:
-            return []
-        limit, usage = int(text), int(_read(f"{path}/{files[1]}").split()[0])
-    except (OSError, ValueError, IndexError):
-        return []
-    return [HostLimit(limit, usage, f"cgroup v{version} {name} limit {format_bytes(limit)}")]
-
-
-def _hierarchical(path: str, name: str) -> list[HostLimit]:
-    try:
-        stat = dict(line.split() for line in _read(f"{path}/memory.stat").splitlines() if line.count(" ") == 1)
-        limit = int(stat.get("hierarchical_memory_limit", _UNLIMITED))
-        usage = int(_read(f"{path}/memory.usage_in_bytes").split()[0])
-    except (OSError, ValueError, IndexError):
-        return []
-    if limit >= _UNLIMITED:
-        return []
-    return [HostLimit(limit, usage, f"cgroup v1 {name} hierarchical limit {format_bytes(limit)}")]

@@ -65,6 +65,15 @@ def status(pid: int | str = "self") -> dict[str, int] | None:
         data = read(f"/proc/{pid}/status")
     except OSError:
         return None
+    return _status_fields(data)
+
+
+def own_status() -> dict[str, int]:
+    """``status()`` of this process, which can always read its own; OSError where there is no /proc."""
+    return _status_fields(read("/proc/self/status"))
+
+
+def _status_fields(data: bytes) -> dict[str, int]:
     out = {}
     for name, scale in (("VmHWM", KiB), ("VmRSS", KiB), ("Threads", 1)):
         key = f"\n{name}:".encode()

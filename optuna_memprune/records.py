@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -26,7 +27,11 @@ _CONSTRAINT_PREFIX = "memprune_"
 # Optuna 5.0 stores ``trial.set_constraint(key, v)`` as the system attr "constraints:<key>"
 # (optuna/trial/_trial.py, Trial.set_constraint); used only where no Trial object exists (after_trial).
 _OPTUNA_CONSTRAINT_ATTR = "constraints:"
-_JSON = {"separators": (",", ":"), "sort_keys": False}
+
+
+def _dumps(value: Any) -> str:
+    """Compact JSON, keys in their order: how every JSON-valued attr is written."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=False)
 
 
 class Decision(str, Enum):
@@ -42,6 +47,89 @@ class Decision(str, Enum):
     UNCHECKED = "unchecked"  # could not be checked before launch; ran under the monitor only
 
 
+class EnforcementMode(str, Enum):
+    """What held a runner's trial to its RAM budget (:class:`Enforcement`'s ``mode``)."""
+
+    CGROUP_LIMIT = "cgroup_limit"  # the kernel's limit on the trial's cgroup, with polling
+    CGROUP_TREE_KILL = "cgroup_tree_kill"  # a cgroup without a memory limit: the tree killed whole, the budget polled
+    POLLING = "polling"  # the watchdog's polling alone
+
+
+_ENFORCEMENT_TEXTS = (
+    "'cgroup v1 limit', 'cgroup v2 limit', 'cgroup v1 tree kill + polling', 'cgroup v2 tree kill + polling', "
+    "'polling' or 'polling (<reason>)'"
+)
+_CGROUP_TEXT = re.compile(r"cgroup v([12]) (limit|tree kill \+ polling)")
+_POLLING, _POLLING_BECAUSE = "polling", "polling ("
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """How the process-per-trial runner held a trial to its RAM budget (the record's ``enforcement``).
+
+    ``mode`` is :class:`EnforcementMode`; ``cgroup_version`` (1 or 2) the cgroup hierarchy of the trial's
+    group, with a cgroup mode only; ``reason``, with polling only, why a group made for the trial did not
+    apply (``None``: no group was made, as with ``enforce="polling"``). ``str()`` gives the text the record
+    stores in ``memprune:enforcement`` and :meth:`parse` reads it back: ``"cgroup v1 limit"`` or
+    ``"cgroup v2 limit"``, ``"cgroup v1 tree kill + polling"`` or ``"cgroup v2 tree kill + polling"``,
+    ``"polling"``, or ``"polling (<reason>)"``.
+
+    Raises:
+        ValueError: a mode that is none of :class:`EnforcementMode`'s, a cgroup mode without a version 1 or
+            2 or with a reason, polling with a version, or a reason that is not a non-empty str.
+
+    Example:
+        >>> str(Enforcement(EnforcementMode.CGROUP_LIMIT, cgroup_version=2))
+        'cgroup v2 limit'
+        >>> Enforcement.parse("polling (no process of the trial ran in its cgroup)").reason
+        'no process of the trial ran in its cgroup'
+    """
+
+    mode: EnforcementMode
+    cgroup_version: int | None = None
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "mode", EnforcementMode(self.mode))
+        except ValueError:
+            modes = ", ".join(repr(m.value) for m in EnforcementMode)
+            raise ValueError(f"Enforcement.mode must be an EnforcementMode ({modes}), but got {self.mode!r}.") from None
+        version, reason = self.cgroup_version, self.reason
+        if self.mode is EnforcementMode.POLLING:
+            if version is not None:
+                raise ValueError(f"Enforcement.cgroup_version must be None with polling, but got {version!r}.")
+            if reason is not None and (not isinstance(reason, str) or not reason):
+                raise ValueError(f"Enforcement.reason must be None or a non-empty str, but got {reason!r}.")
+            return
+        if isinstance(version, bool) or version not in (1, 2):
+            raise ValueError(f"Enforcement.cgroup_version must be 1 or 2 with {self.mode.value}, but got {version!r}.")
+        if reason is not None:
+            raise ValueError(f"Enforcement.reason must be None with {self.mode.value}, but got {reason!r}.")
+
+    def __str__(self) -> str:
+        if self.mode is EnforcementMode.CGROUP_LIMIT:
+            return f"cgroup v{self.cgroup_version} limit"
+        if self.mode is EnforcementMode.CGROUP_TREE_KILL:
+            return f"cgroup v{self.cgroup_version} tree kill + polling"
+        return _POLLING if self.reason is None else f"{_POLLING_BECAUSE}{self.reason})"
+
+    @classmethod
+    def parse(cls, text: str) -> Enforcement:
+        """The enforcement a record's text names (``str()`` of one, as stored); ValueError naming the texts
+        expected otherwise."""
+        if isinstance(text, str):
+            if text == _POLLING:
+                return cls(EnforcementMode.POLLING)
+            if text.startswith(_POLLING_BECAUSE) and text.endswith(")") and len(text) > len(_POLLING_BECAUSE) + 1:
+                return cls(EnforcementMode.POLLING, reason=text[len(_POLLING_BECAUSE) : -1])
+            match = _CGROUP_TEXT.fullmatch(text)
+            if match is not None:
+                mode = EnforcementMode.CGROUP_LIMIT if match[2] == "limit" else EnforcementMode.CGROUP_TREE_KILL
+                return cls(mode, cgroup_version=int(match[1]))
+        raise ValueError(f"an enforcement must read {_ENFORCEMENT_TEXTS}, but got {text!r}.")
+
+
 @dataclass(frozen=True)
 class TrialRecord:
     """Everything the guard writes on one trial. Bytes are ints; ``None`` means unknown or unlimited.
@@ -52,10 +140,9 @@ class TrialRecord:
     is a downsampled list of ``(t_s, rss, threads, vram)``, ``breakdown`` the footprint's ``to_dict()``,
     ``breach`` the reading that crossed the soft line or the budget. The process-per-trial runner adds
     ``margin`` (the learned factor its host reservation applied per resource), ``host``, ``gpu`` and
-    ``enforcement``: ``"cgroup v1 limit"`` or ``"cgroup v2 limit"`` (the kernel's limit on the trial's
-    cgroup, with polling), ``"cgroup v1 tree kill + polling"`` or ``"cgroup v2 tree kill + polling"`` (a
-    cgroup without a memory limit: the tree is killed whole, the budget is polled), ``"polling"``, or
-    ``"polling (...)"`` with the reason a group made for the trial did not apply.
+    ``enforcement`` (an :class:`Enforcement`: the kernel's limit on the trial's cgroup, a cgroup's tree kill
+    with polling, or polling alone with the reason a group made for the trial did not apply; stored as its
+    text, ``"cgroup v1 limit"``, ``"polling"``, ...).
     ``forecast`` is set on a trial stopped on the forecast (``FORECAST_STOPPED``): the step it reached, the
     last step (``horizon``), the fitted RSS at the step (``level``, bytes), ``slope`` (bytes a step) and its
     lower bound, ``projected`` RSS at the last step, the ``limit`` and ``elapsed_s`` at the stop; its RAM
@@ -104,7 +191,7 @@ class TrialRecord:
     margin: dict[str, float] = field(default_factory=dict)  # reservation = prediction x margin (per resource)
     host: str | None = None  # the host id of the process-per-trial runner that ran the trial
     gpu: int | None = None  # the GPU index the runner placed the trial on
-    enforcement: str | None = None  # how the runner held the trial to its RAM budget (above)
+    enforcement: Enforcement | None = None  # how the runner held the trial to its RAM budget (above)
     forecast: dict[str, Any] = field(default_factory=dict)  # a forecast stop's fit and projection (below)
     learned: dict[str, Any] = field(default_factory=dict)  # a learned prediction: mode, phase, n, raw (see below)
     leftover: dict[str, int] = field(default_factory=dict)  # what earlier trials left in the process (above)
@@ -151,10 +238,10 @@ class TrialRecord:
                 value = getattr(self, f"{kind}_{r}")
                 if value is not None:  # absent, not null: optuna-dashboard sorts only all-number columns
                     out[f"{kind}_{r}"] = int(value)
-        out["clamped_from"] = json.dumps(self.clamped_from, **_JSON)
-        out["timeline"] = json.dumps([_row(p) for p in self.timeline], **_JSON)
-        out["breakdown"] = json.dumps(self.breakdown, **_JSON)
-        out["breach"] = json.dumps(self.breach, **_JSON)
+        out["clamped_from"] = _dumps(self.clamped_from)
+        out["timeline"] = _dumps([_row(p) for p in self.timeline])
+        out["breakdown"] = _dumps(self.breakdown)
+        out["breach"] = _dumps(self.breach)
         out["soft"] = float(self.soft)
         for r in RESOURCES:
             if r in self.margin:
@@ -169,9 +256,9 @@ class TrialRecord:
         if self.enforcement is not None:
             out["enforcement"] = str(self.enforcement)
         if self.forecast:
-            out["forecast"] = json.dumps(self.forecast, **_JSON)
+            out["forecast"] = _dumps(self.forecast)
         if self.learned:
-            out["learned"] = json.dumps(self.learned, **_JSON)
+            out["learned"] = _dumps(self.learned)
         return {PREFIX + k: v for k, v in out.items()}
 
 
@@ -238,7 +325,7 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
         margin={r: float(get(f"margin_{r}")) for r in RESOURCES if get(f"margin_{r}") is not None},
         host=get("host"),
         gpu=get("gpu"),
-        enforcement=get("enforcement"),
+        enforcement=None if get("enforcement") is None else Enforcement.parse(get("enforcement")),
         forecast=loads("forecast", {}),
         learned=loads("learned", {}),
         leftover={r: int(get(f"leftover_{r}")) for r in RESOURCES if get(f"leftover_{r}") is not None},
@@ -253,7 +340,7 @@ OVERRIDES = PREFIX + "overrides"
 
 def write_overrides(study: optuna.Study, trial_id: int, overrides: Mapping[str, tuple[Any, Any]]) -> None:
     """Write the fixed hyperparameters lowered for a trial (``{name: (was, ran)}``) on it, by its id."""
-    value = json.dumps({k: [v[0], v[1]] for k, v in overrides.items()}, **_JSON)
+    value = _dumps({k: [v[0], v[1]] for k, v in overrides.items()})
     _internals.storage_of(study).set_trial_user_attr(trial_id, OVERRIDES, value)
 
 

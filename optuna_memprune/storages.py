@@ -70,11 +70,11 @@ def open_storage(url: str, *, existing: bool = False) -> BaseStorage:
         if not Path(parsed.database).is_file():
             raise StorageError(f"no SQLite file at {parsed.database!r} (from {shown})")
     try:
-        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
-        optuna.get_all_study_names(storage)
+        rdb = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        optuna.get_all_study_names(rdb)
     except Exception as exc:  # noqa: BLE001 - drivers raise their own types; the message is what matters
         raise StorageError(f"cannot read the Optuna storage at {shown}: {first_line(exc)}") from None
-    return storage
+    return rdb
 
 
 def check_writable(url: str) -> None:

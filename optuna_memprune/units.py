@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Literal, TypeGuard, overload
 
 _UNITS = {
     "": 1,
@@ -87,9 +88,33 @@ def _expected(kind: str, minimum: float | None, maximum: float | None, open_min:
     return f"{article} {kind}"
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """Whether ``value`` is an int and not a bool (``True`` is an int to Python, never a count to a user)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@overload
+def check_int(
+    value: object,
+    name: str,
+    *,
+    minimum: int | None = ...,
+    maximum: int | None = ...,
+    optional: Literal[False] = ...,
+    expected: str | None = ...,
+) -> int: ...
+
+
+@overload
+def check_int(
+    value: object,
+    name: str,
+    *,
+    minimum: int | None = ...,
+    maximum: int | None = ...,
+    optional: bool,
+    expected: str | None = ...,
+) -> int | None: ...
 
 
 def check_int(
@@ -122,6 +147,34 @@ def check_int(
     return value
 
 
+@overload
+def check_number(
+    value: object,
+    name: str,
+    *,
+    minimum: float | None = ...,
+    maximum: float | None = ...,
+    open_min: bool = ...,
+    open_max: bool = ...,
+    optional: Literal[False] = ...,
+    expected: str | None = ...,
+) -> float: ...
+
+
+@overload
+def check_number(
+    value: object,
+    name: str,
+    *,
+    minimum: float | None = ...,
+    maximum: float | None = ...,
+    open_min: bool = ...,
+    open_max: bool = ...,
+    optional: bool,
+    expected: str | None = ...,
+) -> float | None: ...
+
+
 def check_number(
     value: object,
     name: str,
@@ -148,15 +201,12 @@ def check_number(
     """
     if value is None and optional:
         return None
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if ok and minimum is not None:
-        ok = value > minimum if open_min else value >= minimum
-    if ok and maximum is not None:
-        ok = value < maximum if open_max else value <= maximum
-    if not ok:
-        expected = expected or _expected("number", minimum, maximum, open_min, open_max)
-        raise ValueError(f"{name} must be {expected}{' or None' if optional else ''}, but got {value!r}.")
-    return value
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value):
+        ok = minimum is None or (value > minimum if open_min else value >= minimum)
+        if ok and (maximum is None or (value < maximum if open_max else value <= maximum)):
+            return value
+    expected = expected or _expected("number", minimum, maximum, open_min, open_max)
+    raise ValueError(f"{name} must be {expected}{' or None' if optional else ''}, but got {value!r}.")
 
 
 #: The largest byte size any argument may hold: 1 EiB (2**60 bytes). The largest single machines hold tens

@@ -174,11 +174,12 @@ def predict_warm_ms() -> tuple[float, str]:
 
 
 def monitor_cpu_pct(seconds: float = 5.0) -> float:
-    from optuna_memprune.guard._objective import _Live, watch_of
+    from optuna_memprune.guard._watch import Live, watch_of
+    from optuna_memprune.guard.backend import trials_of
 
     # The guard's own path: its shared monitor of this process and the reading callback of one trial.
     guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="64GiB", threads=4096))
-    live = _Live(guard, guard.trials.open(-1, -1), threading.get_ident())
+    live = Live(guard, trials_of(guard).open(-1, -1), threading.get_ident())
     watch = watch_of(guard)
     watch.subscribe(live, -1)
     monitor = watch._monitor

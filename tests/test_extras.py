@@ -86,7 +86,7 @@ def test_the_cli_names_the_extra_for_its_own_commands_only(monkeypatch, capsys) 
     def fails(args):  # noqa: ANN001, ANN202 - a command whose import of an extra's module fails
         raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib.figure")
 
-    monkeypatch.setattr(cli, "_cmd_report", fails)
+    monkeypatch.setattr(cli, "cmd_report", fails)
     assert cli.main(["report", "sqlite:///x.db"]) == 1
     assert capsys.readouterr().err == (
         "memprune: error: memprune report needs matplotlib, which is not installed: "

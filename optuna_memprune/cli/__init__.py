@@ -12,15 +12,19 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .._extras import MissingExtra
 from ..exceptions import EstimateError, MemPruneError
-from ..storages import ENV_VAR, check_writable, first_line, shown
+from ..storages import ENV_VAR, first_line, shown
 from ..units import format_bytes
-from ._common import UsageError, storage_url
+from ._common import UsageError, output_format
+from ._report import cmd_report
 from ._worker import cmd_worker
+
+if TYPE_CHECKING:
+    from ..estimate.footprint import Footprint
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -40,7 +44,7 @@ def _param(text: str) -> tuple[str, Any]:
     return name, value
 
 
-def _print_footprint(fp, budget_line: str | None = None) -> None:
+def _print_footprint(fp: Footprint, budget_line: str | None = None) -> None:
     from .._console import parts, show
 
     table = parts().Table(show_footer=True, box=None, pad_edge=False)
@@ -68,7 +72,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         title, fp = RECIPES[args.recipe].from_args(args, params)
     except EstimateError as exc:  # the params or options given do not describe a run
         raise UsageError(str(exc)) from None
-    if _format(args) == "json":
+    if output_format(args) == "json":
         print(json.dumps(fp.to_dict(), indent=1))
     else:
         print(title)
@@ -84,7 +88,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         cal, profiles, seconds = recipes.calibrate(env_ids=args.env, force=args.force)
     except EstimateError as exc:  # an --env the recipes cannot profile (checked before any probe)
         raise UsageError(str(exc)) from None
-    if _format(args) == "json":
+    if output_format(args) == "json":
         print(
             json.dumps(
                 {
@@ -147,7 +151,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if replayed is not None:  # a trial that ran with --clamp-fixed's values is replayed with them
         argv = list(replayed[0])
         print(f"memprune: {replayed[1]}", file=sys.stderr)
-    if args.dry_run and _format(args) == "json":
+    if args.dry_run and output_format(args) == "json":
         print(
             json.dumps(
                 {
@@ -191,56 +195,6 @@ def _open_run_storage(url: str, named: str) -> None:
         open_storage(url)
     except Exception as exc:  # noqa: BLE001 - a URL that is none, a driver missing, a server gone
         raise UsageError(f"{named} {shown(url)!r} cannot be opened: {first_line(exc)}: nothing was run") from None
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    import optuna
-
-    from .. import report
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url = storage_url(args)
-    if args.dashboard_notes:
-        check_writable(url)  # the notes are written into the storage: say why it cannot be, before reading
-    study = report.load(url, args.study)
-    data = report.build(study)
-    if args.dashboard_notes:
-        try:
-            changed = report.save_notes(study)
-        except MemPruneError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the storage's own errors (a server gone, a locked file)
-            raise MemPruneError(f"cannot write the dashboard notes into {shown(url)}: {first_line(exc)}") from None
-        print(
-            f"optuna-dashboard notes: {changed} of {len(data.trials)} guarded trials written or refreshed",
-            file=sys.stderr,
-        )
-    fmt = _format(args)
-    try:
-        if fmt == "table":
-            from .._console import show
-
-            if args.output:
-                with open(args.output, "w", encoding="utf-8") as f:
-                    show(report.render_table(data), file=f)
-            else:
-                show(report.render_table(data))
-        else:
-            text = report.render_json(data) if fmt == "json" else report.render_html(data)
-            if args.output:
-                with open(args.output, "w", encoding="utf-8") as f:
-                    f.write(text + "\n")
-            else:
-                sys.stdout.write(text + "\n")
-    except OSError as exc:
-        raise MemPruneError(f"cannot write the report to {args.output!r}: {exc.strerror or exc}") from None
-    if args.output:
-        print(f"{fmt} report of study {data.study_name!r} ({len(data.trials)} guarded trials) -> {args.output}")
-    return 0
-
-
-def _format(args: argparse.Namespace) -> str:
-    return getattr(args, "format", None) or "table"
 
 
 def _verbosity() -> argparse.ArgumentParser:
@@ -419,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also write an optuna-dashboard note on every guarded trial (needs optuna-dashboard)",
     )
-    rep.set_defaults(func=_cmd_report)
+    rep.set_defaults(func=cmd_report)
     return parser
 
 
@@ -446,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # one-off calibration lines show unless asked for quiet
         logging.getLogger("optuna_memprune").setLevel(logging.WARNING if quiet else logging.INFO)
         try:
-            return args.func(args)
+            command: Callable[[argparse.Namespace], int] = args.func  # set_defaults(func=...) of its subparser
+            return command(args)
         except ImportError as exc:  # a command that needs an extra this install lacks: one line naming it
             # (worker and run import or run the user's code: its own import errors are its own)
             missing = MissingExtra.of(exc, f"memprune {args.command}") if args.command in _OWN_CODE else None

@@ -1,5 +1,5 @@
-"""What the ``memprune`` subcommands share: the usage error (exit 2), ``module:name`` loading and the
-storage URL (``--storage`` or ``OPTUNA_STORAGE``).
+"""What the ``memprune`` subcommands share: the usage error (exit 2), ``module:name`` loading, the
+storage URL (``--storage`` or ``OPTUNA_STORAGE``) and the output format (``-f/--format``).
 
 Part of the CLI layer; prints nothing itself.
 """
@@ -36,3 +36,9 @@ def storage_url(args: argparse.Namespace) -> str:
     if not url:
         raise UsageError(f"give the study's storage URL (or set {ENV_VAR})")
     return url
+
+
+def output_format(args: argparse.Namespace) -> str:
+    """The ``-f/--format`` a command was given, else ``"table"``."""
+    format_: str | None = getattr(args, "format", None)
+    return format_ or "table"

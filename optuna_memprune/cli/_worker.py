@@ -8,11 +8,17 @@ Part of the CLI layer; knows nothing of the other subcommands.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import MemPruneError
 from ..storages import open_storage
 from ._common import UsageError, load, storage_url
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.pruners import BasePruner
+    from optuna.samplers import BaseSampler
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -106,7 +112,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _worker_study(args: argparse.Namespace, url: str, guard: Any, samplers: dict, pruners: dict) -> Any:
+def _worker_study(
+    args: argparse.Namespace,
+    url: str,
+    guard: Any,
+    samplers: Mapping[str, Callable[..., BaseSampler]],
+    pruners: Mapping[str, Callable[[], BasePruner]],
+) -> optuna.Study:
     """The worker's study, created or loaded; an existing study whose direction is not ``--direction`` is
     refused (it is loaded, so nothing is created)."""
     import optuna

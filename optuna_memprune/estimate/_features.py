@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .checks import EstimateError
+from ..exceptions import EstimateError
 
 #: Words of a param's name that say it sizes something held in memory (``batch_size``, ``n_layers``,
 #: ``hidden_dim``, ``num_leaves``, ``max_bin``, ``buffer_size``, ``seq_len``, ``n_envs``, ``frame_stack``).

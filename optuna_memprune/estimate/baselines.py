@@ -71,7 +71,7 @@ def run_probes(name: str, specs: Sequence[dict[str, Any]], *, timeout: float = P
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
     deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="memprune-probe-") as tmp:
-        procs: list[tuple[subprocess.Popen, Path]] = []
+        procs: list[tuple[subprocess.Popen[bytes], Path]] = []
         try:
             with _sigint_deferred():  # a Ctrl-C inside Popen would leave a started probe unrecorded, unkilled
                 for i, spec in enumerate(specs):
@@ -123,7 +123,7 @@ def _sigint_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     """Kill a probe's session (the probe and what it started: env workers, forkserver) unless it has ended."""
     if proc.poll() is None:
         try:
@@ -136,7 +136,8 @@ def _kill(proc: subprocess.Popen) -> None:
 def _result(spec: dict[str, Any], returncode: int, output: str) -> dict[str, Any]:
     for line in output.splitlines():
         if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
+            result: dict[str, Any] = json.loads(line[len(MARK) :])
+            return result
     tail = output.strip().splitlines()[-5:]
     raise CalibrationError(f"calibration probe {spec} failed (exit {returncode}): " + " | ".join(tail))
 
@@ -202,8 +203,8 @@ class EnvProfile:
     env_id: str
     atari: bool
     frame_stack: int | None
-    observation_space: dict
-    action_space: dict
+    observation_space: dict[str, Any]
+    action_space: dict[str, Any]
     first_env_ram: int  # the first instance in a process (lazy module state, ROM load)
     env_ram: int  # each further instance in the same process
     worker_ram: int = 0  # VmHWM of one SubprocVecEnv worker process
@@ -341,7 +342,7 @@ def _at(raw: Any, *path: str | int, kind: type = int) -> Any:
 
 def _space(raw: Any, name: str) -> dict[str, Any]:
     """A space as the env probe describes it (``probes.env.describe``): a type, a shape of ints, a dtype."""
-    space = _at(raw, name, kind=dict)
+    space: dict[str, Any] = _at(raw, name, kind=dict)
     _at(space, "type", kind=str)
     for i in range(len(_at(space, "shape", kind=list))):
         _at(space, "shape", i)

@@ -1,5 +1,6 @@
 """The cache of this host's measured baselines: one JSON file per set of versions, read, filled on a miss, saved,
-and its stack baseline rechecked once per process (the rule in ``recheck``).
+and its stack baseline rechecked once per process (the rule in ``recheck``; the file's format and its locked,
+atomic write: ``_cache_file``).
 
 Knows nothing of how a probe measures (``probes``, run by ``baselines``), of recipes, Optuna or Footprints.
 """
@@ -12,7 +13,6 @@ import json
 import logging
 import os
 import platform
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from ..exceptions import CalibrationError
 from ..paths import ENV_VAR, CacheDirError, cache_dir, writable_dir
 from . import recheck
+from ._cache_file import SCHEMA, parse, write_merged
 from .baselines import (
     KERNEL_CONVS,
     THREAD_POINTS,
@@ -44,7 +45,6 @@ _logger = logging.getLogger("optuna_memprune.estimate.calibration")
 #: Libraries every probe loads: their versions (with the interpreter's and the platform's) key the cache file.
 #: A recipe's own libraries key the entries it asks for (``versioned`` below), not the whole file.
 CORE = ("torch", "numpy")
-SCHEMA = 1
 
 
 def versions(dists: Iterable[str] = CORE, *, platform_too: bool = True) -> dict[str, str]:
@@ -73,8 +73,6 @@ def _stack_key(imports: tuple[str, ...], train: bool, versioned: Iterable[str]) 
     return key + (f":{_key(versions(versioned, platform_too=False))}" if versioned else "")
 
 
-#: The sections of the cache file that hold one entry per key (the rest hold one value each).
-KEYED = ("stacks", "envs")
 _MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError)
 
 
@@ -125,26 +123,8 @@ class Calibration:
         """Merge ``self.data`` (and ``entry``: section, key or None, value) into the file under the lock; with
         ``stale_before``, drop the keyed entries measured before that time (but ``entry``). The dropped keys."""
         self._check_writable()
-        lock_path = self.path.with_name(self.path.name + ".lock")
         try:
-            with open(lock_path, "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
-                merged = self.data if replace else _merge(_parse(self.path, warn=False), self.data)
-                if entry is not None:
-                    section, key, value = entry
-                    if key is None:
-                        merged[section] = value
-                    else:
-                        merged.setdefault(section, {})[key] = value
-                dropped = [] if stale_before is None else _drop_stale(merged, stale_before, entry)
-                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-                try:
-                    with os.fdopen(fd, "w") as f:
-                        f.write(json.dumps(merged, indent=1, sort_keys=True))
-                    os.replace(tmp, self.path)  # atomic: concurrent readers never see half a file
-                except BaseException:
-                    Path(tmp).unlink(missing_ok=True)
-                    raise
+            merged, dropped = write_merged(self.path, self.data, entry, replace=replace, stale_before=stale_before)
         except OSError as exc:
             raise CalibrationError(
                 f"cannot write the calibration cache {str(self.path)!r}: "
@@ -252,7 +232,7 @@ class Calibration:
                     _RECHECKED[self.path] = "pending"
                     return None
                 _RECHECKED[self.path] = "done"
-                disk = _parse(self.path, warn=False).get("stacks", {}).get(key)
+                disk = parse(self.path, warn=False).get("stacks", {}).get(key)
                 if isinstance(disk, dict) and recheck.recent(disk, now):  # rechecked or measured by another
                     self.data.setdefault("stacks", {})[key] = disk
                     return build(disk)
@@ -423,55 +403,7 @@ def load(path: Path | str | None = None) -> Calibration:
 
 
 def _read(path: Path) -> Calibration:
-    data = _parse(path, warn=True)
+    data = parse(path, warn=True)
     data.setdefault("schema", SCHEMA)
     data.setdefault("versions", versions())
     return Calibration(path, data)
-
-
-def _parse(path: Path, *, warn: bool) -> dict[str, Any]:
-    """The file's content if it is a cache file of this schema, its keyed sections those that are dicts;
-    else ``{}`` (a missing file silently; otherwise with a warning when ``warn``: it is measured again)."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        if warn and not isinstance(exc, (NotADirectoryError, PermissionError)):
-            _logger.warning("The calibration cache %s is unreadable (%s): measuring again.", path, exc)
-        return {}
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        if warn:
-            _logger.warning("The calibration cache %s is not one of schema %d: measuring again.", path, SCHEMA)
-        return {}
-    for section in KEYED:
-        if section in data and not isinstance(data[section], dict):
-            if warn:
-                _logger.warning(
-                    "The calibration cache %s has a malformed %r section: measuring it again.", path, section
-                )
-            del data[section]
-    return data
-
-
-def _drop_stale(data: dict[str, Any], before: float, keep: tuple[str, str | None, Any] | None) -> list[str]:
-    """Remove from ``data``'s stacks and envs the entries measured before ``before`` (or at no known time),
-    but ``keep``'s; their keys."""
-    dropped = []
-    for section in KEYED:
-        entries = data.get(section)
-        for key in sorted(entries if isinstance(entries, dict) else ()):
-            at = entries[key].get("measured_at") if isinstance(entries[key], dict) else None
-            if (keep is None or (section, key) != keep[:2]) and not (isinstance(at, (int, float)) and at >= before):
-                del entries[key]
-                dropped.append(key)
-    return dropped
-
-
-def _merge(disk: dict[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
-    """``disk`` with ``mine``'s entries added where it has none (its own entries are the newer)."""
-    merged = {**mine, **disk}
-    for section in KEYED:
-        ours, theirs = mine.get(section), disk.get(section)
-        merged[section] = {**(ours if isinstance(ours, dict) else {}), **(theirs if isinstance(theirs, dict) else {})}
-    return merged

@@ -7,7 +7,7 @@ a ValueError) and the ceilings; knows nothing of any estimator.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Literal, NamedTuple, overload
 
 from .. import units
 from ..exceptions import EstimateError
@@ -44,13 +44,15 @@ CEILINGS: dict[str, Ceiling] = {
 
 def _shown(value: object) -> str:
     """A value as a message shows it: a huge int in exponent form (not 100 digits)."""
-    if units.is_int(value) and abs(value) >= 10**15:  # type: ignore[arg-type]
-        return f"{float(value):.3g}"  # type: ignore[arg-type]
+    if units.is_int(value) and abs(value) >= 10**15:
+        return f"{float(value):.3g}"
     return repr(value)
 
 
-def check_int(value: object, name: str, *, message: str | None = None, **bounds: Any) -> int:
-    """``units.check_int(value, name, **bounds)``, raising ``EstimateError``.
+def check_int(
+    value: object, name: str, *, message: str | None = None, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """``units.check_int(value, name, minimum=minimum, maximum=maximum)``, raising ``EstimateError``.
 
     ``message`` replaces the helper's own when the int is one part of a larger argument (a shape, a dict).
 
@@ -61,20 +63,38 @@ def check_int(value: object, name: str, *, message: str | None = None, **bounds:
         optuna_memprune.exceptions.EstimateError: batch_size must be a positive int, but got 0.
     """
     try:
-        return units.check_int(value, name, **bounds)  # type: ignore[return-value]
+        return units.check_int(value, name, minimum=minimum, maximum=maximum)
     except ValueError as e:
         raise EstimateError(message or str(e)) from None
 
 
-def check_number(value: object, name: str, *, message: str | None = None, **bounds: Any) -> float:
-    """``units.check_number(value, name, **bounds)``, raising ``EstimateError`` (``message`` as above)."""
+def check_number(
+    value: object,
+    name: str,
+    *,
+    message: str | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    open_min: bool = False,
+    open_max: bool = False,
+) -> float:
+    """``units.check_number(value, name, ...)`` with these bounds, raising ``EstimateError`` (``message`` as
+    above)."""
     try:
-        return units.check_number(value, name, **bounds)  # type: ignore[return-value]
+        return units.check_number(value, name, minimum=minimum, maximum=maximum, open_min=open_min, open_max=open_max)
     except ValueError as e:
         raise EstimateError(message or str(e)) from None
 
 
-def check_count(value: object, name: str, kind: str, *, minimum: int = 1, optional: bool = False) -> int:
+@overload
+def check_count(value: object, name: str, kind: str, *, minimum: int = ..., optional: Literal[False] = ...) -> int: ...
+
+
+@overload
+def check_count(value: object, name: str, kind: str, *, minimum: int = ..., optional: bool) -> int | None: ...
+
+
+def check_count(value: object, name: str, kind: str, *, minimum: int = 1, optional: bool = False) -> int | None:
     """An int in ``[minimum, CEILINGS[kind].value]``, else ``EstimateError`` naming ``name``, the range and,
     above the ceiling, its reason. An integral float (``1e5``, how sizes are written) counts as an int.
 
@@ -90,11 +110,14 @@ def check_count(value: object, name: str, kind: str, *, minimum: int = 1, option
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     ceiling = CEILINGS[kind]
-    if units.is_int(value) and value > ceiling.value:  # type: ignore[operator]
+    if units.is_int(value) and value > ceiling.value:
         raise EstimateError(
             f"{name} must be an int in [{minimum}, {ceiling.shown}], but got {_shown(value)}: {ceiling.reason}."
         )
-    return check_int(value, name, minimum=minimum, optional=optional)  # type: ignore[return-value]
+    try:
+        return units.check_int(value, name, minimum=minimum, optional=optional)
+    except ValueError as e:
+        raise EstimateError(str(e)) from None
 
 
 def check_total(nbytes: int, what: str, hint: str) -> int:

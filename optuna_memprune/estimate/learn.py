@@ -26,8 +26,9 @@ quantile at ``1 - miss_rate`` of the scaled residuals' root mean square, pooled 
 trials of the prior ``PRIOR_Z``: wide while few trials are known, tighter with each. A censored trial
 whose peak is over its leave-one-out fit counts with that residual (it missed at least by it).
 
-The solver is a numpy active-set NNLS (Lawson and Hanson): scipy's ``nnls`` gives the same answer, but
-the core install is Optuna, psutil and numpy only.
+The solver is a numpy active-set NNLS (Lawson and Hanson; ``_nnls.py``, with the censored fit and the
+leave-one-out predictions): scipy's ``nnls`` gives the same answer, but the core install is Optuna, psutil
+and numpy only.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from typing import Any
 
 import numpy as np
 
+from ..exceptions import EstimateError
 from ._features import Encoder, Role, is_number, number, role
-from .checks import EstimateError
+from ._nnls import SCORED, fit_censored, loo, nnls, predict
 
 __all__ = ["Learned", "Model", "Observation", "Role", "learned", "nnls", "role"]
 RESOURCES = ("ram", "vram", "threads")
@@ -51,9 +53,6 @@ MISS_RATE = 0.1  # the default share of trials whose peak may exceed the bound
 #: the end, a LightGBM study whose first draws were stopped warmed up for 9 and 11 trials (bench_clients).
 WARMUP = 4
 MIN_DONE = 2
-SCORED = 40  # the most recent observations scored by leave-one-out (older ones are fitted only)
-_IMPUTE_ROUNDS = 3  # censored targets raised to the fit this many times
-_CENSORED_WEIGHT = 10.0  # the weight of a censored trial the fit puts below what it reached
 #: Trials observed before a param's direction may be turned to "memory falls as it grows": with fewer, a
 #: param that merely varies alongside one that takes memory (confounded) looks like it.
 MIN_TURN = 20
@@ -200,7 +199,7 @@ class Model:
             enc = Encoder.corrected(resource, rows)
             x = enc.matrix(rows)
             # before the warm-up: the function's figures as they are (their residuals price the bound)
-            w = _fit_censored(x, y, censored) if self.ready else np.array([0.0, enc.scale])
+            w = fit_censored(x, y, censored) if self.ready else np.array([0.0, enc.scale])
             return self._errors(resource, _Fit(enc, w), x, y, censored)
         full = Encoder.of(self.settings, rows, y)
         prior = [
@@ -221,15 +220,15 @@ class Model:
                 best = (err, enc, x)
         assert best is not None
         _, enc, x = best
-        return self._errors(resource, _Fit(enc, _fit_censored(x, y, censored)), x, y, censored)
+        return self._errors(resource, _Fit(enc, fit_censored(x, y, censored)), x, y, censored)
 
     def _errors(self, resource: str, fit: _Fit, x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> _Fit:
         """The fit's base and the bound's quantile from its leave-one-out residuals (see the module)."""
-        fit.base = max(min(float(fit.weights[0]), float(_predict(x, fit.weights).min())), 0.0)
+        fit.base = max(min(float(fit.weights[0]), float(predict(x, fit.weights).min())), 0.0)
         if self.corrected and not self.ready:  # the function's own figures: each residual is out of sample
-            preds = _predict(x, fit.weights)[-SCORED:]
+            preds = predict(x, fit.weights)[-SCORED:]
         else:
-            preds = _loo(x, y, censored) if len(y) > 1 else np.full(len(y), np.nan)
+            preds = loo(x, y, censored) if len(y) > 1 else np.full(len(y), np.nan)
         z = [
             (yy - p) / max(_scale(resource, p, fit.base), 1.0)  # at least a byte, a thread
             for yy, p, c in zip(y[-len(preds) :], preds, censored[-len(preds) :], strict=False)
@@ -275,8 +274,8 @@ class Model:
         fit = self._fits.get("ram")
         out = []
         for name, (lo, hi, direction, _) in ({} if fit is None else fit.encoder.numeric).items():
-            value = params.get(name)
-            if is_number(value) and (float(value) < lo if direction > 0 else float(value) > hi):
+            value = number(params.get(name))
+            if value is not None and (value < lo if direction > 0 else value > hi):
                 out.append(name)
         return out
 
@@ -356,13 +355,13 @@ def _evidence(
 
     def score(e: Encoder) -> tuple[float, float, np.ndarray, dict[str, float]]:
         x = e.matrix(rows)
-        preds = _loo(x, y, censored)
+        preds = loo(x, y, censored)
         done = ~censored[-len(preds) :] & np.isfinite(preds)
         yd = y[-len(preds) :][done]
         resid = yd - preds[done]
         noise = float(np.sqrt(np.mean(resid**2))) if len(resid) else 0.0
         err = float(np.mean(np.abs(resid) / yd)) if len(resid) else math.inf
-        return err, noise, x, e.effects(x, _fit_censored(x, y, censored))
+        return err, noise, x, e.effects(x, fit_censored(x, y, censored))
 
     err, noise, x, effects = score(enc)
     for name in candidates:
@@ -392,7 +391,7 @@ def _directed(enc: Encoder, settings: Learned, rows: list[Observation], y: np.nd
     def error(e: Encoder) -> float:
         x = e.matrix(rows)
         done = ~censored
-        return float(np.mean(np.abs(_predict(x, _fit_censored(x, y, censored))[done] - y[done]) / y[done]))
+        return float(np.mean(np.abs(predict(x, fit_censored(x, y, censored))[done] - y[done]) / y[done]))
 
     best = error(enc)
     for name in [n for n in enc.numeric if n not in settings.monotone]:
@@ -401,71 +400,3 @@ def _directed(enc: Encoder, settings: Learned, rows: list[Observation], y: np.nd
         if err < 0.8 * best:  # a clear improvement only: one noisy peak must not turn a param around
             enc, best = other, err
     return enc
-
-
-# -- fitting ------------------------------------------------------------------------------------------
-
-
-def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
-    """Non-negative least squares (Lawson and Hanson's active set): ``argmin |a w - b|, w >= 0``.
-
-    Example:
-        >>> nnls(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([2.0, -1.0])).tolist()
-        [2.0, 0.0]
-    """
-    w = np.zeros(a.shape[1])
-    passive = np.zeros(a.shape[1], dtype=bool)
-    for _ in range(iterations):
-        grad = a.T @ (b - a @ w)
-        free = ~passive & (grad > 1e-12 * max(1.0, float(np.abs(grad).max())))
-        if not free.any():
-            break
-        passive[int(np.argmax(np.where(free, grad, -np.inf)))] = True
-        while passive.any():
-            s = np.zeros_like(w)
-            s[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-            if (s[passive] > 0).all():
-                w = s
-                break
-            neg = passive & (s <= 0)
-            w = w + np.min(w[neg] / np.maximum(w[neg] - s[neg], 1e-300)) * (s - w)
-            passive &= w > 1e-12
-            w[~passive] = 0.0
-    return w
-
-
-def _solve(x: np.ndarray, y: np.ndarray, boost: np.ndarray | None = None) -> np.ndarray:
-    """The relative-error non-negative fit of ``y`` on the rows ``x`` (rows weighted ``boost`` times more)."""
-    weight = 1.0 / np.maximum(y, 1e-9 * max(float(y.max()), 1.0))
-    if boost is not None:
-        weight = weight * boost
-    return nnls(x * weight[:, None], y * weight)
-
-
-def _fit_censored(x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> np.ndarray:
-    """The fit, a censored trial's target raised to the fit where the fit says it needed more."""
-    done = ~censored
-    # first the trials that ran to the end (a censored peak far below the fit must not bend it), then each
-    # censored target raised to the fit wherever the fit says it needed more than it reached
-    w = _solve(x[done], y[done]) if done.sum() >= 2 else _solve(x, y)
-    for _ in range(_IMPUTE_ROUNDS if censored.any() else 0):
-        fit = _predict(x, w)
-        target = np.where(censored, np.maximum(y, fit), y)
-        # a censored trial the fit puts under what it reached is a hard fact the fit must meet: weighed more
-        w = _solve(x, target, np.where(censored & (fit < y), _CENSORED_WEIGHT, 1.0))
-    return w
-
-
-def _predict(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return np.maximum(x @ w, 0.0)
-
-
-def _loo(x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> np.ndarray:
-    """The leave-one-out fit of the last ``SCORED`` observations (NaN where the rest hold no trial that ran
-    to the end)."""
-    out = []
-    for i in range(max(0, len(y) - SCORED), len(y)):
-        keep = np.arange(len(y)) != i
-        ok = (~censored[keep]).any()
-        out.append(float(_predict(x[i : i + 1], _fit_censored(x[keep], y[keep], censored[keep]))[0]) if ok else np.nan)
-    return np.array(out)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from .. import procfs
 from ..units import format_bytes
@@ -123,7 +123,7 @@ def compare(label: str, cached: dict[str, Any], fresh: dict[str, Any], measured_
     return Verdict("drifted", f"The calibrated baseline of {label} drifted: {figures}")
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

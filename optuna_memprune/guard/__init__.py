@@ -8,12 +8,13 @@ process-per-trial runner, ``memprune run``) sit above this package and take what
 
 from __future__ import annotations
 
-from ..records import Decision, TrialRecord
+from ..records import Decision, Enforcement, EnforcementMode, TrialRecord
 from ..records import read as read_record
 from ._guard import MemoryGuard
-from ._objective import GuardedObjective, MemoryBudgetExceeded
+from ._objective import GuardedObjective
 from ._pruner import GuardedPruner
 from ._sampler import GuardedSampler
+from ._watch import MemoryBudgetExceeded
 
 __all__ = [
     "MemoryGuard",
@@ -22,6 +23,8 @@ __all__ = [
     "GuardedObjective",
     "MemoryBudgetExceeded",
     "Decision",
+    "Enforcement",
+    "EnforcementMode",
     "TrialRecord",
     "read_record",
 ]

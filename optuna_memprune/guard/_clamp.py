@@ -130,19 +130,19 @@ class ClampSearch:
         low_fp = fp(float(dist.low))
         if self._excess(low_fp):
             return float(dist.low), low_fp, False
-        lo, hi = to_t(dist.low), to_t(current)
+        t_lo, t_hi = to_t(dist.low), to_t(current)
         best, best_fp = float(dist.low), low_fp
         tol = _BISECT_TOL * (to_t(dist.high) - to_t(dist.low))
         for _ in range(_BISECT_STEPS):
-            if hi - lo <= tol:
+            if t_hi - t_lo <= tol:
                 break
-            mid = (lo + hi) / 2
-            value = min(max(from_t(mid), float(dist.low)), float(current))
+            t_mid = (t_lo + t_hi) / 2
+            value = min(max(from_t(t_mid), float(dist.low)), float(current))
             mid_fp = fp(value)
             if self._excess(mid_fp):
-                hi = mid
+                t_hi = t_mid
             else:
-                lo, best, best_fp = mid, value, mid_fp
+                t_lo, best, best_fp = t_mid, value, mid_fp
         return best, best_fp, True
 
     def _lowest(self, assignment: dict[str, Any], name: str, dist: BaseDistribution) -> Any | None:
@@ -173,15 +173,20 @@ class ClampSearch:
         return sum(over / max(self._limits[r], 1) for r, over in self._excess(footprint).items())
 
     def _load(self, footprint: Footprint) -> float:
-        return sum(getattr(footprint, r) / max(limit, 1) for r, limit in self._limits.items())
+        load: float = 0
+        for r, limit in self._limits.items():
+            used: int = getattr(footprint, r)
+            load += used / max(limit, 1)
+        return load
 
 
-def _grid(dist: IntDistribution | FloatDistribution, current: Any):  # type: ignore[no-untyped-def]
+def _grid(dist: IntDistribution | FloatDistribution, current: Any) -> Callable[[int], float] | None:
     """Index -> value over the grid of an int or stepped float param; ``None`` for continuous floats."""
     if isinstance(dist, IntDistribution):
         return lambda k: int(dist.low + k * dist.step)
-    if dist.step is not None:
-        return lambda k: float(min(dist.low + k * dist.step, dist.high))
+    step = dist.step
+    if step is not None:
+        return lambda k: float(min(dist.low + k * step, dist.high))
     return None
 
 

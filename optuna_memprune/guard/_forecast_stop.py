@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..monitor import Forecast, forecast
 from ..units import format_bytes, is_int
+from ._core import policy_of
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
 
-    from ._policy import Guard
+    from ._core import Guard
     from ._trials import TrialGuardState
 
 _logger = logging.getLogger("optuna_memprune.guard")
@@ -204,7 +205,7 @@ def trial_forecast(guard: Guard, storage: BaseStorage, state: TrialGuardState) -
     """The forecast of one trial, reading its step and params from ``storage`` (the trial's own in process,
     the study's in the runner's parent); ``None`` when there is none to make (no RAM budget,
     ``horizon=False``)."""
-    horizon, limit = getattr(guard, "horizon", None), guard.policy.budget.ram
+    horizon, limit = getattr(guard, "horizon", None), policy_of(guard).budget.ram
     if limit is None or horizon is False:
         return None
 

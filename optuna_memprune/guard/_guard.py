@@ -1,7 +1,8 @@
 """MemoryGuard: the user's footprint, budget and choices, checked, and the wrappers that apply them.
 
-Owns argument checking and what one guard holds (its policy, trial registry and warnings); the sampler,
-pruner and objective wrappers do the Optuna-facing work and know nothing of each other.
+Owns argument checking; what one guard holds (its policy, trial registry and warnings) is its base class's,
+``Guard`` (``_core.py``), and not the user's. The sampler, pruner and objective wrappers do the Optuna-facing
+work and know nothing of each other.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from ..budget import RAM_FLOOR, Budget
 from ..estimate.learn import Learned, learned
 from ..monitor import gpu_reader
 from ..units import check_number, format_bytes
+from ._core import Guard
 from ._forecast_stop import check_horizon
 from ._learning import Learning
 from ._objective import GuardedObjective
 from ._policy import Policy
 from ._pruner import GuardedPruner
 from ._sampler import GuardedSampler
-from ._trials import TrialRegistry
-from ._warn import OnceWarnings
 
 if TYPE_CHECKING:
     import optuna
@@ -38,7 +38,7 @@ MAX_INTERVAL_S = 10.0  # slower ones let a trial allocate and free far over its 
 PROCESS_THREADS = 2
 
 
-class MemoryGuard:
+class MemoryGuard(Guard):
     """Keeps Optuna trials inside a per-process memory and thread budget.
 
     Before a trial launches, the wrapped sampler draws the trial's whole assignment over the known search
@@ -188,8 +188,8 @@ class MemoryGuard:
         if on_footprint_error not in _ON_ERROR:
             raise ValueError(f"on_footprint_error must be 'warn' or 'raise', but got {on_footprint_error!r}.")
         _check_soft_line(budget, float(soft))
-        self._horizon = check_horizon(horizon)
-        self._policy = Policy(
+        checked_horizon = check_horizon(horizon)
+        policy = Policy(
             footprint,
             budget,
             on_infeasible=on_infeasible,
@@ -201,7 +201,7 @@ class MemoryGuard:
             on_footprint_error=on_footprint_error,
             learning=learning,
         )
-        self._init_runtime_state()
+        super().__init__(policy, checked_horizon)
         if budget.vram is not None and not _gpu_visible():
             why = (
                 'nvidia-ml-py is not installed: pip install "optuna-memprune[gpu]"'
@@ -215,18 +215,6 @@ class MemoryGuard:
                     "VRAM is predicted only, never measured, and no trial is stopped for its VRAM."
                 ),
             )
-
-    def _init_runtime_state(self) -> None:
-        self._trials = TrialRegistry()
-        self._warnings = OnceWarnings()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Running trials and given warnings stay in their process; the configuration travels.
-        return {"_policy": self._policy, "_horizon": self._horizon}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._init_runtime_state()
 
     def __repr__(self) -> str:
         policy = self._policy
@@ -254,23 +242,6 @@ class MemoryGuard:
     def wrap_objective(self, objective: Callable[[optuna.Trial], Any]) -> GuardedObjective:
         """``objective`` run under the monitor, with rejection and the trial record; see GuardedObjective."""
         return GuardedObjective(objective, self)
-
-    # -- what the wrappers and the runner share (the package's, not the user's) ----------------------
-
-    @property
-    def policy(self) -> Policy:
-        """The footprint, budget and choices, and the rules the wrappers apply with them."""
-        return self._policy
-
-    @property
-    def trials(self) -> TrialRegistry:
-        """This guard's trials in this process."""
-        return self._trials
-
-    @property
-    def warnings(self) -> OnceWarnings:
-        """The misuse warnings this guard gave (each once)."""
-        return self._warnings
 
 
 def _check_soft_line(budget: Budget, soft: float) -> None:

@@ -1,6 +1,7 @@
 """GuardedObjective: runs the user's objective under the monitor, rejects, stops and writes the record.
 
-Owns the in-process hard stop (an exception raised in the trial's thread); knows nothing of how the
+Owns a trial's run in this process, from its start level to its record, and the storing of a rejected trial;
+the readings, crossings and the interrupt that stops a trial are ``_watch.py``'s. Knows nothing of how the
 assignment was checked or clamped.
 """
 
@@ -10,8 +11,6 @@ import dataclasses
 import functools
 import logging
 import threading
-import time
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,45 +23,20 @@ from optuna.distributions import (
 )
 
 from .. import _internals, records
-from ..monitor import Monitor, Reading, downsample
 from ..records import Decision
-from ._forecast_stop import StepForecast, trial_forecast
-from ._interrupt import importing, set_async_exc
+from ._core import check_guard, policy_of, trials_of, warnings_of
+from ._forecast_stop import trial_forecast
 from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cuda_peak
 from ._outcome import Outcome, trial_outcome
-from ._peak_rss import peak_rss
-from ._policy import check_guard
-from ._start import ProcessLevels, allowance, charged, describe_allowance, trim_heap
+from ._start import allowance, describe_allowance, trim_heap
 from ._trials import TrialGuardState
+from ._watch import Interrupt, Live, MemoryBudgetExceeded, watch_of
 
 if TYPE_CHECKING:
-    from ._policy import Guard, Policy
+    from ._core import Guard
+    from ._policy import Policy
 
 _logger = logging.getLogger("optuna_memprune.guard")
-
-_TIMELINE_POINTS = 200  # points of the record's timeline
-_KEEP_POINTS = 512  # points a running trial keeps before halving them (as Monitor does)
-_IDLE_READINGS = 10  # the shared monitor stops after this many readings with no trial running
-
-
-class MemoryBudgetExceeded(optuna.TrialPruned):
-    """The trial's process crossed its budget while the trial ran; the trial ends PRUNED.
-
-    ``reading`` is the monitor's reading that crossed (a ``optuna_memprune.monitor.Reading``).
-    An objective that catches ``Exception`` around its training loop swallows it; let
-    ``optuna.TrialPruned`` through.
-    """
-
-    def __init__(self, message: str = "", reading: Reading | None = None) -> None:
-        super().__init__(message)
-        self.reading = reading
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.reading))
-
-
-class _Interrupt(MemoryBudgetExceeded):
-    """Raised asynchronously in the trial's thread (by class, without arguments); re-raised as its base."""
 
 
 class GuardedObjective:
@@ -120,7 +94,8 @@ class GuardedObjective:
 
     def __call__(self, trial: optuna.Trial) -> Any:
         guard = self._guard
-        state = guard.trials.open(_internals.trial_id(trial), trial.number)
+        trials = trials_of(guard)
+        state = trials.open(_internals.trial_id(trial), trial.number)
         state.enforced = True
         _read_start(guard, state)
         try:
@@ -128,13 +103,13 @@ class GuardedObjective:
         except Exception:
             try:
                 if state.sampled:  # the footprint's error with on_footprint_error="raise": say so on the trial
-                    records.write(trial, guard.policy.record(state, trial.params, repredict=False))
+                    records.write(trial, policy_of(guard).record(state, trial.params, repredict=False))
             except Exception:  # the original error matters more
                 _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
-            guard.trials.close(state.trial_id)
+            trials.close(state.trial_id)
             raise  # a configuration error (unknown clamp name), the footprint's, or the base sampler's own
         if not state.sampled:
-            guard.warnings.once(
+            warnings_of(guard).once(
                 "unguarded-sampler",
                 "study.sampler is not guard.wrap_sampler(...): trials run unchecked, under the monitor only.",
             )
@@ -148,11 +123,12 @@ class GuardedObjective:
         raise optuna.TrialPruned(f"memprune rejected the trial before launch: {state.reason}")
 
     def _run(self, trial: optuna.Trial, state: TrialGuardState) -> Any:
-        guard, policy = self._guard, self._guard.policy
-        if guard.trials.enter_run(state) == 1:
+        guard = self._guard
+        policy, trials = policy_of(guard), trials_of(guard)
+        if trials.enter_run(state) == 1:
             reset_cuda_peak()  # where the objective runs torch on CUDA: its peak is this trial's
         else:
-            guard.warnings.once(
+            warnings_of(guard).once(
                 "n_jobs",
                 "Trials run as threads of one process (study.optimize(n_jobs>1)): the guard budgets the "
                 "process as a whole, and a breach stops every guarded trial running in it. Use "
@@ -161,13 +137,13 @@ class GuardedObjective:
         if state.allowance:
             words = describe_allowance(policy, state)
             state.reason = f"{state.reason}; {words}"
-            guard.warnings.once(
+            warnings_of(guard).once(
                 "leftover", f"Trial {trial.number}: {words}. Said once; each such trial's record says so."
             )
         forecast = trial_forecast(guard, trial.storage, state)
         if forecast is not None:
             forecast.limit += state.allowance.get("ram", 0)
-        live = _Live(guard, state, threading.get_ident(), forecast)
+        live = Live(guard, state, threading.get_ident(), forecast)
         own: dict[str, int] | None = None  # the trial's increments, where it ran to the end alone
         watch = watch_of(guard)
         stopped = soft_pruned = returned = False
@@ -180,7 +156,7 @@ class GuardedObjective:
                 return value
             finally:
                 live.disarm()
-        except _Interrupt as interrupt:
+        except Interrupt as interrupt:
             live.disarm()  # the only interrupt of this trial was delivered: this call completes
             stopped = True
             reason = _outcome(policy, state, stopped=True, forecast=live.forecast_reason()).reason
@@ -213,11 +189,11 @@ class GuardedObjective:
                     end = end._replace(reason=f"{end.reason} (its lines raised by what earlier trials left)")
                 peaks = with_cuda_peak(live.peaks())
                 if returned and state.hard_reading is None and state.start is not None and not state.concurrent:
-                    own = {
-                        r: v - state.start[r]
-                        for r, v in peaks.items()  # type: ignore[operator]
-                        if v is not None and state.start.get(r) is not None
-                    }
+                    own = {}
+                    for r, v in peaks.items():
+                        at_start = state.start.get(r)
+                        if v is not None and at_start is not None:
+                            own[r] = v - at_start
                 peaks = oom.needs(peaks, policy.budget) if oom is not None else peaks
                 record = policy.record(
                     state,
@@ -234,8 +210,8 @@ class GuardedObjective:
             except Exception:  # bookkeeping must not change how the trial ends
                 _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
             finally:
-                guard.trials.exit_run(state)
-                guard.trials.close(state.trial_id)
+                trials.exit_run(state)
+                trials.close(state.trial_id)
                 if live.grew():
                     trim_heap()
                 watch.levels.ended(state.start, own)  # the next start gives back first where this trial left any
@@ -248,12 +224,13 @@ def _read_start(guard: Guard, state: TrialGuardState) -> None:
         watch = watch_of(guard)
         # the guard's monitor thread counts in every reading while a trial runs, the footprint's worker in
         # none: so in the start level
-        own = (0 if watch.watching else 1) - guard.policy.own_threads
-        start = watch.levels.start(alone=not guard.trials.running(), threads=own)
+        policy = policy_of(guard)
+        own = (0 if watch.watching else 1) - policy.own_threads
+        start = watch.levels.start(alone=not trials_of(guard).running(), threads=own)
     except Exception as exc:  # noqa: BLE001 - the guard's own failure never stops a trial
         _logger.warning("Trial %d: reading the process's usage at the start failed: %s", state.number, exc)
         return
-    state.start, state.allowance = start.level, allowance(guard.policy, start)
+    state.start, state.allowance = start.level, allowance(policy, start)
 
 
 def store_rejection(guard: Guard, trial: optuna.Trial, state: TrialGuardState, **record: Any) -> None:
@@ -266,9 +243,9 @@ def store_rejection(guard: Guard, trial: optuna.Trial, state: TrialGuardState, *
     except Exception as exc:  # noqa: BLE001 - the trial still ends PRUNED, with what was stored
         _logger.warning("Trial %d: storing the rejected params failed: %s", trial.number, exc)
     try:
-        records.write(trial, guard.policy.record(state, trial.params, **record))
+        records.write(trial, policy_of(guard).record(state, trial.params, **record))
     finally:
-        guard.trials.close(state.trial_id)
+        trials_of(guard).close(state.trial_id)
 
 
 def _outcome(
@@ -292,191 +269,6 @@ def _outcome(
         out_of_memory=out_of_memory,
         ended_first="the objective ended first or caught the interrupt",
         forecast=forecast,
-    )
-
-
-class _Live:
-    """The monitor's side of one trial: its readings, soft and hard crossings, the one interrupt."""
-
-    def __init__(
-        self, guard: Guard, state: TrialGuardState, thread_id: int, forecast: StepForecast | None = None
-    ) -> None:
-        self._policy = guard.policy
-        self.forecast = forecast
-        self._state = state
-        self._thread_id = thread_id
-        self._lock = threading.Lock()
-        self._armed = True
-        self._fired = False
-        self._deferred = False  # an interrupt due while the trial's thread imported a module
-        self._start = time.monotonic()
-        self._hwm0 = peak_rss()  # this process's peak RSS so far: a rise above it happened in the trial
-        self._base = charged(guard.policy, state)  # the soft line's margin is on the room above it
-        self._peak: Reading | None = None
-        self._points: list[tuple[float, int, int, int | None]] = []
-
-    def on_reading(self, reading: Reading) -> None:
-        """Called from the monitor's thread for every reading while the trial runs."""
-        if reading.t < self._start:  # taken before this trial began (while an earlier one ran)
-            return
-        own = self._policy.own_threads  # the footprint's worker, lingering after the sampler's check
-        if own:
-            reading = reading._replace(threads=max(reading.threads - own, 0))
-        with self._lock:
-            self._peak = reading if self._peak is None else _max_reading(self._peak, reading)
-            self._points.append((reading.t, reading.rss, reading.threads, reading.vram))
-            if len(self._points) >= _KEEP_POINTS:
-                self._points = downsample(self._points, _KEEP_POINTS // 2)
-        state, policy = self._state, self._policy
-        if state.soft_reading is None and policy.over(reading, policy.soft, state.allowance, self._base):
-            state.soft_reading = reading
-        if state.hard_reading is None and policy.over(reading, 1.0, state.allowance):
-            state.hard_reading = reading
-            self._fire()
-        elif self.forecast is not None and self.forecast.on_reading(reading.t, reading.rss) is not None:
-            self._fire()  # projected over the budget at the trial's last step
-        elif self._deferred:
-            self._fire()  # an import ran when it was due: at the first reading after it
-
-    def forecast_reason(self) -> str | None:
-        """The reason of the forecast stop, ``None`` when the forecast stopped nothing."""
-        return None if self.forecast is None else self.forecast.reason()
-
-    def _fire(self) -> None:
-        """Interrupt the trial's thread, unless it is importing a module now: an exception there would leave
-        a package half-imported in ``sys.modules`` for every later trial of the process (torch's optimizer
-        importing ``torch._dynamo`` and sympy, stopped midway, broke every later trial). Then it waits for the
-        next reading (``_deferred``)."""
-        with self._lock:
-            if self._armed and not self._fired:
-                self._deferred = importing(self._thread_id)
-                if not self._deferred:
-                    set_async_exc(self._thread_id, _Interrupt)
-                    self._fired = True
-
-    def disarm(self) -> None:
-        """No interrupt can reach the trial's thread once this returns (an undelivered one is cleared)."""
-        with self._lock:
-            self._armed = False
-            if self._fired:
-                set_async_exc(self._thread_id, None)
-
-    def grew(self) -> bool:
-        """Whether the trial ran for at least one reading or raised the process's peak RSS: only then may
-        it have left freed heap behind worth trimming."""
-        with self._lock:
-            return self._peak is not None or peak_rss() > self._hwm0
-
-    def peaks(self) -> dict[str, int | None]:
-        """The trial's highest ``ram``, ``vram`` and ``threads`` (``None``: no reading in the trial).
-
-        ``ram`` is also raised to this process's peak RSS (VmHWM, from ``getrusage``) when that rose during
-        the trial: it catches a spike between two readings, even in a trial shorter than one interval.
-        """
-        with self._lock:
-            peak = self._peak
-        hwm = peak_rss()
-        ram = None if peak is None else peak.rss
-        if hwm > self._hwm0:
-            ram = hwm if ram is None else max(ram, hwm)
-        return {
-            "ram": ram,
-            "vram": None if peak is None else peak.vram,
-            "threads": None if peak is None else peak.threads,
-        }
-
-    def timeline(self) -> list[tuple[float, int, int, int | None]]:
-        """``(t_s, rss, threads, vram)`` since the trial started, downsampled keeping each column's maxima."""
-        with self._lock:
-            points = downsample(self._points, _TIMELINE_POINTS)
-        return [(round(max(t - self._start, 0.0), 3), rss, threads, vram) for t, rss, threads, vram in points]
-
-
-class _Watch:
-    """One Monitor of this process per guard, shared by the guard's running trials, and their start levels.
-
-    Started by the first trial, kept across trials (a trial pays no thread start), stopped by its own thread
-    after ``_IDLE_READINGS`` readings without a trial. With ``n_jobs>1`` every running trial gets every
-    reading of the one process.
-    """
-
-    def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self.levels = ProcessLevels()  # the trials' start levels in this process
-        self._lock = threading.Lock()
-        self._monitor: Monitor | None = None
-        self._lives: dict[int, _Live] = {}
-        self._idle = 0
-
-    def subscribe(self, live: _Live, number: int) -> None:
-        """Watch ``live``'s trial from the monitor's next reading on (started here if none runs)."""
-        try:
-            with self._lock:
-                if self._monitor is None:
-                    # no timeline of its own (each trial keeps its points): it lives across trials
-                    self._monitor = Monitor(
-                        interval=self._interval, on_reading=self._on_reading, max_timeline=0
-                    ).start()
-                self._lives[id(live)] = live
-                self._idle = 0
-        except _Interrupt:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a trial without readings still runs
-            _logger.warning("Trial %d: the monitor could not start (%s); it runs unwatched.", number, exc)
-
-    @property
-    def watching(self) -> bool:
-        """Whether the monitor's thread runs now."""
-        with self._lock:
-            return self._monitor is not None
-
-    def unsubscribe(self, live: _Live) -> None:
-        with self._lock:
-            self._lives.pop(id(live), None)
-
-    def _on_reading(self, reading: Reading) -> None:
-        with self._lock:
-            lives = list(self._lives.values())
-            if not lives:
-                self._idle += 1
-                if self._idle >= _IDLE_READINGS and self._monitor is not None:
-                    monitor, self._monitor = self._monitor, None
-                    monitor.stop()  # from the monitor's own thread: returns at once, the thread ends
-                return
-        for live in lives:
-            try:
-                live.on_reading(reading)
-            except Exception:  # one trial's bookkeeping must not starve the others
-                _logger.exception("memprune: handling a reading failed")
-
-
-_WATCHES_LOCK = threading.Lock()
-# The guard's one Watch, kept beside its trial registry (both are per guard and per process) for as long as
-# the guard lives: an unpickled guard gets a registry, and so a Watch, of its own.
-_WATCHES: weakref.WeakKeyDictionary[Any, _Watch] = weakref.WeakKeyDictionary()
-
-
-def watch_of(guard: Guard) -> _Watch:
-    """The guard's shared monitor of this process (created on first use)."""
-    with _WATCHES_LOCK:
-        watch = _WATCHES.get(guard.trials)
-        if watch is None:
-            watch = _WATCHES[guard.trials] = _Watch(guard.policy.interval)
-        return watch
-
-
-def _max_reading(a: Reading, b: Reading) -> Reading:
-    def top(x: int | None, y: int | None) -> int | None:
-        return y if x is None else x if y is None else max(x, y)
-
-    return Reading(
-        t=b.t if b.rss > a.rss else a.t,
-        rss=max(a.rss, b.rss),
-        hwm=max(a.hwm, b.hwm),
-        threads=max(a.threads, b.threads),
-        processes=max(a.processes, b.processes),
-        pss=top(a.pss, b.pss),
-        vram=top(a.vram, b.vram),
     )
 
 

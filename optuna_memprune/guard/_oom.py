@@ -155,12 +155,14 @@ def _size(pattern: re.Pattern[str], message: str) -> int | None:
 
 def _array_bytes(exc: MemoryError) -> int | None:
     """numpy's exact request (its error carries the array's ``shape`` and ``dtype``), else None."""
-    shape, dtype = getattr(exc, "shape", None), getattr(exc, "dtype", None)
+    # whatever the error carries: an object that is no shape or dtype fails below and counts as none
+    shape: Any = getattr(exc, "shape", None)
+    dtype: Any = getattr(exc, "dtype", None)
     try:
         count = 1
-        for n in shape:  # type: ignore[union-attr]
+        for n in shape:
             count *= int(n)
-        return count * int(dtype.itemsize)  # type: ignore[union-attr]
+        return count * int(dtype.itemsize)
     except (TypeError, AttributeError, ValueError):
         return None
 

@@ -1,32 +1,28 @@
 """The guard's rules, shared by its wrappers: predict a footprint, measure it and a reading against the
 budget, describe a crossing in words, and build a trial's record.
 
-Owns the guard's configuration and the footprint cache; knows nothing of Optuna's sampler, pruner or
-trial machinery, nor of processes and monitors.
+Owns the guard's configuration; the footprint function's cache is ``_cache.py``'s. Knows nothing of Optuna's
+sampler, pruner or trial machinery, nor of processes and monitors.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..budget import Budget, soft_line
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision, TrialRecord
 from ..units import format_bytes
-from ._call import FootprintTimeout, LimitedCall, NoFootprint, NotAFootprint
+from ._cache import FootprintCache
+from ._call import FootprintTimeout, NoFootprint, NotAFootprint
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
     from ..monitor import Reading
     from ._learning import Learning
-    from ._trials import TrialGuardState, TrialRegistry
-    from ._warn import OnceWarnings
-
-_CACHE_SIZE = 4096  # footprints kept per guard; the clamp search evaluates tens per infeasible trial
+    from ._trials import TrialGuardState
 
 
 class Policy:
@@ -76,10 +72,7 @@ class Policy:
         self._init_cache()
 
     def _init_cache(self) -> None:
-        self._lock = threading.Lock()
-        self._caller = LimitedCall(self._footprint, self._footprint_timeout)  # one call at a time
-        self._cache: OrderedDict[tuple, Footprint] = OrderedDict()
-        self._not_params: set[str] = set()  # names the footprint asked for that a trial did not suggest
+        self._footprints = FootprintCache(self._footprint, self._footprint_timeout)
 
     def __getstate__(self) -> dict[str, Any]:
         keep = (
@@ -157,7 +150,7 @@ class Policy:
         """What the record says of the learned prediction of ``params`` (``None`` without learning)."""
         if self._learning is None:
             return None
-        raw = self._cached(params) if self._footprint is not None else None
+        raw = self._footprints.get(params) if self._footprint is not None else None
         return self._learning.info(params, raw, warmup, self.room(base))
 
     def room(self, base: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -185,13 +178,12 @@ class Policy:
     def own_threads(self) -> int:
         """Threads of this process the guard runs for the footprint's time limit now (its worker, kept up to
         a second after its last call): readings of a trial leave them out."""
-        return self._caller.threads
+        return self._footprints.threads
 
     @property
     def cached_footprints(self) -> int:
         """How many footprints the cache holds."""
-        with self._lock:
-            return len(self._cache)
+        return len(self._footprints)
 
     # -- before launch --------------------------------------------------------------------------------
 
@@ -202,43 +194,15 @@ class Policy:
         returns something else than a Footprint, or :class:`FootprintTimeout` over ``footprint_timeout``.
 
         How the limit applies (a worker thread, abandoned past it; a cold start; calibration not counted):
-        :class:`~optuna_memprune.guard._call.LimitedCall`. A late answer still fills the cache.
+        :class:`~optuna_memprune.guard._call.LimitedCall`. A late answer still fills the cache
+        (:class:`~optuna_memprune.guard._cache.FootprintCache`).
         ``explore=False``: a learned footprint's bound even where the trial would run unchecked to explore
         (a clamp search's candidates). ``base``: the usage a learned increment adds to (:meth:`room`).
         """
         if self._learning is not None:
-            raw = None if self._footprint is None else self._raw(params)
+            raw = None if self._footprint is None else self._footprints(params)
             return self._learning.footprint(params, raw, self.room(base), explore=explore)
-        return self._raw(params)
-
-    def _raw(self, params: dict[str, Any]) -> Footprint:
-        """The footprint function's own figures (cached)."""
-        key = _key(params)
-        hit = self._cached(params, key)
-        if hit is not None:
-            return hit
-        result = self._caller(dict(params), lambda late: self._store(key, late))
-        if not isinstance(result, Footprint):
-            raise NotAFootprint(_kind(result))
-        self._store(key, result)
-        return result
-
-    def _cached(self, params: dict[str, Any], key: tuple | None = None) -> Footprint | None:
-        key = key if key is not None else _key(params)
-        if key is None:
-            return None
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-            return hit
-
-    def _store(self, key: tuple | None, result: Any) -> None:
-        if key is not None and isinstance(result, Footprint):
-            with self._lock:
-                self._cache[key] = result
-                if len(self._cache) > _CACHE_SIZE:
-                    self._cache.popitem(last=False)
+        return self._footprints(params)
 
     def describe_failure(self, exc: BaseException) -> str:
         """Why a trial runs unchecked when ``predict`` raised ``exc``, in the record's words."""
@@ -254,9 +218,8 @@ class Policy:
         finished trial's record showed to be no param at all (a typo in the footprint)."""
         if type(exc) is KeyError and len(exc.args) == 1 and isinstance(exc.args[0], str):
             name = exc.args[0]
-            with self._lock:
-                if name not in assignment and name not in self._not_params:
-                    return name
+            if name not in assignment and not self._footprints.is_not_a_param(name):
+                return name
         return None
 
     @property
@@ -340,7 +303,11 @@ class Policy:
         (the usage a learned increment adds to), ``fraction`` of the budget above it (:meth:`line`)."""
         a, lines = allowance or {}, self.line(base, fraction)
         values = {"ram": reading.rss, "threads": reading.threads, "vram": reading.vram}
-        return any(values[r] is not None and values[r] > line + a.get(r, 0) for r, line in lines.items())
+        for r, line in lines.items():
+            value = values[r]
+            if value is not None and value > line + a.get(r, 0):
+                return True
+        return False
 
     def describe_breach(self, reading: Reading | None, fraction: float) -> str:
         """Which resource of ``reading`` crossed ``fraction`` of the budget, in words."""
@@ -381,8 +348,7 @@ class Policy:
         footprint_failed, missing = state.footprint_failed, state.first_seen
         if missing is not None and missing not in params:
             # the footprint asked for a name this trial never suggested: a bug in the footprint, not a branch
-            with self._lock:
-                self._not_params.add(missing)
+            self._footprints.not_a_param(missing)
             footprint_failed = True
             reason = reason.replace(
                 state.reason,
@@ -398,7 +364,7 @@ class Policy:
                 decision = Decision.UNCHECKED
             reason = f"{reason}; params {changed} ran with values the guard did not check".lstrip("; ")
         if prediction is None and params and footprint_failed:
-            prediction = self._cached(params)  # a late answer, if any: the footprint is not asked again
+            prediction = self._footprints.get(params)  # a late answer, if any: the footprint is not asked again
         elif prediction is None and params and repredict:
             try:
                 prediction = self.predict(params)
@@ -436,38 +402,3 @@ class Policy:
             leftover=dict(state.allowance),
             need=dict(state.need) if prediction is state.prediction else {},
         )
-
-
-def _key(params: dict[str, Any]) -> tuple | None:
-    """The cache key of ``params``; ``None`` when a value is unhashable (such params are not cached)."""
-    try:
-        key = tuple(sorted(params.items()))
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _kind(value: Any) -> str:
-    """``None`` or ``a dict``: what a footprint function returned instead of a Footprint, in words."""
-    return "None" if value is None else f"a {type(value).__name__}"
-
-
-class Guard(Protocol):
-    """What the wrappers and the runner use of a :class:`~optuna_memprune.MemoryGuard`."""
-
-    @property
-    def policy(self) -> Policy: ...
-
-    @property
-    def trials(self) -> TrialRegistry: ...
-
-    @property
-    def warnings(self) -> OnceWarnings: ...
-
-
-def check_guard(guard: object) -> None:
-    """TypeError unless ``guard`` is a MemoryGuard (anything that holds a :class:`Policy`): the wrappers'
-    argument check, made without importing the guard that imports them."""
-    if not isinstance(getattr(guard, "policy", None), Policy):
-        raise TypeError(f"guard must be a MemoryGuard, but got {type(guard).__name__}.")

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from optuna.pruners import BasePruner, HyperbandPruner
 
 from .. import _internals
-from ._policy import check_guard
+from ._core import check_guard, trials_of
 from ._warn import user_stacklevel
 
 if TYPE_CHECKING:
     import optuna
 
-    from ._policy import Guard
+    from ._core import Guard
 
 
 class GuardedPruner(BasePruner):
@@ -65,7 +65,7 @@ class GuardedPruner(BasePruner):
         return self._wrapped_pruner
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        state = self._guard.trials.get(_internals.trial_id(trial))
+        state = trials_of(self._guard).get(_internals.trial_id(trial))
         if state is not None and (state.soft_reading is not None or state.hard_reading is not None):
             state.soft_answered = True
             return True

@@ -11,15 +11,15 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 
 from .. import _internals, records
 from ..records import Decision
 from ._call import NoFootprint
 from ._clamp import ClampSearch
+from ._core import check_guard, policy_of, trials_of, warnings_of
 from ._learning import learn
-from ._policy import check_guard
 from ._start import charged
 from ._trials import TrialGuardState
 from ._warn import FAILURES_BEFORE_WARNING
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from optuna.study import Study
     from optuna.trial import FrozenTrial, TrialState
 
-    from ._policy import Guard, Policy
+    from ._core import Guard
+    from ._policy import Policy
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
@@ -100,7 +101,7 @@ class GuardedSampler(BaseSampler):
         base_space = self._base_sampler.infer_relative_search_space(study, trial)
         with self._lock:
             self._base_spaces[_internals.trial_id(trial)] = base_space
-        return {**self._known_space(study, trial, self._guard.policy.search_space), **base_space}
+        return {**self._known_space(study, trial, policy_of(self._guard).search_space), **base_space}
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
@@ -111,14 +112,14 @@ class GuardedSampler(BaseSampler):
             base_space = self._base_sampler.infer_relative_search_space(study, trial)
         base_space = {n: d for n, d in base_space.items() if n in search_space}
         drawn = self._base_sampler.sample_relative(study, trial, base_space)
-        state = self._guard.trials.open(_internals.trial_id(trial), trial.number)
+        state = trials_of(self._guard).open(_internals.trial_id(trial), trial.number)
         state.sampled = True
         if not search_space:
             return drawn
-        policy = self._guard.policy
+        policy = policy_of(self._guard)
         problem = None if policy.clamp is None else policy.unknown_clamp_names(policy.clamp, search_space)
         if problem is not None:  # no search_space= to check them against at construction: say so, never raise
-            self._guard.warnings.once("clamp-names", problem)
+            warnings_of(self._guard).once("clamp-names", problem)
             state.uncheck(problem.split(";")[0] + ": the trial runs unchecked under the monitor")
             return drawn
         assignment, locked = self._lookahead(study, trial, search_space, drawn)
@@ -129,9 +130,9 @@ class GuardedSampler(BaseSampler):
             state.assignment, state.space = assignment, dict(search_space)
             self._failed(state, exc, assignment)
         else:
-            self._guard.warnings.failure(None)
+            warnings_of(self._guard).failure(None)
         if state.decision is Decision.REJECTED and not state.enforced:
-            self._guard.warnings.once(
+            warnings_of(self._guard).once(
                 "unenforced",
                 f"Trial {trial.number} is predicted over budget ({state.reason}) but will run: rejection "
                 "happens in guard.wrap_objective(objective); wrap the objective to enforce it.",
@@ -145,7 +146,7 @@ class GuardedSampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        state = self._guard.trials.get(_internals.trial_id(trial))
+        state = trials_of(self._guard).get(_internals.trial_id(trial))
         if state is None or not state.checked:
             return self._base_sampler.sample_independent(study, trial, param_name, param_distribution)
         checked = state.assignment.get(param_name)
@@ -184,13 +185,11 @@ class GuardedSampler(BaseSampler):
         """The footprint failed on ``assignment``: the trial runs unchecked, saying why; a param no earlier
         trial suggested is no failure. Repeated failures are warned about, or raised with
         ``on_footprint_error="raise"``."""
+        policy = policy_of(self._guard)
         if isinstance(exc, NoFootprint):  # a guard without a footprint by design, or one warming up: no failure
             state.uncheck(str(exc))
-            state.learned = self._guard.policy.learned_info(
-                assignment, warmup=True, base=charged(self._guard.policy, state)
-            )
+            state.learned = policy.learned_info(assignment, warmup=True, base=charged(policy, state))
             return
-        policy = self._guard.policy
         name = policy.missing_param(exc, assignment)
         if name is not None:
             state.uncheck(_first_seen(name))
@@ -207,7 +206,7 @@ class GuardedSampler(BaseSampler):
                 )
             raise exc
         if count:
-            self._guard.warnings.failure(
+            warnings_of(self._guard).failure(
                 type(exc).__name__,
                 (
                     f"The footprint failed on {FAILURES_BEFORE_WARNING} trials in a row (trial {state.number}: "
@@ -254,7 +253,7 @@ class GuardedSampler(BaseSampler):
         space: dict[str, BaseDistribution],
         locked: set[str],
     ) -> None:
-        policy = self._guard.policy
+        policy = policy_of(self._guard)
         state.assignment, state.space = dict(assignment), dict(space)
         state.clamped_from = {}
         base = charged(policy, state)  # in a shared process: the usage a learned increment adds to
@@ -293,7 +292,7 @@ class GuardedSampler(BaseSampler):
         state.reason = f"predicted over budget: {over}; lowered {moves} ({policy.describe_figures(footprint)})"
 
     def _recheck(self, state: TrialGuardState, name: str, dist: BaseDistribution, value: Any) -> Any:
-        policy = self._guard.policy
+        policy = policy_of(self._guard)
         candidate = {**state.assignment, name: value}
         base = charged(policy, state)
         footprint = policy.predict(candidate, base=base)
@@ -317,7 +316,7 @@ class GuardedSampler(BaseSampler):
 
     def _write_if_missing(self, study: Study, trial: FrozenTrial) -> None:
         guard, trial_id = self._guard, _internals.trial_id(trial)
-        state = guard.trials.close(trial_id)
+        state = trials_of(guard).close(trial_id)
         if records.is_written(trial.user_attrs):
             return
         if state is None:
@@ -327,7 +326,7 @@ class GuardedSampler(BaseSampler):
                 f"{state.reason}, but it ran: the objective was not wrapped with "
                 "guard.wrap_objective(), which is what ends rejected trials"
             )
-        record = guard.policy.record(state, trial.params)
+        record = policy_of(guard).record(state, trial.params)
         records.write_frozen(study, trial_id, record)
 
 
@@ -382,7 +381,11 @@ def _first_seen(name: str) -> str:
 def _single_value(dist: BaseDistribution) -> Any:
     if isinstance(dist, CategoricalDistribution):
         return dist.choices[0]
-    return int(dist.low) if isinstance(dist, IntDistribution) else float(dist.low)
+    if isinstance(dist, IntDistribution):
+        return int(dist.low)
+    if isinstance(dist, FloatDistribution):
+        return float(dist.low)
+    raise TypeError(f"unsupported distribution {type(dist).__name__}")  # Optuna stores no other kind
 
 
 def _search(policy: Policy, base: dict[str, int] | None = None) -> ClampSearch:

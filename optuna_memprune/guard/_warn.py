@@ -9,6 +9,10 @@ import logging
 import sys
 import threading
 import warnings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
@@ -20,7 +24,8 @@ FAILURES_BEFORE_WARNING = 3
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the first frame outside Optuna and this package."""
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _OURS:
         frame, level = frame.f_back, level + 1
     return level

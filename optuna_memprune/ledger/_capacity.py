@@ -96,8 +96,17 @@ class HostBudget:
     def resolve(self) -> HostCapacity:
         """Return the concrete capacity: each RAM and GPU figure x (1 - headroom); ``"auto"`` read now."""
         keep = 1.0 - self.headroom
-        ram, source = available_ram() if self.ram == "auto" else (self.ram, "")
-        gpus = _nvml_totals() if self.gpus == "auto" else self.gpus
+        # ``__post_init__`` left each figure "auto" (the one str it keeps) or bytes; parse_bytes keeps bytes as
+        # they are, for the type of a figure declared as given
+        ram: int | None
+        if isinstance(self.ram, str):
+            ram, source = available_ram()
+        else:
+            ram, source = self.ram, ""
+        if isinstance(self.gpus, str):
+            gpus = _nvml_totals()
+        else:
+            gpus = tuple(parse_bytes(g, name=f"HostBudget.gpus[{i}]") for i, g in enumerate(self.gpus or ()))
         return HostCapacity(
             ram=None if ram is None else int(ram * keep),
             gpus=tuple(int(g * keep) for g in gpus),
@@ -169,9 +178,7 @@ class Usage(NamedTuple):
 def describe(x: Request | Usage | HostCapacity) -> str:
     """``ram=..., threads=..., vram=...`` in human sizes; a capacity whose RAM was read as ``"auto"`` says
     where from (available memory, or a cgroup's limit less its usage)."""
-    vram = getattr(x, "vram", None)
-    if vram is None:
-        vram = x.gpus
+    vram = x.gpus if isinstance(x, HostCapacity) else x.vram
     parts = [
         f"ram={'unlimited' if x.ram is None else format_bytes(x.ram)}",
         f"threads={'unlimited' if x.threads is None else x.threads}",

@@ -6,6 +6,7 @@ and ``read_host``; knows nothing of Optuna, torch or estimates.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -106,7 +107,7 @@ class Ledger:
         self.capacity: HostCapacity = budget
         self.host = host
         default = url is None
-        if default:
+        if url is None:
             directory = cache_dir()
             try:
                 directory.mkdir(parents=True, exist_ok=True)
@@ -166,7 +167,8 @@ class Ledger:
             gpu = self._place(request, self._usage(conn))
             if gpu is False:
                 return reaped, None
-            row = dict(
+            entry = Entry(
+                id=0,  # the database's, below
                 host=self.host,
                 owner_pid=pid,
                 owner_start=start,
@@ -177,8 +179,11 @@ class Ledger:
                 threads=request.threads,
                 created=time.time(),
             )
-            result = conn.execute(entries_table.insert().values(**row))
-            return reaped, Entry(id=result.inserted_primary_key[0], **row)
+            values = {name: value for name, value in dataclasses.asdict(entry).items() if name != "id"}
+            inserted = conn.execute(entries_table.insert().values(**values)).inserted_primary_key
+            if inserted is None:  # SQLAlchemy gives the key of the row a single-row INSERT added; never None here
+                raise LedgerError("the ledger database gave no id for the entry it inserted")
+            return reaped, dataclasses.replace(entry, id=inserted[0])
 
         reaped, entry = self._transaction(admit)
         if reaped:
@@ -417,7 +422,7 @@ def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Ent
     """
     host = socket.gethostname() if host is None else host
     default = url is None
-    url = default_url(host) if default else url
+    url = default_url(host) if url is None else url
     path = sqlite_path(url)
     if path is not None and not os.path.isfile(path):
         return [], []

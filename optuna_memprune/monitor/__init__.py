@@ -5,10 +5,10 @@ Knows nothing of Optuna, estimates or budgets; imports pynvml only when a GPU re
 
 from __future__ import annotations
 
-from ._trend import Forecast, forecast, steps_of
 from ._monitor import Monitor, downsample
 from ._nvml import GpuReader, auto_gpu_reader, gpu_reader
 from ._proc import read_tree
+from ._trend import Forecast, forecast, steps_of
 from ._types import MonitorError, ProcessGone, Reading
 
 __all__ = [

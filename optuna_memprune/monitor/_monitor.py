@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..units import check_int, check_number
-from ._nvml import resolve_gpu
-from ._proc import open_tree
+from ._nvml import GpuSource, resolve_gpu
+from ._proc import ProcessTree, open_tree
 from ._types import ProcessGone, Reading
 
 _logger = logging.getLogger("optuna_memprune.monitor")
@@ -23,7 +23,7 @@ _logger = logging.getLogger("optuna_memprune.monitor")
 # GiB), so the monitor refreshes it only as often as keeps that cost at this share of one core.
 _PSS_CPU_SHARE = 0.01
 
-Point = tuple  # (t, rss, threads, vram): t in seconds, rss in bytes, vram in bytes or None
+Point = tuple[float, int, int, int | None]  # (t, rss, threads, vram): t in seconds, rss in bytes, vram in bytes or None
 
 
 def _opt(values: Sequence[int | None], pick: Callable[..., int]) -> int | None:
@@ -150,7 +150,7 @@ class Monitor:
         self._tree_lock = threading.RLock()
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
-        self._tree: Any = None
+        self._tree: ProcessTree | None = None
         self._t0: float | None = None
         self._latest: Reading | None = None
         self._peak: Reading | None = None
@@ -206,7 +206,7 @@ class Monitor:
         return self._thread is not None and self._thread.is_alive()
 
     # -- the thread --------------------------------------------------------------------------------
-    def _run(self, tree: Any, gpu: Any, first: Reading) -> None:
+    def _run(self, tree: ProcessTree, gpu: GpuSource | None, first: Reading) -> None:
         cpu0 = time.thread_time()
         reading: Reading | None = first
         next_t = first.t
@@ -240,7 +240,7 @@ class Monitor:
                 tree.close()
             self.sampler_cpu_s = time.thread_time() - cpu0
 
-    def _read(self, tree: Any, gpu: Any) -> Reading:
+    def _read(self, tree: ProcessTree, gpu: GpuSource | None) -> Reading:
         now = time.monotonic()
         refresh = self.pss and now >= self._next_pss
         reading = tree.read(pss=refresh, gpu=gpu)
@@ -299,11 +299,12 @@ class Monitor:
     def processes(self) -> list[Any]:
         """``psutil.Process`` handles of the tree's live processes (made once per (pid, start time) and
         checked against it, so a recycled pid is never returned); empty once the monitor has stopped."""
-        if not self.running:
+        tree = self._tree
+        if not self.running or tree is None:
             return []
         with self._tree_lock:
             try:
-                return self._tree.processes()
+                return tree.processes()
             except Exception:  # noqa: BLE001 - closed under us
                 return []
 

@@ -10,13 +10,21 @@ import logging
 import os
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 _logger = logging.getLogger("optuna_memprune.monitor")
 
 # The two NVML per-process lists. A process that is both (nvidia-smi's "C+G") appears in both with the same
 # memory, so one device's figure for a pid is the larger of its entries, never their sum.
 _PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
+
+
+class GpuSource(Protocol):
+    """What a reading asks of its GPU reader: a :class:`GpuReader`, or any object with its ``used_by``."""
+
+    def used_by(self, pids: Iterable[int]) -> int:
+        """The bytes of GPU memory used by ``pids``."""
+        ...
 
 
 class GpuReader:
@@ -137,7 +145,7 @@ def auto_gpu_reader() -> GpuReader | None:
         return _auto[1]
 
 
-def resolve_gpu(gpu: Any) -> GpuReader | None:
+def resolve_gpu(gpu: Any) -> GpuSource | None:
     """Turn the ``gpu=`` argument ("auto", None or an object with ``used_by``) into a reader or None."""
     if gpu is None:
         return None
@@ -147,4 +155,5 @@ def resolve_gpu(gpu: Any) -> GpuReader | None:
         return auto_gpu_reader()
     if not callable(getattr(gpu, "used_by", None)):
         raise ValueError(f"gpu must be 'auto', None or a GpuReader, but got {gpu!r}.")
-    return gpu
+    source: GpuSource = gpu  # any object with a callable used_by (a GpuReader, a test's fake)
+    return source

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
@@ -20,7 +20,7 @@ from ._nvml import resolve_gpu
 from ._types import MonitorError, ProcessGone, Reading
 
 if TYPE_CHECKING:
-    from ._nvml import GpuReader
+    from ._nvml import GpuSource
 
 _logger = logging.getLogger("optuna_memprune.monitor")
 
@@ -34,6 +34,25 @@ _SWEEP_EVERY_S = 2.0
 _MIN_SCAN = 32
 # The /proc backend needs /proc/<pid>/task/<tid>/children (Linux 3.5+, CONFIG_PROC_CHILDREN).
 _HAS_PROC = sys.platform.startswith("linux") and os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+class ProcessTree(Protocol):
+    """A reader of one process tree, as ``open_tree`` returns it (either backend)."""
+
+    #: CPU seconds the last read of PSS took.
+    pss_cost: float
+
+    def read(self, *, pss: bool = False, gpu: GpuSource | None = None) -> Reading:
+        """One pass over the tree; ProcessGone once its root has exited."""
+        ...
+
+    def processes(self) -> list[psutil.Process]:
+        """psutil handles of the tree's live processes."""
+        ...
+
+    def close(self) -> None:
+        """Release what the reader holds open."""
+        ...
 
 
 class _Member:
@@ -180,17 +199,17 @@ class _ProcTree:
         return found
 
     def _discover(self, now: float) -> None:
-        last = self._read_last_pid()
+        last, prev = self._read_last_pid(), self._last_pid
         members = list(self._members.values())
         found: set[int] = set()
         for m in members:
             found.update(self._children_of(m, m.pid))
-        sweep = now >= self._next_sweep or self._last_pid is None or last is None
-        if not sweep and last != self._last_pid:
-            n_new = last - self._last_pid  # type: ignore[operator]
+        sweep = now >= self._next_sweep or prev is None or last is None
+        if not sweep and last is not None and prev is not None and last != prev:
+            n_new = last - prev
             sweep_cost = sum(2 + self._threads.get(m.pid, 1) for m in members)
             if 0 < n_new <= max(_MIN_SCAN, 2 * sweep_cost):
-                found |= self._scan_new(self._last_pid + 1, last + 1, set(self._members) | found)  # type: ignore[operator]
+                found |= self._scan_new(prev + 1, last + 1, set(self._members) | found)
             else:  # wrapped around pid_max, or a burst of new pids
                 sweep = True
         if sweep:
@@ -201,17 +220,17 @@ class _ProcTree:
         for pid in sorted(found):
             if pid not in self._members:
                 try:
-                    m = self._open_member(pid)
+                    new = self._open_member(pid)
                 except OSError as err:  # EACCES under hidepid, EMFILE: the process stays out of the tree
                     if pid not in self._warned:
                         self._warned.add(pid)
                         _logger.warning("cannot watch process %d of the tree of %d: %s", pid, self.root_pid, err)
-                    m = None
-                if m is not None:
-                    self._members[pid] = m
+                    new = None
+                if new is not None:
+                    self._members[pid] = new
 
     # -- reading -----------------------------------------------------------------------------------
-    def read(self, *, pss: bool = False, gpu: GpuReader | None = None) -> Reading:
+    def read(self, *, pss: bool = False, gpu: GpuSource | None = None) -> Reading:
         if not self._members:
             raise ProcessGone(self.root_pid, f"process {self.root_pid} is gone (tree closed)")
         t = time.monotonic()
@@ -308,7 +327,7 @@ class _PsutilTree:
         self._peaks: dict[tuple[int, float], int] = {}
         self.pss_cost = 0.0  # not separated from the pass here: the whole pass's CPU time when PSS was read
 
-    def read(self, *, pss: bool = False, gpu: GpuReader | None = None) -> Reading:
+    def read(self, *, pss: bool = False, gpu: GpuSource | None = None) -> Reading:
         t = time.monotonic()
         cpu = time.thread_time()
         try:
@@ -374,7 +393,7 @@ class _PsutilTree:
         self._members.clear()
 
 
-def open_tree(pid: int | None = None, *, backend: str | None = None) -> Any:
+def open_tree(pid: int | None = None, *, backend: str | None = None) -> ProcessTree:
     """Return a reader of the tree rooted at ``pid`` (this process when None); raises :class:`ProcessGone`.
 
     ``backend`` is ``"proc"`` (Linux) or ``"psutil"``; None picks ``"proc"`` where /proc has what it needs.

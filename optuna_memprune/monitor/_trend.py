@@ -90,7 +90,7 @@ def steps_of(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, i
     return out
 
 
-def _theil_sen(xy: Sequence[tuple[float, int]], z: float) -> tuple[float, float]:
+def _theil_sen(xy: Sequence[tuple[float, float]], z: float) -> tuple[float, float]:
     """Median slope and its lower bound (Sen 1968: the pairwise slope of rank (N - C) / 2)."""
     slopes = sorted((y1 - y0) / (x1 - x0) for i, (x0, y0) in enumerate(xy) for x1, y1 in xy[i + 1 :] if x1 > x0)
     if not slopes:

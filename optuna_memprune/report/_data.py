@@ -19,6 +19,7 @@ from ._stops import forecast_stops
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
 SCHEMA = "memprune-report/1"
 NOTABLE = (
@@ -54,7 +55,8 @@ class GuardedTrial:
 
     def figure(self, kind: str, resource: str) -> int | None:
         """``figure("pred", "ram")`` -> ``record.pred_ram``."""
-        return getattr(self.record, f"{kind}_{resource}")
+        value: int | None = getattr(self.record, f"{kind}_{resource}")  # every pred_/peak_/start_/budget_ field
+        return value
 
     def to_json_dict(self) -> dict[str, Any]:
         r = self.record
@@ -202,7 +204,7 @@ class ReportData:
         stops = forecast_stops(self.trials)
         if stops:  # the key is there only when some trial was stopped on the forecast
             out["forecast_stops"] = [s.to_json_dict() for s in stops]
-        return _finite(out)
+        return {key: _finite(value) for key, value in out.items()}
 
 
 def load(url: str, study_name: str | None = None) -> optuna.Study:
@@ -276,7 +278,7 @@ def build(study: optuna.Study) -> ReportData:
     )
 
 
-def _running(study: optuna.Study, frozen: list) -> list[RunningTrial]:
+def _running(study: optuna.Study, frozen: list[FrozenTrial]) -> list[RunningTrial]:
     """The RUNNING trials, with what this host's ledger says of their runners."""
     if not frozen:
         return []

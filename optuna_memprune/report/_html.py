@@ -10,15 +10,18 @@ from __future__ import annotations
 import html
 import io
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..estimate.footprint import Footprint
 from ..records import RESOURCES, Decision
-from . import _learned, _stops
 from . import _format as fmt
+from . import _learned, _stops
 from ._table import margin_line, running_word
 
 if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
     from ._data import GuardedTrial, ReportData
 
 MiB = 2**20
@@ -36,7 +39,7 @@ MARKERS = {"COMPLETE": "o", "PRUNED": "s", "FAIL": "X", "RUNNING": "^", "WAITING
 UNITS = {"ram": "MiB", "vram": "MiB", "threads": "threads"}
 # Fixed salt for matplotlib's SVG ids: the same report gives the same file, and ids only repeat across
 # the inline SVGs where their content (a clip rectangle) is identical.
-_RC = {
+_RC: dict[RcKeyType, Any] = {
     "svg.fonttype": "none",
     "svg.hashsalt": "memprune-report",
     "font.size": 9,
@@ -55,18 +58,16 @@ def render(data: ReportData) -> str:
 
         raise (MissingExtra.of(exc, "the HTML report") or exc) from None
     sections = []
+    plots: list[tuple[str, str, Callable[[ReportData], tuple[str | None, str]]]] = [  # id, title, draw
+        ("pred-vs-peak", "Predicted vs observed peak", _pred_vs_peak),
+        ("timelines", "Memory timelines", _timelines),
+        ("decisions", "Decisions over trial number", _decisions),
+        ("breakdown", "Footprint of the largest admitted trial", _breakdown),
+    ]
+    if _learned.rows(data):
+        plots.append(("learned", "Learned predictions over trial number", lambda d: _learned.plot(d, _figure, _svg)))
     with matplotlib.rc_context(_RC):
-        for plot_id, title, draw in (
-            ("pred-vs-peak", "Predicted vs observed peak", _pred_vs_peak),
-            ("timelines", "Memory timelines", _timelines),
-            ("decisions", "Decisions over trial number", _decisions),
-            ("breakdown", "Footprint of the largest admitted trial", _breakdown),
-            *(
-                (("learned", "Learned predictions over trial number", lambda d: _learned.plot(d, _figure, _svg)),)
-                if _learned.rows(data)
-                else ()
-            ),
-        ):
+        for plot_id, title, draw in plots:
             svg, caption = draw(data)
             svg = None if svg is None else _scoped(svg, plot_id)
             body = svg if svg is not None else f'<p class="empty">{_e(caption)}</p>'
@@ -100,7 +101,7 @@ def _pred_vs_peak(data: ReportData) -> tuple[str | None, str]:
         return None, "No trial has both a prediction and an observed peak."
     fig = _figure(len(shown) * 4.0 + 1.4, 4.0, cols=len(shown))
     for ax, r in zip(fig.axes, shown, strict=True):
-        pairs = [(t, *_pair(t, r)) for t in data.trials if _pair(t, r)]
+        pairs = [(t, *pair) for t in data.trials if (pair := _pair(t, r))]
         scale = _scale(r)
         for state in sorted({t.state for t, _, _ in pairs}):
             group = [(t, pred, peak) for t, pred, peak in pairs if t.state == state]
@@ -116,7 +117,7 @@ def _pred_vs_peak(data: ReportData) -> tuple[str | None, str]:
                 gid=f"pred-vs-peak-{r}-points-{state}",
             )
         top = max(max(p, q) for _, p, q in pairs) / scale
-        budgets = sorted({t.figure("budget", r) for t in data.trials} - {None})
+        budgets = _budgets(data.trials, r)
         far = [b for b in budgets if b / scale > FAR * top]  # drawn, the points would crowd in a corner
         for i, budget in enumerate(b for b in budgets if b not in far):
             top = max(top, budget / scale)
@@ -175,10 +176,10 @@ def _timelines(data: ReportData) -> tuple[str | None, str]:
     for ax, (r, column) in zip(fig.axes, [("ram", 1), ("vram", 3)], strict=False):
         for t in trials:
             color = (reds if t.decision is Decision.STOPPED else greens).get(t.number, COLORS[t.decision])
-            points = [p for p in t.record.timeline if p[column] is not None]
+            points = [(p[0], value) for p in t.record.timeline if (value := p[column]) is not None]
             ax.plot(
-                [p[0] for p in points],
-                [p[column] / MiB for p in points],
+                [seconds for seconds, _ in points],
+                [value / MiB for _, value in points],
                 color=color,
                 lw=1.6,
                 marker=".",
@@ -187,8 +188,8 @@ def _timelines(data: ReportData) -> tuple[str | None, str]:
                 gid=f"timelines-{r}-{t.number}",
             )
             if t.decision is Decision.STOPPED and points:  # the last reading: where the trial was stopped
-                ax.plot([points[-1][0]], [points[-1][column] / MiB], color=color, marker="X", ms=8, ls="")
-        for i, budget in enumerate(sorted({t.figure("budget", r) for t in trials} - {None})):
+                ax.plot([points[-1][0]], [points[-1][1] / MiB], color=color, marker="X", ms=8, ls="")
+        for i, budget in enumerate(_budgets(trials, r)):
             ax.axhline(
                 budget / MiB,
                 color="#e03131",
@@ -281,10 +282,10 @@ def _breakdown(data: ReportData) -> tuple[str | None, str]:
         ax.set(xlabel=f"{fmt.LABELS[r]} (MiB)", title=f"trial #{t.number}: {fmt.LABELS[r]} by component")
         ax.margins(x=0.15)
         ax.grid(axis="x", alpha=0.3)
-    budget = ", ".join(f"{fmt.LABELS[r]} {fmt.figure(r, t.figure('budget', r))}" for r in shown)
+    budgets = ", ".join(f"{fmt.LABELS[r]} {fmt.figure(r, t.figure('budget', r))}" for r in shown)
     return _svg(fig), (
         f"Trial #{t.number} ({fmt.params(t.params)}): the admitted trial with the largest "
-        f"predicted RAM; dashed: the budget ({budget}), dotted: the soft line."
+        f"predicted RAM; dashed: the budget ({budgets}), dotted: the soft line."
     )
 
 
@@ -298,6 +299,11 @@ def _pair(t: GuardedTrial, r: str) -> tuple[int, int] | None:
         return None
     pred, peak = t.figure("pred", r), t.figure("peak", r)
     return (pred, peak) if pred is not None and peak is not None and (pred or peak) else None
+
+
+def _budgets(trials: list[GuardedTrial], r: str) -> list[int]:
+    """The distinct budgets of ``r`` these trials ran under, lowest first (none where unbudgeted)."""
+    return sorted({budget for t in trials if (budget := t.figure("budget", r)) is not None})
 
 
 def _nth(i: int) -> str:

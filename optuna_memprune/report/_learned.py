@@ -16,9 +16,8 @@ from ..records import Decision
 from . import _format as fmt
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
     from ._data import GuardedTrial, ReportData
+    from ._stops import TerminalTable
 
 MiB = 2**20
 
@@ -128,14 +127,16 @@ def lines(data: ReportData) -> list[str]:
     ]
 
 
-def table(data: ReportData) -> Table | None:
+def table(data: ReportData) -> TerminalTable | None:
     """The learned rows as a table (rich's where installed; ``None`` without learned trials)."""
     from .._console import parts
 
     learned = rows(data)
     if not learned:
         return None
-    out = parts().Table(title="learned predictions (RAM)", title_justify="left", box=None, pad_edge=False)
+    out: TerminalTable = parts().Table(
+        title="learned predictions (RAM)", title_justify="left", box=None, pad_edge=False
+    )
     for head in ("#", "state", "decision", "phase", "learned from", "bound", "fit", "function", "peak", "error"):
         out.add_column(head, justify="left" if head in ("state", "decision", "phase") else "right")
     for r in learned:
@@ -163,20 +164,20 @@ def plot(data: ReportData, figure: Any, to_svg: Any) -> tuple[str | None, str]:
         return None, "No trial carries a learned prediction."
     fig = figure(9.0, 3.4)
     ax = fig.axes[0]
-    peaks = [r for r in learned if r.peak is not None]
+    peaks = [(r.number, r.peak) for r in learned if r.peak is not None]
     ax.scatter(
-        [r.number for r in peaks],
-        [r.peak / MiB for r in peaks],
+        [number for number, _ in peaks],
+        [peak / MiB for _, peak in peaks],
         c="#495057",
         s=26,
         zorder=3,
         label="observed peak",
         gid="learned-peak",
     )
-    bounded = [r for r in learned if r.bound is not None]
+    bounded = [(r.number, r.bound) for r in learned if r.bound is not None]
     ax.scatter(
-        [r.number for r in bounded],
-        [r.bound / MiB for r in bounded],
+        [number for number, _ in bounded],
+        [bound / MiB for _, bound in bounded],
         marker="_",
         s=140,
         c="#1c7ed6",
@@ -185,10 +186,10 @@ def plot(data: ReportData, figure: Any, to_svg: Any) -> tuple[str | None, str]:
         label="learned bound (admission)",
         gid="learned-bound",
     )
-    fitted = [r for r in learned if r.center is not None]
+    fitted = [(r.number, r.center) for r in learned if r.center is not None]
     ax.scatter(
-        [r.number for r in fitted],
-        [r.center / MiB for r in fitted],
+        [number for number, _ in fitted],
+        [center / MiB for _, center in fitted],
         marker="x",
         s=30,
         c="#f08c00",

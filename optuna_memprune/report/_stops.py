@@ -16,7 +16,12 @@ from ..records import Decision
 from ..units import format_bytes
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    from rich.table import Table as RichTable
+
+    from .._console import Table as PlainTable
+
+    #: A table for the terminal: rich's where it is installed, else ``_console``'s plain stand-in.
+    TerminalTable = RichTable | PlainTable
 
 MiB = 2**20
 PLOTTED = 6  # the last forecast stops drawn
@@ -85,11 +90,11 @@ def forecast_stops(trials: Sequence[Any]) -> list[ForecastStop]:
     return out
 
 
-def table(stops: Sequence[ForecastStop]) -> Table:
+def table(stops: Sequence[ForecastStop]) -> TerminalTable:
     """The forecast stops as a table (rich's where installed; one row each)."""
     from .._console import parts
 
-    out = parts().Table(title="forecast stops", title_justify="left", box=None, pad_edge=False)
+    out: TerminalTable = parts().Table(title="forecast stops", title_justify="left", box=None, pad_edge=False)
     for head in ("#", "stopped at step", "of", "done", "RSS then", "projected", "budget", "time", "est. full run"):
         out.add_column(head, justify="right", no_wrap=True)
     for s in stops:

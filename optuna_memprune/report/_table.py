@@ -16,15 +16,19 @@ from ._stops import forecast_stops
 from ._stops import table as forecast_table
 
 if TYPE_CHECKING:
-    from rich.console import Group
-    from rich.table import Table
+    from rich.console import Group as RichGroup
 
+    from .._console import Group as PlainGroup
     from ._data import GuardedTrial, ReportData, RunningTrial
+    from ._stops import TerminalTable
+
+    #: The terminal report: rich's group where rich is installed, else ``_console``'s plain stand-in.
+    TerminalGroup = RichGroup | PlainGroup
 
 NO_MARGIN = "no learned margin (in-process study)"
 
 
-def render(data: ReportData) -> Group:
+def render(data: ReportData) -> TerminalGroup:
     """The terminal report: header, counts by decision, the notable trials, the RUNNING ones (if any),
     prediction quality, margin."""
     ui = parts()
@@ -101,7 +105,7 @@ def render(data: ReportData) -> Group:
     learned_table = _learned.table(data)
     learned = [Text(), learned_table, *(Text(line) for line in _learned.lines(data))] if learned_table else []
     lowered = [Text(line) for line in override_lines(data)]
-    return Group(
+    report: TerminalGroup = Group(
         header,
         *lowered,
         Text(),
@@ -116,6 +120,7 @@ def render(data: ReportData) -> Group:
         Text(),
         Text(margin_line(data)),
     )
+    return report
 
 
 def override_lines(data: ReportData) -> list[str]:
@@ -128,11 +133,11 @@ def override_lines(data: ReportData) -> list[str]:
     ]
 
 
-def _running(data: ReportData) -> Table:
+def _running(data: ReportData) -> TerminalTable:
     """The trials still RUNNING in the storage, and whether their runner is alive."""
-    table = parts().Table(title="running trials", title_justify="left", box=None, pad_edge=False)
-    for head, justify in (("#", "right"), ("state", "left"), ("runner", "left"), ("params", "left"), ("note", "left")):
-        table.add_column(head, justify=justify, no_wrap=head in ("#", "state", "runner"))
+    table: TerminalTable = parts().Table(title="running trials", title_justify="left", box=None, pad_edge=False)
+    for head in ("#", "state", "runner", "params", "note"):
+        table.add_column(head, justify="right" if head == "#" else "left", no_wrap=head in ("#", "state", "runner"))
     for t in data.running:
         table.add_row(str(t.number), "RUNNING", running_word(t), fmt.params(t.params), t.note)
     return table

@@ -14,6 +14,7 @@ the program's process has no CLI to print for it. Knows nothing of the command l
 from __future__ import annotations
 
 import atexit
+import functools
 import inspect
 import json
 import os
@@ -107,16 +108,14 @@ class _Injected:
             return optimize(self, _Counted(entry[1].wrap_objective(func), entry[2]), *args, **kwargs)
 
         for name, function in (("create_study", create_study), ("load_study", load_study)):
-            function.__wrapped__ = getattr(optuna, name)
-            function.__doc__ = getattr(optuna, name).__doc__
+            functools.update_wrapper(function, getattr(optuna, name))  # the original's name, doc, __wrapped__
             setattr(optuna, name, function)
             setattr(optuna.study, name, function)
-        guarded_optimize.__wrapped__ = optimize
-        guarded_optimize.__doc__ = optimize.__doc__
+        functools.update_wrapper(guarded_optimize, optimize)
         optuna.Study.optimize = guarded_optimize
         atexit.register(self.summary)
 
-    def create(self, create: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def create(self, create: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``create_study(*args, **kwargs)``, on ``--storage`` where the program gives the study no storage (a
         study of that name already there, which the program does not ask to load, gets the time appended, as
         the program expects a new study); in memory, as asked, when the storage cannot be opened."""
@@ -301,8 +300,10 @@ class _Injected:
             _split.copy_back(shared, study)
 
     def _threads(self, entry: tuple[Any, Any, set[int]], func: Any, k: int, call: dict[str, Any], why: str) -> Any:
+        from ..guard.backend import policy_of
+
         study, guard, numbers = entry
-        line = guard.policy.limits.get("ram")
+        line = policy_of(guard).limits.get("ram")
         objective = guard.wrap_objective(func)
         if line is not None:
             objective = _split.Gate(objective, guard, line)

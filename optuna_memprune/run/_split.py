@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _internals
-from ..guard.backend import rss
+from ..guard.backend import policy_of, rss, trials_of
 from ..records import Decision
 from ..units import format_bytes
 
@@ -64,7 +64,7 @@ class Transported:
 
     def __init__(self, data: bytes, torch_threads: int | None, by: str = "cloudpickle") -> None:
         self.data, self.torch_threads, self.by = data, torch_threads, by
-        self._objective: Callable | None = None
+        self._objective: Callable[[Any], Any] | None = None
 
     def __call__(self, trial: Any) -> Any:
         if self._objective is None:
@@ -79,7 +79,7 @@ class Transported:
         return {"data": self.data, "torch_threads": self.torch_threads, "by": self.by, "_objective": None}
 
 
-def transport(objective: Callable) -> Transported:
+def transport(objective: Callable[[Any], Any]) -> Transported:
     """``objective`` made to cross into another process (cloudpickle, or pickle where cloudpickle is not
     installed; checked by a round trip); the exception saying why it cannot (what pickling raised)."""
     import sys
@@ -141,7 +141,9 @@ def shared_study(study: Any, directory: Path) -> Shared:
         return Shared(study)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", study.study_name)[:80] or "study"
     path = directory / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    from optuna.storages.journal import JournalFileBackend
+
+    journal = optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     journal.create_new_study(list(study.directions), study.study_name)
     copy = optuna.Study(study.study_name, journal, sampler=study.sampler, pruner=study.pruner)
     finished = [t for t in study.get_trials(deepcopy=True) if t.state.is_finished()]
@@ -167,7 +169,7 @@ class Gate:
     footprint predicts a trial's own increment: there the process's RSS when the first of the running trials
     started counts too."""
 
-    def __init__(self, objective: Callable, guard: Any, line: int) -> None:
+    def __init__(self, objective: Callable[[Any], Any], guard: Any, line: int) -> None:
         self._objective, self._guard, self._line = objective, guard, line
         self._cond = threading.Condition()
         self._held = 0
@@ -175,14 +177,14 @@ class Gate:
 
     def __call__(self, trial: Any) -> Any:
         _ = trial.relative_params  # Optuna samples at the first suggest: the guarded sampler checks the trial here
-        state = self._guard.trials.get(_internals.trial_id(trial))
+        state = trials_of(self._guard).get(_internals.trial_id(trial))
         if state is not None and state.decision is Decision.REJECTED:
             return self._objective(trial)
         need = self._line
         if state is not None and state.checked and state.prediction is not None and state.prediction.ram:
             need = min(int(state.prediction.ram), self._line)
         with self._cond:
-            if not self._held and self._guard.policy.increments:
+            if not self._held and policy_of(self._guard).increments:
                 self._base = rss() or 0
             while self._held and self._base + self._held + need > self._line:
                 self._cond.wait()

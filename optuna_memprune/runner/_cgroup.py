@@ -2,8 +2,9 @@
 trial's cgroup made before its process starts, the kernel's verdict and exact peak after it ends, the
 group killed and removed.
 
-Runs in the runner's process; knows nothing of the study, the record's encoding or the ledger. The
-group's files are ``cgroups``' (layer 0); the trial's process joins its group itself (``_child``).
+Runs in the runner's process; knows nothing of the study, the record's encoding (it builds the record's
+``Enforcement`` value only) or the ledger. The group's files are ``cgroups``' (layer 0); the trial's
+process joins its group itself (``_child``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .. import cgroups
 from ..exceptions import EnforcementError
+from ..records import Enforcement, EnforcementMode
 from ..units import MiB
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ def check_enforce(enforce: object) -> str:
     return enforce
 
 
-class Enforcement:
+class Enforcer:
     """How this runner's trials are held to their RAM budget: a cgroup per trial (with the kernel's limit
     where the hierarchy has a memory controller) or polling alone. The watchdog polls in every mode.
 
@@ -103,12 +105,12 @@ class TrialCgroup:
         self.group, self.hard = group, hard
         self.join = group.join_spec(hard, high)  # what the trial's process passes to cgroups.join
 
-    def label(self) -> str:
+    def label(self) -> Enforcement:
         """The record's ``enforcement``: which one applied to the trial that ran."""
-        version = self.group.place.version
         if not self.group.ran():
-            return "polling (no process of the trial ran in its cgroup)"
-        return f"cgroup v{version} limit" if self.hard is not None else f"cgroup v{version} tree kill + polling"
+            return Enforcement(EnforcementMode.POLLING, reason="no process of the trial ran in its cgroup")
+        mode = EnforcementMode.CGROUP_LIMIT if self.hard is not None else EnforcementMode.CGROUP_TREE_KILL
+        return Enforcement(mode, cgroup_version=self.group.place.version)
 
     def counts_oom_kills(self) -> bool:
         """Whether the group's OOM-kill count is exact for the trial: a memory controller, and the trial's

@@ -57,7 +57,7 @@ LOST = ChildResult(Outcome.LOST)
 class Payload:
     """What the parent hands a trial's process: the objective, where the trial lives, what was checked."""
 
-    objective: Callable
+    objective: Callable[[optuna.Trial], Any]
     storage: Any
     study_name: str
     trial_id: int

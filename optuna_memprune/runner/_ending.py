@@ -1,6 +1,6 @@
 """How a trial's process ended, from what came back through its pipe, its exit code and its cgroup: the
 final state, the values, the words for a failure, out of memory, a kill at the cgroup limit, and the
-exception that must stop the run.
+exception that must stop the run; and the record of the trial that ended, through the guard's ``Policy``.
 
 Runs in the runner's process; knows nothing of the study's storage, the record's attrs or the ledger.
 """
@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from optuna.trial import TrialState
 
-from ..guard.backend import OutOfMemory, killed_by_oom_killer, out_of_memory
+from .. import records
+from ..guard.backend import OutOfMemory, killed_by_oom_killer, out_of_memory, trial_outcome
+from ..records import Decision
 from ._child import Outcome
 
 if TYPE_CHECKING:
+    from ..guard.backend import Policy, TrialGuardState
     from ._watchdog import TrialProcess
 
 _logger = logging.getLogger("optuna_memprune.guard")
@@ -40,7 +43,7 @@ class Ending:
     failure: BaseException | None = None
 
 
-def judge(child: TrialProcess, catch: tuple) -> Ending:
+def judge(child: TrialProcess, catch: tuple[type[BaseException], ...]) -> Ending:
     """Judge a trial process that has ended (its result read, its tree gone)."""
     result = child.result if child.result is not None and child.result.outcome is not Outcome.LOST else None
     peak = child.monitor.peak if child.monitor is not None else None
@@ -83,3 +86,62 @@ def judge(child: TrialProcess, catch: tuple) -> Ending:
     if end.oom is not None:  # the sampler learns from its constraint
         end.state = TrialState.PRUNED
     return end
+
+
+def finished_record(
+    policy: Policy, child: TrialProcess, end: Ending, ran: dict[str, Any], host: str
+) -> records.TrialRecord:
+    """The record of a trial whose process ended (``end``, from :func:`judge`): how it ended in the guard's
+    words, its peaks (what it needed, after out of memory), the watchdog's timeline and breach, the margin
+    its reservation applied, the host, GPU, enforcement and forecast; ``ran``: the params in the storage."""
+    params = without_prediction(child.state, ran)
+    outcome = trial_outcome(
+        policy,
+        child.state.reason,
+        soft_reading=child.soft_reading,
+        hard_reading=child.hard_reading,
+        stopped_by="by the runner" if end.stopped and not end.kernel else None,
+        soft_pruned=end.soft_pruned,
+        failed=end.failed,
+        out_of_memory=end.oom,
+        forecast=child.forecast_reason(),
+    )
+    peaks = end.oom.needs(end.peaks, policy.budget) if end.oom is not None else end.peaks
+    timeline = child.monitor.timeline() if child.monitor is not None else []
+    record = policy.record(
+        child.state,
+        params,
+        decision=outcome.decision,
+        reason=outcome.reason,
+        peaks=peaks,
+        timeline=timeline,
+        breach=outcome.breach,
+    )
+    if end.stopped and end.kernel:
+        record = dataclasses.replace(record, decision=Decision.STOPPED, reason=end.kernel)
+    # the margin its reservation applied; a trial unchecked at launch reserved the budget instead
+    budgeted = (
+        {r: m for r, m in child.margins.items() if r in policy.budget.resources} if child.reserved_prediction else {}
+    )
+    record = dataclasses.replace(
+        record,
+        margin=budgeted,
+        host=host,
+        gpu=child.entry.gpu,
+        enforcement=child.enforcement(),
+        forecast=child.forecast_record(),
+    )
+    if outcome.decision is Decision.STOPPED and child.hard_reading is not None:  # crossing reading -> tree gone
+        stop_ms = round((child.ended - child.hard_reading.t) * 1000, 1)
+        record = dataclasses.replace(record, breach={**record.breach, "stop_ms": stop_ms})
+    return record
+
+
+def without_prediction(state: TrialGuardState, params: dict[str, Any]) -> dict[str, Any]:
+    """The params to build a finished trial's record from without calling the footprint again: it may be
+    slow, and the trial's end is written before anything that can block. A trial that ran unchecked, or
+    with other params than the checked ones (then unchecked, as the record says), keeps no prediction."""
+    changed = sorted(k for k in state.assignment if k in params and params[k] != state.assignment[k])
+    if state.prediction is not None and changed:
+        state.uncheck(f"{state.reason}; params {changed} ran with values the guard did not check")
+    return dict(params) if state.prediction is not None else {}

@@ -62,7 +62,7 @@ class MainFreeContext(ForkServerContext):
     Process = MainFreeProcess
 
 
-def fork_server(objective: Callable) -> Any:
+def fork_server(objective: Callable[..., Any]) -> Any:
     """The forkserver context of this process (one server, started on first use with the preloads); its
     processes leave the main module out where the objective's ``needs_main_module`` is False."""
     if not _SERVERS:

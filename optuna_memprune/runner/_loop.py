@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import os
 import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -20,18 +19,26 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.samplers import BaseSampler
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from .. import _internals, procfs, records
 from ..guard import GuardedPruner, GuardedSampler
-from ..guard.backend import TrialGuardState, store_rejection, trial_forecast, trial_outcome
+from ..guard.backend import (
+    TrialGuardState,
+    policy_of,
+    store_rejection,
+    trial_forecast,
+    trials_of,
+    warnings_of,
+)
 from ..records import Decision
 from ._child import LOST, ChildResult, Outcome, Payload, child_main
-from ._ending import judge
+from ._ending import finished_record, judge
 from ._forkserver import fork_server
 from ._owners import ASKED, LAUNCHED, RUNNER, DeadRunners, TrialKey, runner_mark
 from ._progress import Status
 from ._reserve import Reservations, next_try
+from ._signals import end_like_ctrl_c, why_ended
 from ._storage import retry as _retry
 from ._storage import storage_id
 from ._watchdog import TrialProcess
@@ -39,7 +46,7 @@ from ._watchdog import TrialProcess
 if TYPE_CHECKING:
     from ..guard.backend import Guard
     from ..ledger import Entry, Ledger, Request
-    from ._cgroup import Enforcement
+    from ._cgroup import Enforcer
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
@@ -60,43 +67,26 @@ class _Waiting:
     due: float = 0.0  # when to try the ledger again (``next_try``)
 
 
-class RunnerTerminated(SystemExit):
-    """SIGTERM reached the runner (``kill PID``, a scheduler ending the job): it ends like Ctrl-C, with the
-    trials' process trees stopped and their trials ended, then the process exits with status 143."""
-
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGTERM)
-
-
-def _why(exc: BaseException) -> str:
-    """How the runner ended abnormally, for the reason of the trials it ended."""
-    if isinstance(exc, RunnerTerminated):
-        return "the runner was terminated (SIGTERM)"
-    if isinstance(exc, KeyboardInterrupt):
-        return "the runner was interrupted (Ctrl-C)"
-    return f"the runner failed ({type(exc).__name__}: {exc})"
-
-
 class Runner:
     """The parent's loop of ``optimize``: ask, check, reserve, launch, watch, reap, tell."""
 
     def __init__(
         self,
         study: optuna.Study,
-        objective: Callable,
+        objective: Callable[[optuna.Trial], Any],
         guard: Guard,
         ledger: Ledger,
         *,
         n_trials: int | None,
         timeout: float | None,
         n_workers: int,
-        catch: tuple,
-        callbacks: list,
+        catch: tuple[type[BaseException], ...],
+        callbacks: list[Callable[[optuna.Study, FrozenTrial], None]],
         on_host_full: str,
-        enforcement: Enforcement,
+        enforcement: Enforcer,
     ) -> None:
         self.study, self.objective, self.guard, self.ledger = study, objective, guard, ledger
-        self.policy = guard.policy
+        self.policy = policy_of(guard)
         self.n_trials, self.n_workers, self.catch = n_trials, n_workers, catch
         self.callbacks, self.on_host_full, self.enforcement = callbacks, on_host_full, enforcement
         self.deadline = None if timeout is None else time.monotonic() + timeout
@@ -105,14 +95,14 @@ class Runner:
         self.waiting: _Waiting | None = None
         self.fatal: BaseException | None = None
         self.counts = {"done": 0, "rejected": 0, "pruned": 0, "failed": 0}
-        self.reservations = Reservations(study, guard.policy.budget, ledger)
+        self.reservations = Reservations(study, policy_of(guard).budget, ledger)
         sampler, pruner = study.sampler, study.pruner
         self.base_sampler: BaseSampler = sampler.base_sampler if isinstance(sampler, GuardedSampler) else sampler
         self.inner_pruner = pruner.wrapped_pruner if isinstance(pruner, GuardedPruner) else pruner
         self.ctx = fork_server(objective)
         self.heartbeats = _internals.heartbeat_enabled(study)
         self.storage_id = storage_id(study)
-        self.dead_runners = DeadRunners(study, ledger, guard.policy.budget)
+        self.dead_runners = DeadRunners(study, ledger, policy_of(guard).budget)
         self.mark = runner_mark(ledger.host)  # each trial names this runner from its creation on
 
     # -- the loop --------------------------------------------------------------------------------
@@ -124,29 +114,13 @@ class Runner:
             raise RuntimeError("Nested invocation of optimize() (or Study.optimize) isn't allowed.")
         _internals.set_in_optimize_loop(study, True)  # study.stop() works in a callback
         _internals.clear_stop(study)
-        previous = self._on_sigterm()
+        previous = end_like_ctrl_c()
         try:
             self._loop(on_tick)
         finally:
             _internals.set_in_optimize_loop(study, False)
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-
-    def _on_sigterm(self) -> Any:
-        """Make SIGTERM end the run like Ctrl-C (only where it would kill the process outright: the main
-        thread and no handler of the caller's); returns the handler to put back, or None."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous is not signal.SIG_DFL:
-            return None
-
-        def terminated(signum: int, frame: Any) -> None:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
-            raise RunnerTerminated()
-
-        signal.signal(signal.SIGTERM, terminated)
-        return previous
 
     def status(self) -> Status:
         """Where the run stands, for the progress bar (the host's figures are left out if unreadable)."""
@@ -175,7 +149,7 @@ class Runner:
                     break
                 self._wait()
         except BaseException as exc:
-            self._abort(_why(exc))
+            self._abort(why_ended(exc))
             raise
         if self.fatal is not None:
             raise self.fatal
@@ -211,7 +185,7 @@ class Runner:
         self.asked += 1
         hold = self._hold(trial)  # from here a runner that finds this one dead fails the trial
         self.dead_runners.end_trials()
-        state = guard.trials.open(_internals.trial_id(trial), trial.number)
+        state = trials_of(guard).open(_internals.trial_id(trial), trial.number)
         state.enforced = True
         try:
             _retry("checking the trial", lambda: trial.relative_params)  # the guarded sampler's lookahead
@@ -220,7 +194,7 @@ class Runner:
             self._release(hold)
             raise
         if not state.sampled:
-            guard.warnings.once(
+            warnings_of(guard).once(
                 "unguarded-sampler",
                 "study.sampler is not guard.wrap_sampler(...): trials run unchecked, under the watchdog only.",
             )
@@ -383,53 +357,12 @@ class Runner:
                 self.ledger.release(child.entry)
 
     def _finish(self, child: TrialProcess) -> None:
-        policy, trial = self.policy, child.trial
+        trial = child.trial
         end = judge(child, self.catch)
         if end.stop_asked:  # the objective called trial.study.stop()
             self.study.stop()
         frozen = _retry("reading the trial", lambda: _internals.storage_of(self.study).get_trial(child.state.trial_id))
-        params = _without_prediction(child.state, frozen.params)
-        outcome = trial_outcome(
-            policy,
-            child.state.reason,
-            soft_reading=child.soft_reading,
-            hard_reading=child.hard_reading,
-            stopped_by="by the runner" if end.stopped and not end.kernel else None,
-            soft_pruned=end.soft_pruned,
-            failed=end.failed,
-            out_of_memory=end.oom,
-            forecast=child.forecast_reason(),
-        )
-        peaks = end.oom.needs(end.peaks, policy.budget) if end.oom is not None else end.peaks
-        timeline = child.monitor.timeline() if child.monitor is not None else []
-        record = policy.record(
-            child.state,
-            params,
-            decision=outcome.decision,
-            reason=outcome.reason,
-            peaks=peaks,
-            timeline=timeline,
-            breach=outcome.breach,
-        )
-        if end.stopped and end.kernel:
-            record = dataclasses.replace(record, decision=Decision.STOPPED, reason=end.kernel)
-        # the margin its reservation applied; a trial unchecked at launch reserved the budget instead
-        budgeted = (
-            {r: m for r, m in child.margins.items() if r in policy.budget.resources}
-            if child.reserved_prediction
-            else {}
-        )
-        record = dataclasses.replace(
-            record,
-            margin=budgeted,
-            host=self.ledger.host,
-            gpu=child.entry.gpu,
-            enforcement=child.enforcement(),
-            forecast=child.forecast_record(),
-        )
-        if outcome.decision is Decision.STOPPED and child.hard_reading is not None:  # crossing reading -> tree gone
-            stop_ms = round((child.ended - child.hard_reading.t) * 1000, 1)
-            record = dataclasses.replace(record, breach={**record.breach, "stop_ms": stop_ms})
+        record = finished_record(self.policy, child, end, frozen.params, self.ledger.host)
         self._end(trial, child.state, record, end.state, end.values)
         if end.failure is not None and self.fatal is None:
             self.fatal = end.failure
@@ -448,7 +381,7 @@ class Runner:
         except Exception:  # the final state matters more than the record
             _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
         finally:
-            self.guard.trials.close(state.trial_id)
+            trials_of(self.guard).close(state.trial_id)
         if final is TrialState.COMPLETE:
             _retry("telling the result", lambda: self.study.tell(trial, values, skip_if_finished=True))
         else:
@@ -508,13 +441,3 @@ class Runner:
                 _logger.exception("Trial %d: could not be failed", self.waiting.trial.number)
             self._release(self.waiting.hold)
             self.waiting = None
-
-
-def _without_prediction(state: TrialGuardState, params: dict[str, Any]) -> dict[str, Any]:
-    """The params to build a finished trial's record from without calling the footprint again: it may be
-    slow, and the trial's end is written before anything that can block. A trial that ran unchecked, or
-    with other params than the checked ones (then unchecked, as the record says), keeps no prediction."""
-    changed = sorted(k for k in state.assignment if k in params and params[k] != state.assignment[k])
-    if state.prediction is not None and changed:
-        state.uncheck(f"{state.reason}; params {changed} ran with values the guard did not check")
-    return dict(params) if state.prediction is not None else {}

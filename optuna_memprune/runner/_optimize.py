@@ -18,8 +18,9 @@ from optuna.trial import FrozenTrial
 
 from .. import _internals
 from ..guard import MemoryGuard
+from ..guard.backend import policy_of, warnings_of
 from ..units import check_int, check_number
-from ._cgroup import Enforcement
+from ._cgroup import Enforcer
 from ._forkserver import stop_fork_server
 from ._loop import Runner
 from ._progress import Progress
@@ -141,7 +142,7 @@ def optimize(
     if not all(isinstance(c, type) and issubclass(c, BaseException) for c in catch):
         raise TypeError(f"catch must be exception types, but got {catch!r}.")
     callbacks = _check_callbacks(callbacks)
-    enforcement = Enforcement(enforce, guard.budget, guard.policy.soft)
+    enforcement = Enforcer(enforce, guard.budget, policy_of(guard).soft)
     from ..ledger import HostBudget, Ledger
 
     if host is None:
@@ -159,7 +160,7 @@ def optimize(
             ledger.close()
         raise
     if over_host:
-        guard.warnings.once("budget-over-host", over_host)
+        warnings_of(guard).once("budget-over-host", over_host)
     from ..ledger import describe
 
     _logger.info("Host %s: trials may reserve %s; %s.", ledger.host, describe(ledger.capacity), enforcement.describe())
@@ -189,7 +190,7 @@ def optimize(
         stop_fork_server()
 
 
-def _check_callbacks(callbacks: Any) -> list:
+def _check_callbacks(callbacks: Any) -> list[Callable[[optuna.Study, FrozenTrial], None]]:
     """``callbacks``: None or a sequence of functions ``callback(study, frozen_trial)``, checked before any trial."""
     if callbacks is None:
         return []
@@ -198,14 +199,14 @@ def _check_callbacks(callbacks: Any) -> list:
             f"callbacks must be a list of functions callback(study, frozen_trial), but got "
             f"{type(callbacks).__name__} {callbacks!r}."
         )
-    callbacks = list(callbacks)
-    for i, callback in enumerate(callbacks):
+    checked: list[Callable[[optuna.Study, FrozenTrial], None]] = list(callbacks)
+    for i, callback in enumerate(checked):
         if not callable(callback):
             raise TypeError(
                 f"callbacks must be a list of functions callback(study, frozen_trial), but "
                 f"callbacks[{i}] is {type(callback).__name__} {callback!r}."
             )
-    return callbacks
+    return checked
 
 
 def _renamed(old: str, old_value: Any, new: str, new_value: Any, default: Any) -> Any:

@@ -184,7 +184,7 @@ class DeadRunners:
         )
 
     def _fail_trial(
-        self, trial_id: int, decision_name: str, died: str, reason: str, host: str, gpu: str | None
+        self, trial_id: int, decision_name: str, died: str, reason: str, host: str, gpu: int | None
     ) -> None:
         """Fail a RUNNING trial whose runner died, its record saying ``reason`` (``died``: the words another
         runner failing it at the same time writes too)."""
@@ -218,8 +218,9 @@ class DeadRunners:
             retry("failing the trial", lambda: storage.set_trial_state_values(trial_id, state=TrialState.FAIL))
         except UpdateFinishedTrialError:  # that other runner failed it first
             return
+        said = record or written
         _logger.warning(
-            "Trial %d of study %r failed: %s", frozen.number, self._study.study_name, (record or written).reason
+            "Trial %d of study %r failed: %s", frozen.number, self._study.study_name, said.reason if said else reason
         )
 
 

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..monitor import Monitor, Reading
+from ..records import Enforcement, EnforcementMode
 from ._child import SOFT_SIGNAL, ChildResult
 
 if TYPE_CHECKING:
@@ -102,9 +103,9 @@ class TrialProcess:
         group at its limit (``TrialCgroup.verdict``); the polled peak and None without a group."""
         return (peak_ram, None) if self.cgroup is None else self.cgroup.verdict(peak_ram)
 
-    def enforcement(self) -> str:
+    def enforcement(self) -> Enforcement:
         """Which enforcement applied, for the record: the group's (``TrialCgroup.label``) or polling."""
-        return "polling" if self.cgroup is None else self.cgroup.label()
+        return Enforcement(EnforcementMode.POLLING) if self.cgroup is None else self.cgroup.label()
 
     def kill_group(self) -> None:
         """SIGKILL what is left of the trial's process group (its process leads a session of its own:

@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 
 import optuna_memprune as omp
 from optuna_memprune.guard import Decision, MemoryGuard
+from optuna_memprune.guard.backend import policy_of, warnings_of
 from optuna_memprune.monitor import gpu_reader
 
 MiB = 2**20
@@ -147,8 +148,8 @@ def test_footprint_timeout_must_be_positive_seconds_or_none(value) -> None:
         ValueError, MemoryGuard, lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), footprint_timeout=value
     ) == (f"footprint_timeout must be a positive number of seconds or None, but got {value!r}.")
     unlimited = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), footprint_timeout=None)
-    assert unlimited.policy.footprint_timeout is None
-    assert MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB")).policy.footprint_timeout == 5.0
+    assert policy_of(unlimited).footprint_timeout is None
+    assert policy_of(MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"))).footprint_timeout == 5.0
 
 
 def test_a_footprint_slower_than_its_limit_runs_the_trial_unchecked_without_piling_up_threads(tmp_path) -> None:
@@ -166,7 +167,7 @@ def test_a_footprint_slower_than_its_limit_runs_the_trial_unchecked_without_pili
     guard = MemoryGuard(
         footprint, omp.Budget(ram=base + 2**30), search_space={"x": IntDistribution(1, 9)}, footprint_timeout=0.5
     )
-    guard.policy.predict({"x": 0})  # answered once: the cold-start allowance is spent
+    policy_of(guard).predict({"x": 0})  # answered once: the cold-start allowance is spent
     study = _study(tmp_path, guard)
     threads_seen = []
 
@@ -200,7 +201,7 @@ def test_a_footprint_slower_than_its_limit_runs_the_trial_unchecked_without_pili
     assert [r.decision for r in records[2:]] == [Decision.ADMITTED] * 2
     assert threads_seen[:2] == [1, 1]  # the hung call only: the second trial started no thread behind it
     before = len(calls)
-    assert guard.policy.predict(dict(study.trials[0].params)).ram == base + study.trials[0].params["x"] * MiB
+    assert policy_of(guard).predict(dict(study.trials[0].params)).ram == base + study.trials[0].params["x"] * MiB
     assert len(calls) == before  # the hung call's late answer filled the cache
     assert omp.read_record(study.trials[0].user_attrs).pred_ram is None  # never re-predicted while hung
 
@@ -316,7 +317,7 @@ def test_a_vram_budget_nobody_can_measure_warns_once() -> None:
         warnings.simplefilter("always")
         MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"))
         guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(vram="8GiB"))
-        guard.warnings.once("vram-unmeasured", "again")  # once per guard
+        warnings_of(guard).once("vram-unmeasured", "again")  # once per guard
     messages = [str(w.message) for w in caught]
     if reader is not None:  # a GPU NVML can see: VRAM is measured, nothing to say
         reader.close()
@@ -355,7 +356,7 @@ def test_monitor_interval_is_bounded_to_1_ms_to_10_s(interval) -> None:
 def test_monitor_interval_bounds_are_accepted() -> None:
     for interval in (0.001, 10):
         guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"), monitor_interval=interval)
-        assert guard.policy.interval == interval
+        assert policy_of(guard).interval == interval
 
 
 # -- item 8: conditional params ----------------------------------------------------------------------------
@@ -440,15 +441,15 @@ def test_time_spent_calibrating_the_host_does_not_count_against_the_footprints_l
         return omp.estimate.process("torch", training=False) if params["x"] else omp.Footprint()
 
     calibrating = MemoryGuard(footprint, omp.Budget(ram="64GiB"), footprint_timeout=0.5)
-    calibrating.policy.predict({"x": 0})  # answered once: no cold-start allowance from here on
-    assert calibrating.policy.predict({"x": 1}).ram > 0  # its probes import torch: seconds, not 0.5 s
+    policy_of(calibrating).predict({"x": 0})  # answered once: no cold-start allowance from here on
+    assert policy_of(calibrating).predict({"x": 1}).ram > 0  # its probes import torch: seconds, not 0.5 s
     assert list((tmp_path / "cache").glob("calibration-*.json"))
     slow = MemoryGuard(
         lambda p: time.sleep(2 * p["x"]) or omp.Footprint(), omp.Budget(ram="64GiB"), footprint_timeout=0.5
     )
-    slow.policy.predict({"x": 0})
+    policy_of(slow).predict({"x": 0})
     with pytest.raises(TimeoutError, match=r"^the footprint took longer than 0\.5 s$"):
-        slow.policy.predict({"x": 1})
+        policy_of(slow).predict({"x": 1})
 
 
 def test_a_footprints_first_call_may_take_longer_than_its_limit_for_a_cold_start(tmp_path: Path) -> None:
@@ -489,9 +490,9 @@ def test_the_new_choices_travel_with_the_pickled_guard() -> None:
         monitor_interval=0.001,
     )
     again = pickle.loads(pickle.dumps(guard))
-    policy = again.policy
+    policy = policy_of(again)
     assert (policy.footprint_timeout, policy.on_footprint_error, policy.interval) == (2.5, "raise", 0.001)
-    assert again.policy.predict({"x": 3}).ram == 3 * MiB
+    assert policy_of(again).predict({"x": 3}).ram == 3 * MiB
 
 
 def test_an_unknown_clamp_name_is_refused_at_construction_or_warned_once_never_raised_mid_trial(tmp_path) -> None:

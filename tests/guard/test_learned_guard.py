@@ -13,6 +13,7 @@ import pytest
 from optuna.distributions import FloatDistribution, IntDistribution
 
 import optuna_memprune as omp
+from optuna_memprune.guard.backend import policy_of, trials_of
 from optuna_memprune.ledger import HostBudget, Ledger
 from optuna_memprune.records import Decision
 
@@ -143,7 +144,7 @@ def test_a_stopped_trial_counts_toward_the_warmup_as_a_lower_bound(tmp_path) -> 
     # predicted (admitted, or rejected where the bound of three completed trials is still wide: in one full
     # run under load it was)
     assert fifth.decision in (Decision.ADMITTED, Decision.CLAMPED, Decision.REJECTED) and fifth.pred_ram is not None
-    model = guard.policy._learning.model
+    model = policy_of(guard).learning.model
     assert model.bound({"mb": 400, "lr": 1e-3})["ram"] >= rows[0][1].peak_ram - rows[0][1].start_ram
 
 
@@ -210,16 +211,16 @@ def test_a_clamp_search_that_passes_below_the_observed_range_still_clamps_or_rej
     guard = omp.MemoryGuard(
         None, omp.Budget(ram=int(690 * MiB / 0.9) + 1), search_space=space, learn=omp.estimate.learned(miss_rate=0.2)
     )
-    learning = guard.policy.learning
+    learning = policy_of(guard).learning
     peaks = {100: 700, 150: 760, 200: 690, 300: 820, 400: 900, 500: 1000}
     learning.model = learning.settings.fit(
         [Observation({"n": n}, {"ram": p * MiB}, number=i) for i, (n, p) in enumerate(peaks.items())]
     )
-    assert learning.model.bound({"n": 300})["ram"] > 690 * MiB and learning.explore({"n": 50}, guard.policy.limits)
+    assert learning.model.bound({"n": 300})["ram"] > 690 * MiB and learning.explore({"n": 50}, policy_of(guard).limits)
     study = optuna.create_study(sampler=guard.wrap_sampler(Always300()), pruner=guard.wrap_pruner(None))
     trial = study.ask()
     trial.suggest_int("n", 10, 1000)
-    state = guard.trials.get(trial._trial_id)
+    state = trials_of(guard).get(trial._trial_id)
     assert state.decision in (Decision.CLAMPED, Decision.REJECTED), (state.decision, state.reason)
     assert "exploring" not in state.reason
     if state.decision is Decision.CLAMPED:
@@ -287,10 +288,10 @@ def test_the_runner_reserves_a_learned_bound_as_it_is(tmp_path) -> None:
     ledger = Ledger(
         HostBudget(ram="4GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host="test-host"
     )
-    margins = Reservations(study, guard.policy.budget, ledger).margins()
+    margins = Reservations(study, policy_of(guard).budget, ledger).margins()
     assert margins == {"ram": 1.0, "vram": 1.0, "threads": 1.0}
     fp = omp.Footprint.of(ram=300 * MiB)
-    assert Reservations(study, guard.policy.budget, ledger).request(fp, margins).ram == 300 * MiB
+    assert Reservations(study, policy_of(guard).budget, ledger).request(fp, margins).ram == 300 * MiB
 
 
 def test_a_timeline_that_settled_early_is_a_plateau_and_a_growing_one_is_not() -> None:

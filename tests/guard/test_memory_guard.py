@@ -10,6 +10,7 @@ from optuna.distributions import IntDistribution
 
 import optuna_memprune as omp
 from optuna_memprune.guard import GuardedPruner, GuardedSampler, MemoryGuard
+from optuna_memprune.guard.backend import policy_of, trials_of
 
 
 @pytest.mark.parametrize(
@@ -54,10 +55,10 @@ def test_the_guard_pickles_its_configuration_and_not_its_running_state() -> None
         search_space={"n": IntDistribution(0, 10)},
         soft=0.8,
     )
-    guard.policy.predict({"n": 3})
+    policy_of(guard).predict({"n": 3})
     again = pickle.loads(pickle.dumps(guard))
-    assert again.budget == guard.budget and again.policy.clamp == ("n",) and again.policy.soft == 0.8
-    assert again.policy.cached_footprints == 0 and again.trials.registered() == {}
+    assert again.budget == guard.budget and policy_of(again).clamp == ("n",) and policy_of(again).soft == 0.8
+    assert policy_of(again).cached_footprints == 0 and trials_of(again).registered() == {}
     assert isinstance(again.wrap_sampler(optuna.samplers.RandomSampler()), GuardedSampler)
     assert isinstance(again.wrap_pruner(), GuardedPruner)
 
@@ -86,5 +87,5 @@ def test_footprints_are_cached_per_params() -> None:
         return omp.Footprint.of(ram=params["n"])
 
     guard = MemoryGuard(footprint, omp.Budget(ram="1GiB"))
-    assert guard.policy.predict({"n": 1, "m": "a"}) is guard.policy.predict({"m": "a", "n": 1})
+    assert policy_of(guard).predict({"n": 1, "m": "a"}) is policy_of(guard).predict({"m": "a", "n": 1})
     assert len(calls) == 1

@@ -18,7 +18,8 @@ from optuna.trial import TrialState
 
 import optuna_memprune as omp
 from optuna_memprune.guard import Decision, MemoryBudgetExceeded, MemoryGuard, read_record
-from optuna_memprune.guard._objective import _Interrupt, _Live
+from optuna_memprune.guard._watch import Interrupt, Live
+from optuna_memprune.guard.backend import trials_of
 
 MiB = 2**20
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -115,9 +116,9 @@ def test_no_interrupt_reaches_the_thread_once_disarmed(fire_before_disarm: bool)
     # The trial thread uses the wrapper's pattern: the objective and disarm() inside a try that catches
     # the interrupt, disarm() again in the handler; nothing may arrive after that.
     guard = MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="64MiB"))
-    state = guard.trials.open(-1, -1)
+    state = trials_of(guard).open(-1, -1)
     caught: list[str] = []
-    holder: list[_Live] = []
+    holder: list[Live] = []
     ready, go, disarmed = threading.Event(), threading.Event(), threading.Event()
 
     def spin(n: int) -> None:
@@ -125,7 +126,7 @@ def test_no_interrupt_reaches_the_thread_once_disarmed(fire_before_disarm: bool)
             pass
 
     def trial_thread() -> None:
-        live = _Live(guard, state, threading.get_ident())
+        live = Live(guard, state, threading.get_ident())
         holder.append(live)
         ready.set()
         try:
@@ -134,13 +135,13 @@ def test_no_interrupt_reaches_the_thread_once_disarmed(fire_before_disarm: bool)
                 spin(100_000)  # the objective
             finally:
                 live.disarm()
-        except _Interrupt:
+        except Interrupt:
             live.disarm()
             caught.append("inside")
         disarmed.set()
         try:
             spin(2_000_000)
-        except _Interrupt:
+        except Interrupt:
             caught.append("late")
 
     thread = threading.Thread(target=trial_thread)
@@ -250,7 +251,7 @@ def test_an_objective_that_raises_fails_the_trial_with_its_record() -> None:
         study.optimize(guard.wrap_objective(objective), n_trials=1)
     trial = study.trials[0]
     assert trial.state is TrialState.FAIL and read_record(trial.user_attrs) is not None
-    assert guard.trials.registered() == {} and guard.trials.running() == {}
+    assert trials_of(guard).registered() == {} and trials_of(guard).running() == {}
 
 
 def test_memory_budget_exceeded_is_a_pruned_exception_that_pickles() -> None:

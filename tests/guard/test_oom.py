@@ -23,6 +23,7 @@ import optuna_memprune as omp
 from optuna_memprune import procfs
 from optuna_memprune.guard import Decision, MemoryGuard, read_record
 from optuna_memprune.guard._oom import killed_by_oom_killer, out_of_memory
+from optuna_memprune.guard.backend import trials_of
 from optuna_memprune.ledger import HostBudget, Ledger
 
 import _oom_objectives as objectives
@@ -175,7 +176,7 @@ def test_in_process_a_memory_error_ends_pruned_with_a_positive_constraint_and_th
     assert [t.state for t in rest] == [TrialState.COMPLETE] * 2  # n_trials respected, nothing raised
     assert all(read_record(t.user_attrs).constraints()["memprune_ram"] <= 0 for t in rest)
     assert held[0]() is None  # the objective's arrays were let go with its frames, before any collection
-    assert guard.trials.registered() == {} and guard.trials.running() == {}
+    assert trials_of(guard).registered() == {} and trials_of(guard).running() == {}
 
 
 def test_in_process_a_torch_out_of_memory_error_ends_pruned_whatever_catch_says(tmp_path) -> None:
@@ -402,4 +403,4 @@ def test_runner_with_a_cgroup_a_sigkill_from_outside_is_not_taken_for_another_pr
     record = read_record(killed.user_attrs)
     assert killed.state is TrialState.FAIL and record.decision is not Decision.OUT_OF_MEMORY, record.reason
     assert "died from signal SIGKILL (sent from outside the runner" in record.reason
-    assert record.enforcement == "cgroup v1 limit" and after.state is TrialState.COMPLETE
+    assert str(record.enforcement) == "cgroup v1 limit" and after.state is TrialState.COMPLETE

@@ -10,6 +10,7 @@ import optuna_memprune as omp
 from optuna_memprune.guard import Decision, MemoryGuard
 from optuna_memprune.guard._outcome import trial_outcome
 from optuna_memprune.guard._trials import TrialGuardState
+from optuna_memprune.guard.backend import policy_of
 from optuna_memprune.monitor import Reading
 
 MiB = 2**20
@@ -20,7 +21,7 @@ def _footprint(params: dict) -> omp.Footprint:
 
 
 def _policy(**budget):  # type: ignore[no-untyped-def]
-    return MemoryGuard(_footprint, omp.Budget(**budget), soft=0.5).policy
+    return policy_of(MemoryGuard(_footprint, omp.Budget(**budget), soft=0.5))
 
 
 def _reading(rss: int = 0, threads: int = 1, vram: int | None = None) -> Reading:

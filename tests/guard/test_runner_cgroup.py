@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 import optuna_memprune as omp
 from optuna_memprune import cgroups, procfs
 from optuna_memprune.ledger import HostBudget, Ledger
+from optuna_memprune.records import Enforcement, EnforcementMode
 
 import _cgroup_objectives as cg_objectives
 import _runner_objectives as objectives
@@ -53,6 +54,12 @@ def _record(trial: optuna.trial.FrozenTrial) -> omp.guard.TrialRecord:
     return record
 
 
+def _limit() -> Enforcement:
+    """The record's enforcement of a trial held by its cgroup's limit on this host."""
+    assert PLACE is not None
+    return Enforcement(EnforcementMode.CGROUP_LIMIT, cgroup_version=PLACE.version)
+
+
 def _own_groups() -> list[str]:
     return [n for n in os.listdir(PLACE.path) if n.startswith(f"memprune-{os.getpid()}-")] if PLACE else []
 
@@ -76,10 +83,10 @@ def test_a_burst_faster_than_the_poll_is_stopped_by_the_kernel_at_the_budget_and
     record = _record(burst)
     assert burst.state is TrialState.PRUNED and record.decision.value == "stopped"
     assert record.reason == "stopped by the kernel at its cgroup limit (400 MiB)"
-    assert record.enforcement == f"cgroup v{PLACE.version} limit"
+    assert record.enforcement == _limit() and str(record.enforcement) == f"cgroup v{PLACE.version} limit"
     assert budget <= record.peak_ram <= 1.02 * budget  # the exact peak: not 3x the budget
     assert record.constraints()["memprune_ram"] > 0  # the sampler learns the region is infeasible
-    assert after.state is TrialState.COMPLETE and _record(after).enforcement == f"cgroup v{PLACE.version} limit"
+    assert after.state is TrialState.COMPLETE and _record(after).enforcement == _limit()
     assert _record(after).peak_ram < budget
     assert _own_groups() == [] and ledger.entries() == []
 
@@ -96,7 +103,7 @@ def test_the_page_cache_a_trial_leaves_is_not_its_peak_ram(tmp_path: Path) -> No
     )
     (trial,) = study.trials
     record = _record(trial)
-    assert trial.state is TrialState.COMPLETE and record.enforcement == f"cgroup v{PLACE.version} limit"
+    assert trial.state is TrialState.COMPLETE and record.enforcement == _limit()
     assert record.peak_ram < 250 * MiB  # its RSS; the 300 MiB of page cache it wrote are not counted
     assert record.constraints()["memprune_ram"] < 0
 
@@ -110,7 +117,8 @@ def test_a_grandchild_ignoring_sigterm_whose_parent_died_first_is_gone_after_the
     )
     (trial,) = study.trials
     assert trial.state is TrialState.COMPLETE, _record(trial).reason
-    assert _record(trial).enforcement.startswith(f"cgroup v{PLACE.version} ")
+    enforcement = _record(trial).enforcement
+    assert enforcement.mode is not EnforcementMode.POLLING and enforcement.cgroup_version == PLACE.version, enforcement
     pid, start = map(int, marker.read_text().split())
     try:
         fields = procfs.stat_fields(procfs.read(f"/proc/{pid}/stat"))
@@ -131,7 +139,9 @@ def test_polling_keeps_the_watchdog_alone_and_says_so(tmp_path: Path) -> None:
     record = _record(stopped)
     assert stopped.state is TrialState.PRUNED and record.decision.value == "stopped"
     assert record.reason.startswith("stopped by the runner: ") and "over the budget" in record.reason
-    assert record.enforcement == "polling" and _record(after).enforcement == "polling"
+    polling = Enforcement(EnforcementMode.POLLING)
+    assert record.enforcement == polling and _record(after).enforcement == polling
+    assert after.user_attrs["memprune:enforcement"] == "polling"  # the text stored, as before the type
     assert after.state is TrialState.COMPLETE
     assert _own_groups() == []
 

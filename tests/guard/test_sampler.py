@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 
 import optuna_memprune as omp
 from optuna_memprune.guard import Decision, GuardedSampler, MemoryGuard, read_record
+from optuna_memprune.guard.backend import policy_of, trials_of
 
 MiB = 2**20
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -111,11 +112,11 @@ def test_clamp_lowers_to_the_highest_fitting_value_within_the_distribution(dist)
         assert dist._contains(dist.to_internal_repr(x)) and type(x) is type(
             dist.to_external_repr(dist.to_internal_repr(x))
         )
-        assert base + x * MiB <= guard.policy.limits["ram"] < budget.ram, (x, record)  # under the soft line
+        assert base + x * MiB <= policy_of(guard).limits["ram"] < budget.ram, (x, record)  # under the soft line
         if record.decision is Decision.CLAMPED:
             assert record.clamped_from["x"] > x
             # The nearest feasible value: the next value up the grid no longer fits.
-            assert base + _next_up(dist, x) * MiB > guard.policy.limits["ram"]
+            assert base + _next_up(dist, x) * MiB > policy_of(guard).limits["ram"]
     assert any(read_record(t.user_attrs).decision is Decision.CLAMPED for t in study.trials)
 
 
@@ -159,12 +160,12 @@ def test_clamp_only_the_declared_params_and_categoricals_by_footprint() -> None:
     for t in clamped:
         record = read_record(t.user_attrs)
         assert set(record.clamped_from) <= {"optimizer", "batch"}
-        assert footprint(t.params).ram <= guard.policy.limits["ram"]
+        assert footprint(t.params).ram <= policy_of(guard).limits["ram"]
         if "optimizer" in record.clamped_from:  # a lower-footprint choice, never a higher one
             assert kinds[t.params["optimizer"]] < kinds[record.clamped_from["optimizer"]]
     for t in study.trials:
         if read_record(t.user_attrs).decision is Decision.REJECTED:  # width alone is over budget
-            assert footprint({**t.params, "optimizer": "sgd", "batch": 16}).ram > guard.policy.limits["ram"]
+            assert footprint({**t.params, "optimizer": "sgd", "batch": 16}).ram > policy_of(guard).limits["ram"]
 
 
 def _suggest_all(trial: optuna.Trial, space: dict) -> float:
@@ -316,7 +317,7 @@ def test_guarded_sampler_is_thread_safe_with_n_jobs() -> None:
         record = read_record(t.user_attrs)
         if record.decision is not Decision.UNCHECKED:
             assert t.params["x"] <= 500
-    assert guard.trials.registered() == {}, guard.trials.registered()
+    assert trials_of(guard).registered() == {}, trials_of(guard).registered()
     deadline = time.monotonic() + 5  # the guard's monitor stops by itself once no trial runs
     while [t for t in threading.enumerate() if t.name.startswith("memprune-monitor")]:
         assert time.monotonic() < deadline, "a monitor thread outlived its trials"
@@ -379,7 +380,7 @@ def _adversarial(tmp_path, policy: str, n_trials: int, **tpe):  # type: ignore[n
     study.optimize(guard.wrap_objective(objective), n_trials=n_trials)
     trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
-    return trials, ran, footprint, guard.policy.limits["ram"]
+    return trials, ran, footprint, policy_of(guard).limits["ram"]
 
 
 def _shares(records, decision: Decision) -> list[float]:  # type: ignore[no-untyped-def]

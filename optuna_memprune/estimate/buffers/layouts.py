@@ -97,7 +97,7 @@ def check_dtype(value: Any, name: str) -> np.dtype:
     if value is None:  # np.dtype(None) is float64: never what a caller meant
         raise EstimateError(f"{name} must be a numpy dtype or dtype name such as 'uint8', but got None.")
     try:
-        dtype = np.dtype(value)
+        dtype: np.dtype[Any] = np.dtype(value)
     except TypeError:
         raise EstimateError(f"{name} must be a numpy dtype or dtype name such as 'uint8', but got {value!r}.") from None
     if dtype.hasobject or dtype.itemsize == 0:

@@ -15,7 +15,8 @@ MARK = "PROBE"
 
 def spec() -> dict[str, Any]:
     """The probe's spec: the JSON its runner passed as the first command-line argument."""
-    return json.loads(sys.argv[1])
+    args: dict[str, Any] = json.loads(sys.argv[1])
+    return args
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -57,7 +57,7 @@ def measure() -> dict[str, Any]:
     x = torch.randn(2, 4, 16, 16, device=dev, requires_grad=True)
     conv(x).sum().backward()
     q = torch.randn(2, 2, 16, 8, device=dev, requires_grad=True)
-    F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
     opt = torch.optim.Adam(list(lin.parameters()) + list(conv.parameters()))
     opt.step()
     torch.cuda.synchronize()

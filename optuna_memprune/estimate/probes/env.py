@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from ...procfs import descendants, status
+from ...procfs import descendants, own_status, status
 from . import emit, spec
 
 
@@ -37,7 +37,11 @@ def describe(s: Any) -> dict[str, Any]:
     import gymnasium as gym
     import numpy as np
 
-    d = {"type": type(s).__name__, "shape": list(s.shape or ()), "dtype": str(s.dtype) if s.dtype is not None else None}
+    d: dict[str, Any] = {
+        "type": type(s).__name__,
+        "shape": list(s.shape or ()),
+        "dtype": str(s.dtype) if s.dtype is not None else None,
+    }
     if hasattr(s, "n") and not hasattr(s, "nvec"):
         d["n"] = int(s.n)
     if hasattr(s, "nvec"):
@@ -53,9 +57,11 @@ def main(args: dict[str, Any]) -> None:
     from stable_baselines3.common.env_util import make_atari_env, make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
 
-    def make(n: int, cls: type) -> Any:
-        kw = {"n_envs": n, "seed": 0, "vec_env_cls": cls}
-        env = make_atari_env(args["env_id"], **kw) if args["atari"] else make_vec_env(args["env_id"], **kw)
+    def make(n: int, cls: type[DummyVecEnv] | type[SubprocVecEnv]) -> Any:
+        if args["atari"]:
+            env = make_atari_env(args["env_id"], n_envs=n, seed=0, vec_env_cls=cls)
+        else:
+            env = make_vec_env(args["env_id"], n_envs=n, seed=0, vec_env_cls=cls)
         if args["frame_stack"]:
             env = VecFrameStack(env, args["frame_stack"])
         return env
@@ -65,14 +71,14 @@ def main(args: dict[str, Any]) -> None:
         for _ in range(steps):
             env.step(np.array([env.action_space.sample() for _ in range(env.num_envs)]))
 
-    before = status()
+    before = own_status()
     e1 = make(1, DummyVecEnv)
     run(e1, args["steps"])
-    one = status()
+    one = own_status()
     e3 = make(3, DummyVecEnv)
     run(e3, args["steps"])
-    four = status()
-    result = {
+    four = own_status()
+    result: dict[str, Any] = {
         "before": before,
         "one": one,
         "four": four,
@@ -85,11 +91,11 @@ def main(args: dict[str, Any]) -> None:
     gc.collect()
     if args["subproc"]:
         me = os.getpid()
-        main_before = status()
+        main_before = own_status()
         sv = make(2, SubprocVecEnv)
         run(sv, args["steps"])
         during = {pid: status(pid) for pid in descendants(me)}
-        main_during = status()
+        main_during = own_status()
         sv.close()
         time.sleep(0.3)
         remaining = set(descendants(me))

@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from ...procfs import reset_peak, status
+from ...procfs import own_status, reset_peak
 from . import emit, spec
 
 #: glibc's mallopt parameter M_MMAP_THRESHOLD (malloc.h); setting it also stops its dynamic raise.
@@ -25,15 +25,16 @@ def peak_of(call: Callable[[], Any]) -> tuple[Any, int]:
     for _ in range(3):
         out = None
         reset_peak()
-        before = status()["VmRSS"]
+        before = own_status()["VmRSS"]
         out = call()
-        peaks.append(status()["VmHWM"] - before)
+        peaks.append(own_status()["VmHWM"] - before)
     return out, sorted(peaks)[1]
 
 
 def mapped(t: Any) -> int:
     """The bytes of the pages a tensor's storage maps (glibc maps large buffers page by page)."""
-    return -(-t.untyped_storage().nbytes() // 4096) * 4096
+    nbytes: int = t.untyped_storage().nbytes()
+    return -(-nbytes // 4096) * 4096
 
 
 def measure(torch: Any, convs: list[list[Any]]) -> tuple[list[dict[str, Any]], int]:
@@ -49,13 +50,13 @@ def measure(torch: Any, convs: list[list[Any]]) -> tuple[list[dict[str, Any]], i
         geo = ([stride, stride], [k // 2, k // 2], [1, 1], False, [0, 0], 1)
         fwd_args = (x, w, b, *geo)
 
-        def fwd(fwd_args: tuple = fwd_args) -> Any:
+        def fwd(fwd_args: tuple[Any, ...] = fwd_args) -> Any:
             return aten.convolution.default(*fwd_args)
 
         gy = torch.rand_like(fwd())
         bwd_args = (gy, x, w, [co], *geo, [grad_in, True, True])
 
-        def bwd(bwd_args: tuple = bwd_args) -> Any:
+        def bwd(bwd_args: tuple[Any, ...] = bwd_args) -> Any:
             return aten.convolution_backward.default(*bwd_args)
 
         for _ in range(2):  # primitive creation and its caches are one-off

@@ -6,8 +6,9 @@ Imports only that stack besides procfs (one process per torch thread count); kno
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
-from ...procfs import KiB, field, read, status
+from ...procfs import KiB, field, own_status, read
 from . import emit, spec
 
 
@@ -19,7 +20,7 @@ def main() -> None:
     args = spec()
     for mod in args["imports"]:
         importlib.import_module(mod)
-    result = {"imports": status()}
+    result: dict[str, Any] = {"imports": own_status()}
     if "torch" in args["imports"]:
         import torch
 
@@ -48,10 +49,11 @@ def main() -> None:
         for _ in range(4):
             (a @ a).sum()
         step()
-    result["warm"] = status()
+    warm = own_status()
     # The file-backed pages in its RSS (shared libraries touched): what the kernel takes back first when the
     # host is short of memory; a recheck tells a host under pressure from a drifted stack by them.
-    result["warm"]["RssFile"] = field(read("/proc/self/status"), b"\nRssFile:") * KiB
+    warm["RssFile"] = field(read("/proc/self/status"), b"\nRssFile:") * KiB
+    result["warm"] = warm
     emit(result)
 
 

@@ -13,8 +13,8 @@ import inspect
 import json
 import math
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict
 
 from ..._extras import MissingExtra
 from ...exceptions import EstimateError
@@ -132,7 +132,7 @@ def optimizer_of(algo: str, kwargs: Mapping[str, Any], use_rms_prop: bool) -> An
     )
 
 
-def policy_class(algo: str, cnn: bool) -> type:
+def policy_class(algo: str, cnn: bool) -> type[Any]:
     """The SB3 policy class ``algo`` builds (``cnn``: its CnnPolicy)."""
     import importlib
 
@@ -141,7 +141,8 @@ def policy_class(algo: str, cnn: bool) -> type:
         mod = importlib.import_module(module)
     except ImportError as exc:  # sb3-contrib's algorithms, or torch under either: names the extra
         raise (MissingExtra.of(exc, f"the sb3 recipe's {algo}") or exc) from None
-    return getattr(mod, cnn_name if cnn else mlp_name)
+    cls: type[Any] = getattr(mod, cnn_name if cnn else mlp_name)
+    return cls
 
 
 def check_forwarded(algo: str, cnn: bool, kwargs: Mapping[str, Any]) -> None:
@@ -153,7 +154,7 @@ def check_forwarded(algo: str, cnn: bool, kwargs: Mapping[str, Any]) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _policy_on_meta(algo: str, cnn: bool, obs_key: str, act_key: str, kwargs_key: str):
+def _policy_on_meta(algo: str, cnn: bool, obs_key: str, act_key: str, kwargs_key: str) -> Any:
     """SB3's policy class built on the meta device (its ``device`` property pinned to meta, so the
     ``.to(self.device)`` calls inside SB3 become no-ops); cached per architecture."""
     import gymnasium as gym
@@ -166,6 +167,7 @@ def _policy_on_meta(algo: str, cnn: bool, obs_key: str, act_key: str, kwargs_key
         shape = (shape[-1], *shape[:-1])
     low, high = (0, 255) if obs["dtype"] == "uint8" else (-np.inf, np.inf)
     obs_space = gym.spaces.Box(low, high, shape, np.dtype(obs["dtype"]))
+    act_space: gym.spaces.Space[Any]
     if act["type"] == "Discrete":
         act_space = gym.spaces.Discrete(act["n"])
     elif act["type"] == "MultiDiscrete":
@@ -182,7 +184,14 @@ def _policy_on_meta(algo: str, cnn: bool, obs_key: str, act_key: str, kwargs_key
         return meta_cls(obs_space, act_space, lambda _: 1e-4, **kwargs)
 
 
-def networks(algo: str, cnn: bool, obs: dict, act: dict, kwargs: Mapping[str, Any]) -> dict:
+class Networks(TypedDict):
+    """The policy built on meta and its cache key (algo, cnn, then the spaces and kwargs as JSON)."""
+
+    policy: Any
+    key: tuple[str, bool, str, str, str]
+
+
+def networks(algo: str, cnn: bool, obs: dict[str, Any], act: dict[str, Any], kwargs: Mapping[str, Any]) -> Networks:
     """The policy of ``algo`` on meta with the forwarded ``kwargs`` (JSON-able: activation by name), and its
     cache key."""
     key = (
@@ -199,45 +208,57 @@ def networks(algo: str, cnn: bool, obs: dict, act: dict, kwargs: Mapping[str, An
     return {"policy": policy, "key": key}
 
 
-def train_step(algo: str, nets: dict, obs_shape, obs_dtype, act_shape, batch, device, optimizer) -> Footprint:
+def train_step(
+    algo: str,
+    nets: Networks,
+    obs_shape: tuple[int, ...],
+    obs_dtype: str,
+    act_shape: tuple[int, ...],
+    batch: int,
+    device: str,
+    optimizer: Any,
+) -> Footprint:
     """The networks' weights, gradients, optimizer state and one training step's activations (traced)."""
     import torch.nn as nn
 
-    from ..torchnet import torch_training
+    from ..torchnet.api import torch_training
 
     policy, key = nets["policy"], nets["key"]
 
     class _Eval(nn.Module):
         """What PPO/A2C/TRPO differentiate: features -> policy logits and value (distribution math is O(B))."""
 
-        def __init__(self, p):
+        def __init__(self, p: Any) -> None:
             super().__init__()
             self.p = p
 
-        def forward(self, x):
+        def forward(self, x: Any) -> tuple[Any, Any]:
             lp, lv = self.p.mlp_extractor(self.p.extract_features(x))
             return self.p.action_net(lp), self.p.value_net(lv)
 
     class _Actor(nn.Module):
         """SAC's/TQC's actor up to the distribution's parameters (its Normal would validate values: .item())."""
 
-        def __init__(self, actor):
+        def __init__(self, actor: Any) -> None:
             super().__init__()
             self.actor = actor
 
-        def forward(self, x):
+        def forward(self, x: Any) -> tuple[Any, Any]:
             mean, log_std, _ = self.actor.get_action_dist_params(x)
             return mean, log_std
 
     class _Critic(nn.Module):
-        def __init__(self, critic):
+        def __init__(self, critic: Any) -> None:
             super().__init__()
             self.critic = critic
 
-        def forward(self, x, a):
+        def forward(self, x: Any, a: Any) -> Any:
             return self.critic(x, a)
 
     act_dim = max(1, math.prod(act_shape)) if act_shape else 1
+    models: dict[str, Callable[[], Any]]
+    frozen: int | dict[str, int]
+    shapes: list[tuple[int, ...]] | dict[str, list[tuple[int, ...]]]
     if algo in ("dqn", "qrdqn"):
         q_net = policy.quantile_net if algo == "qrdqn" else policy.q_net
         models, frozen, shapes = {"q_net": lambda: q_net}, {"q_net": 1}, [obs_shape]

@@ -70,8 +70,10 @@ def _value(node: ast.AST, what: str, text: str) -> Any:
     if isinstance(node, (ast.List, ast.Tuple)):
         items = [_value(e, what, text) for e in node.elts]
         return items if isinstance(node, ast.List) else tuple(items)
-    if isinstance(node, ast.Dict) and None not in node.keys:
-        return {_value(k, what, text): _value(v, what, text) for k, v in zip(node.keys, node.values, strict=True)}
+    if isinstance(node, ast.Dict):
+        keys = [k for k in node.keys if k is not None]  # None: a ``**mapping`` entry
+        if len(keys) == len(node.keys):
+            return {_value(k, what, text): _value(v, what, text) for k, v in zip(keys, node.values, strict=True)}
     if isinstance(node, (ast.Name, ast.Attribute)):
         return _dotted(node, what, text)
     if (

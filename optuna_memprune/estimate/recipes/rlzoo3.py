@@ -1,10 +1,11 @@
 """The rl-zoo3 recipe: a trial's footprint as RL Baselines3 Zoo 2.9 builds it, from the zoo's own fixed
 hyperparameters (its installed ``hyperparams/<algo>.yml``) merged with the trial's sampled params.
 
-Owns reading those files (as ``ExperimentManager.read_hyperparameters`` and ``_preprocess_hyperparams`` do, with
-no code run), rl-zoo3's sampled names and their mappings to SB3's, the eval env, and the largest value of a
-fixed hyperparameter that fits a budget; the footprint itself is the SB3 recipe's. Knows no Optuna and imports
-neither rl-zoo3 nor torch at import time.
+Owns the zoo's hyperparameters preprocessed (as ``ExperimentManager._preprocess_hyperparams`` does, with no
+code run), the eval env, the largest value of a fixed hyperparameter that fits a budget, and the recipe's
+commands (``memprune predict rlzoo3``, ``memprune run -- python -m rl_zoo3.train``); reading the zoo's files and
+its sampled names is ``_zoo_names``' (its public names re-exported here); the footprint itself is the SB3
+recipe's. Knows no Optuna and imports neither rl-zoo3 nor torch at import time.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,14 @@ from ..checks import check_count
 from ..footprint import Footprint
 from ..processes import Stack, env_instances, env_workers
 from . import sb3 as sb3_recipe
-from .kwargs_text import read_kwargs, read_value
+from ._zoo_names import ALGOS as ALGOS  # the zoo's names are re-exported: the recipe's own
+from ._zoo_names import MANAGER as MANAGER
+from ._zoo_names import SAMPLED as SAMPLED
+from ._zoo_names import check_algo, check_names, check_wrappers, read_params
+from ._zoo_names import fixed_hyperparams as fixed_hyperparams
+from ._zoo_names import hyperparams_file as hyperparams_file
+from ._zoo_names import zoo_to_sb3 as zoo_to_sb3
+from .kwargs_text import read_kwargs
 
 #: Libraries whose versions key this recipe's calibrated stacks (the SB3 recipe's and rl-zoo3).
 VERSIONED = sb3_recipe.VERSIONED + ("rl-zoo3", "optuna")
@@ -36,122 +43,6 @@ STACKS = {
 }
 #: One line for ``memprune predict --help``.
 HELP = "an rl-zoo3 trial: the zoo's yml hyperparameters for --algo/--env merged with the trial's sampled params"
-#: The algos rl-zoo3 tunes that the SB3 recipe models.
-ALGOS = ("dqn", "qrdqn", "ppo", "a2c", "trpo", "sac", "td3", "ddpg", "tqc")
-_ON_POLICY_ARCH = {
-    "tiny": {"pi": [64], "vf": [64]},
-    "small": {"pi": [64, 64], "vf": [64, 64]},
-    "medium": {"pi": [256, 256], "vf": [256, 256]},
-}
-#: rl-zoo3's sampled names (``hyperparams_opt.py``) that are not SB3's; their mapping is in ``zoo_to_sb3``.
-SAMPLED = (
-    "batch_size_pow",
-    "n_steps_pow",
-    "one_minus_gamma",
-    "one_minus_gae_lambda",
-    "subsample_steps",
-    "noise_type",
-    "noise_std",
-    "n_sampled_goal",
-    "goal_selection_strategy",
-)
-#: yml keys the zoo's manager takes for itself (``_preprocess_hyperparams``), never passed to SB3.
-MANAGER = (
-    "n_envs",
-    "n_timesteps",
-    "frame_stack",
-    "env_wrapper",
-    "normalize",
-    "vec_env_wrapper",
-    "callback",
-    "monitor_kwargs",
-    "env_kwargs",
-)
-_SAME_OBS_WRAPPERS = ("rl_zoo3.wrappers.FrameSkip",)  # wrappers that leave the observation as it is
-_ATARI_WRAPPER = "stable_baselines3.common.atari_wrappers.AtariWrapper"
-_ATARI_SAME_OBS = {"noop_max", "frame_skip", "terminal_on_life_loss", "clip_reward", "action_repeat_probability"}
-
-
-def hyperparams_file(algo: str) -> Path:
-    """rl-zoo3's own ``hyperparams/<algo>.yml``, found without importing rl-zoo3 (``EstimateError`` if it is
-    not installed)."""
-    algo = _check_algo(algo)
-    spec = find_spec("rl_zoo3")
-    if spec is None or not spec.submodule_search_locations:
-        raise EstimateError("the rlzoo3 recipe reads rl-zoo3's hyperparameter files: pip install rl-zoo3")
-    return Path(list(spec.submodule_search_locations)[0]) / "hyperparams" / f"{algo}.yml"
-
-
-def fixed_hyperparams(algo: str, env_id: str, path: str | Path | None = None) -> dict[str, Any]:
-    """The hyperparameters rl-zoo3 fixes for ``algo`` on ``env_id``: the env's section of the yml file, else
-    ``atari`` for an Atari env, else ``default`` (``read_hyperparameters``); ``path`` is another yml file
-    (``--conf-file``). Values as yml gives them (``policy_kwargs`` still text).
-
-    Example:
-        >>> fixed_hyperparams("dqn", "PongNoFrameskip-v4")["buffer_size"]   # doctest: +SKIP
-        100000
-    """
-    import yaml
-
-    file = Path(path) if path is not None else hyperparams_file(algo)
-    try:
-        data = yaml.safe_load(file.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise EstimateError(f"cannot read rl-zoo3 hyperparameters from {file}: {exc}") from None
-    if not isinstance(data, dict):
-        raise EstimateError(f"{file} holds no hyperparameter sections.")
-    if env_id in data:
-        section = data[env_id]
-    elif sb3_recipe.is_atari(env_id) and "atari" in data:
-        section = data["atari"]
-    elif "default" in data:
-        section = data["default"]
-    else:
-        raise EstimateError(
-            f"no hyperparameters for {algo} on {env_id!r} in {file} (no env, atari or default section)."
-        )
-    return dict(section)
-
-
-def zoo_to_sb3(algo: str, sampled: Mapping[str, Any]) -> dict[str, Any]:
-    """A trial's params under rl-zoo3's sampled names (``trial.params``: ``batch_size_pow``, ``net_arch="small"``,
-    ``one_minus_gamma``, ``train_freq``/``subsample_steps``, ``n_quantiles``...) mapped as rl-zoo3's converters
-    map them; names already SB3's (what its sampler returns) pass as they are. Policy names found (``net_arch``,
-    ``activation_fn``, ``n_quantiles``) make a new ``policy_kwargs``, as the zoo's sampler output replaces the
-    yml's.
-
-    Example:
-        >>> zoo_to_sb3("ppo", {"batch_size_pow": 6, "n_steps_pow": 9, "net_arch": "tiny", "activation_fn": "relu"})
-        {'batch_size': 64, 'n_steps': 512,
-         'policy_kwargs': {'net_arch': {'pi': [64], 'vf': [64]}, 'activation_fn': 'relu'}}
-    """
-    algo = _check_algo(algo)
-    out = dict(sampled)
-    for name in ("batch_size", "n_steps"):
-        if f"{name}_pow" in out:
-            power = check_count(out.pop(f"{name}_pow"), f"param '{name}_pow'", "dimension")
-            if power > 40:
-                raise EstimateError(f"param '{name}_pow' must be at most 40 (2**40 {name}), but got {power}.")
-            out[name] = 2**power
-    for name in ("gamma", "gae_lambda"):
-        if f"one_minus_{name}" in out:
-            out[name] = 1 - out.pop(f"one_minus_{name}")
-    if "train_freq" in out and "gradient_steps" not in out and isinstance(out["train_freq"], int):
-        out["gradient_steps"] = max(out["train_freq"] // int(out.pop("subsample_steps", 1) or 1), 1)
-    out.pop("subsample_steps", None)
-    policy = {k: out.pop(k) for k in ("net_arch", "activation_fn", "n_quantiles") if k in out}
-    if "net_arch" in policy and isinstance(policy["net_arch"], str) and algo in ("ppo", "a2c", "trpo"):
-        arch = policy["net_arch"]
-        if arch not in _ON_POLICY_ARCH:
-            raise EstimateError(
-                f"param 'net_arch' of {algo} must be one of {sorted(_ON_POLICY_ARCH)} or a list/dict "
-                f"of widths, but got {arch!r}."
-            )
-        policy["net_arch"] = {k: list(v) for k, v in _ON_POLICY_ARCH[arch].items()}
-    if policy:
-        given = read_kwargs(out.get("policy_kwargs"), "param 'policy_kwargs'")
-        out["policy_kwargs"] = {**given, **policy}
-    return out
 
 
 def rlzoo3(
@@ -189,10 +80,10 @@ def rlzoo3(
     Example:
         >>> fp = rlzoo3("dqn", "PongNoFrameskip-v4", {"batch_size_pow": 5, "net_arch": "small"})  # doctest: +SKIP
     """
-    algo = _check_algo(algo)
+    algo = check_algo(algo)
     fixed = fixed_hyperparams(algo, env_id, conf_file)
-    fixed.update(_check_names(algo, hyperparams or {}, "hyperparams"))
-    sampled = zoo_to_sb3(algo, _check_names(algo, params or {}, "params"))
+    fixed.update(check_names(algo, hyperparams or {}, "hyperparams"))
+    sampled = zoo_to_sb3(algo, check_names(algo, params or {}, "params"))
     if "policy_kwargs" in fixed:
         fixed["policy_kwargs"] = read_kwargs(fixed["policy_kwargs"], f"{algo}.yml policy_kwargs")
     kwargs = {**fixed, **sampled}
@@ -202,7 +93,7 @@ def rlzoo3(
     if steps is not None:
         kwargs["n_timesteps"] = check_count(steps, "n_timesteps", "items")
     frame_stack = kwargs.pop("frame_stack", None)
-    _check_wrappers(env_id, kwargs.pop("env_wrapper", None))
+    check_wrappers(env_id, kwargs.pop("env_wrapper", None))
     for name in ("vec_env_wrapper", "env_kwargs"):
         if kwargs.pop(name, None):
             raise EstimateError(f"{name} of the zoo's {algo} hyperparameters for {env_id} is not modelled.")
@@ -327,7 +218,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace, params: dict[str, Any]) -> tuple[str, Footprint]:
     """``memprune predict rlzoo3``: a title line and the footprint of the parsed options and params."""
-    hyperparams = _hyperparams(args.hyperparams)
+    hyperparams = read_params(args.hyperparams)
     fp = rlzoo3(
         args.algo,
         args.env,
@@ -464,66 +355,14 @@ def _train_options(argv: list[str]) -> tuple[str, str, dict[str, Any]]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     threads = {"torch_threads": args.num_threads} if args.num_threads > 0 else {}  # train.py sets it
     options = {
-        "hyperparams": {**threads, **_hyperparams(args.hyperparams)},
+        "hyperparams": {**threads, **read_params(args.hyperparams)},
         "n_timesteps": args.n_timesteps if args.n_timesteps > 0 else None,
         "n_eval_envs": args.n_eval_envs,
         "vec_env": args.vec_env,
         "device": "cuda" if device.startswith("cuda") else "cpu",
         "conf_file": args.conf_file,
     }
-    return _check_algo(args.algo), args.env, options
-
-
-def _hyperparams(items: list[str]) -> dict[str, Any]:
-    """``-params key:value ...`` as ``rl_zoo3.train`` takes them, read without running code."""
-    hyperparams = {}
-    for item in items:
-        key, sep, text = item.partition(":")
-        if not sep or not key.isidentifier():
-            raise EstimateError(f"-params are written key:value (buffer_size:50000), but got {item!r}.")
-        hyperparams[key] = read_value(text, f"-params {key}") if text.strip() else text
-    return hyperparams
-
-
-def _check_algo(algo: Any) -> str:
-    if not isinstance(algo, str) or algo.lower() not in ALGOS:
-        raise EstimateError(f"algo must be one of {list(ALGOS)}, but got {algo!r}.")
-    return algo.lower()
-
-
-def _check_names(algo: str, params: Mapping[str, Any], what: str) -> dict[str, Any]:
-    known = set(sb3_recipe.known_params()) | set(SAMPLED) | set(MANAGER)
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise EstimateError(f"unknown rl-zoo3 param(s) {unknown} in {what} for {algo}; known: {sorted(known)}.")
-    return dict(params)
-
-
-def _check_wrappers(env_id: str, wrappers: Any) -> None:
-    """``EstimateError`` unless the env wrappers are ones the env profile reproduces: AtariWrapper at 84x84 on
-    an Atari env (and only there), and wrappers that leave the observation unchanged."""
-    items = wrappers if isinstance(wrappers, list) else [] if wrappers is None else [wrappers]
-    names = {}
-    for item in items:
-        if isinstance(item, dict) and len(item) == 1:
-            ((name, kwargs),) = item.items()
-            names[name] = kwargs or {}
-        elif isinstance(item, str):
-            names[item] = {}
-        else:
-            raise EstimateError(f"env_wrapper must be a wrapper name or {{name: kwargs}}, but got {item!r}.")
-    atari = sb3_recipe.is_atari(env_id)
-    if atari != (_ATARI_WRAPPER in names):
-        raise EstimateError(
-            f"{env_id}: the env profile applies SB3's AtariWrapper to Atari envs only, but the "
-            f"zoo's env_wrapper is {list(names) or None}."
-        )
-    extra = set(names.get(_ATARI_WRAPPER, {})) - _ATARI_SAME_OBS
-    if extra:
-        raise EstimateError(f"AtariWrapper {sorted(extra)} change the observation; not modelled.")
-    other = [n for n in names if n != _ATARI_WRAPPER and n not in _SAME_OBS_WRAPPERS]
-    if other:
-        raise EstimateError(f"env_wrapper {other} may change the observation of {env_id}; not modelled.")
+    return check_algo(args.algo), args.env, options
 
 
 def _bisect(ram: Callable[[int], int], present: int, limit: int) -> int | None:
@@ -540,5 +379,5 @@ def _bisect(ram: Callable[[int], int], present: int, limit: int) -> int | None:
 
 def _round_down(value: int) -> int:
     """``value`` rounded down to two significant digits (67253 -> 67000)."""
-    step = 10 ** max(len(str(value)) - 2, 0)
+    step: int = 10 ** max(len(str(value)) - 2, 0)  # a power of 10 with a non-negative exponent: an int
     return value // step * step

@@ -326,7 +326,7 @@ def _split(result: Peak, spec: Spec, name: str) -> list[tuple[str, Category, int
     Weights, frozen weights, gradients and optimizer state are given per network (labelled ``name net``
     for a dict model); activations and temporaries, the part of the peak above them, for the whole step.
     """
-    persistent = (Category.WEIGHTS, Category.FROZEN_WEIGHTS)
+    persistent: tuple[Category, ...] = (Category.WEIGHTS, Category.FROZEN_WEIGHTS)
     if spec.training:
         persistent += (Category.GRADIENTS, Category.OPTIMIZER_STATE)
     labels = [name] if spec.nets == ("",) else [f"{name} {net}" for net in spec.nets]

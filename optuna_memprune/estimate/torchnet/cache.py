@@ -33,7 +33,11 @@ class Entry:
     """What the cache keeps per architecture and spec: a linear fit over batch size, or exact traces."""
 
     def __init__(
-        self, structure: Structure | None, intercept: np.ndarray | None, slope: np.ndarray | None, session_args: tuple
+        self,
+        structure: Structure | None,
+        intercept: np.ndarray | None,
+        slope: np.ndarray | None,
+        session_args: tuple[Any, ...],
     ) -> None:
         self.structure = structure
         self.intercept = intercept
@@ -122,7 +126,7 @@ def lookup(model: Any, spec: Spec, cache_key: Any) -> Entry:
             hash(cache_key)
         except TypeError:
             raise EstimateError(f"cache_key must be hashable, but got {type(cache_key).__name__}.") from None
-        key = ("user", cache_key, spec)
+        key: tuple[Any, ...] = ("user", cache_key, spec)
     else:
         key = (_guarded_key(model, spec), spec)
     with _CACHE_LOCK:
@@ -138,7 +142,7 @@ def lookup(model: Any, spec: Spec, cache_key: Any) -> Entry:
     return hit
 
 
-def _guarded_key(model: Any, spec: Spec) -> tuple:
+def _guarded_key(model: Any, spec: Spec) -> tuple[str, tuple[Any, ...]]:
     try:
         return arch_key(model, spec)
     except EstimateError:

@@ -80,21 +80,25 @@ def _build_on_cpu_with_meta_weights(factory: Callable[[], Any]) -> Any:
     only in this thread: other threads building their own modules meanwhile get the originals' behaviour."""
     register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
 
-    def param(self: Any, name: str, p: Any) -> None:
+    def param(self: nn.Module, name: str, p: nn.Parameter | None) -> None:
         register_parameter(self, name, _to_meta(p) if getattr(_HERE, "active", False) else p)
 
-    def buffer(self: Any, name: str, t: Any, persistent: bool = True) -> None:
+    def buffer(self: nn.Module, name: str, t: torch.Tensor | None, persistent: bool = True) -> None:
         register_buffer(self, name, _to_meta(t) if getattr(_HERE, "active", False) else t, persistent)
 
     with _PATCH_LOCK:
-        nn.Module.register_parameter, nn.Module.register_buffer = param, buffer  # type: ignore[method-assign]
+        # The class patched for the call's duration: a dynamic construct mypy cannot type (it reads the
+        # functions as methods of a second self).
+        nn.Module.register_parameter, nn.Module.register_buffer = param, buffer  # type: ignore[method-assign, assignment]
         _HERE.active = True
         try:
             with torch.device("cpu"), _CountCPU(CPU_LIMIT_BYTES):
                 return factory()
         finally:
             _HERE.active = False
-            nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer
+            # The patch undone (assigning to a method, as above).
+            nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
+            nn.Module.register_buffer = register_buffer  # type: ignore[method-assign]
 
 
 def call_factory(factory: Callable[[], Any], label: str) -> Any:

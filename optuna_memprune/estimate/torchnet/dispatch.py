@@ -7,6 +7,7 @@ counting itself; knows nothing of networks, batch sizes, caches or footprints.
 from __future__ import annotations
 
 import enum
+import functools
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -64,7 +65,7 @@ class Phase(enum.IntEnum):
     OPTIMIZER = 4
 
 
-class StorageCounter(TorchDispatchMode):
+class StorageCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch leaves the mode unannotated
     """Counts live storages (not tensors: views share a storage) after every op, on any device.
 
     A storage is seen when an op returns a tensor on it; its death is seen through a weakref on its
@@ -74,7 +75,7 @@ class StorageCounter(TorchDispatchMode):
     """
 
     def __init__(self, device_type: str, *, workspaces: bool = False) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch leaves TorchDispatchMode.__init__ unannotated
         self.device_type = device_type
         self.block = channel_block() if workspaces else 0  # 0: no kernel workspace records
         self.sizes: list[int] = []
@@ -103,7 +104,7 @@ class StorageCounter(TorchDispatchMode):
         rec = self._record(nbytes, cat, -1, device.type != self.device_type)
         self._live[key] = rec
         if key not in self._refs:
-            self._refs[key] = weakref.ref(st, lambda r, key=key: self._freed(key, r))
+            self._refs[key] = weakref.ref(st, functools.partial(self._freed, key))
         self.events.append(rec)
         return rec
 
@@ -194,7 +195,7 @@ class StorageCounter(TorchDispatchMode):
 _SCALAR_READ = "aten._local_scalar_dense.default"  # the op behind .item(), float(t), bool(t)
 
 
-class StandInScalars(TorchDispatchMode):
+class StandInScalars(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch leaves the mode unannotated
     """Gives 1 for a scalar read from a tensor that holds no value (meta or fake), under an optimizer's step.
 
     Some optimizers read scalars back from their state or from norms (``ASGD``: ``mu.item() != 1``; torch's
@@ -202,6 +203,9 @@ class StandInScalars(TorchDispatchMode):
     numbers, not which tensors are made; 1 is what ASGD's ``mu`` and ``eta`` hold under their defaults, so
     the branch taken is the real one. Used only around ``optimizer.step()``, never around a network.
     """
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch leaves TorchDispatchMode.__init__ unannotated
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if str(func) == _SCALAR_READ and _holds_no_value(args[0]):

@@ -126,19 +126,22 @@ def resolve_scheduler(scheduler: Any) -> tuple[Any, tuple[tuple[str, Any], ...]]
         what, kwargs = scheduler[0], dict(scheduler[1])
     bases = (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)
     cls = getattr(lr_scheduler, what, None) if isinstance(what, str) else what
-    if not (isinstance(cls, type) and issubclass(cls, bases)) or cls is lr_scheduler.LRScheduler:
+    if not isinstance(cls, type) or not issubclass(cls, bases) or cls is lr_scheduler.LRScheduler:
         raise EstimateError(
             f"scheduler must be a torch.optim.lr_scheduler class (by name or class), "
             f"{_KWARG_MESSAGE} or None, but got {scheduler!r}."
         )
-    return cls.__name__ if getattr(lr_scheduler, cls.__name__, None) is cls else cls, _hashable(kwargs)
+    name = cls.__name__
+    return name if getattr(lr_scheduler, name, None) is cls else cls, _hashable(kwargs)
 
 
 def _class(name_or_class: Any, module: Any) -> Any:
     return getattr(module, name_or_class) if isinstance(name_or_class, str) else name_or_class
 
 
-def make_optimizer(name: str, cls: Any, kwargs: tuple, params: list, foreach: bool) -> Any:
+def make_optimizer(
+    name: str, cls: Any, kwargs: tuple[tuple[str, Any], ...], params: list[Any], foreach: bool | None
+) -> Any:
     """The optimizer on ``params``; ``foreach`` is passed where the class takes it and the user gave none."""
     import torch
 
@@ -156,7 +159,7 @@ def make_optimizer(name: str, cls: Any, kwargs: tuple, params: list, foreach: bo
         raise EstimateError(f"optimizer {name!r} rejected its kwargs {kw!r}: {e}") from e
 
 
-def make_scheduler(cls: Any, kwargs: tuple, optimizer: Any) -> Any:
+def make_scheduler(cls: Any, kwargs: tuple[tuple[str, Any], ...], optimizer: Any) -> Any:
     """The scheduler on ``optimizer`` (``None`` without one)."""
     if cls is None or optimizer is None:
         return None

@@ -40,9 +40,11 @@ class Spec:
     scheduler_kwargs: tuple[tuple[str, Any], ...] = ()
 
     @property
-    def foreach(self) -> bool:
-        """The optimizer's ``foreach``: as given, else torch's default on the target device."""
-        return dict(self.optimizer_kwargs).get("foreach", self.cuda)
+    def foreach(self) -> bool | None:
+        """The optimizer's ``foreach``: as given (None: torch's choice), else torch's default on the target
+        device."""
+        given: bool | None = dict(self.optimizer_kwargs).get("foreach", self.cuda)
+        return given
 
 
 def _check_shape(shape: Any, what: str) -> tuple[int, ...]:

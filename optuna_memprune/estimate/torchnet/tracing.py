@@ -91,7 +91,7 @@ def build(model: Any, net: str, device: str, dtype: str | None = None) -> Any:
     return module
 
 
-def arch_key(model: Any, spec: Spec) -> tuple:
+def arch_key(model: Any, spec: Spec) -> tuple[str, tuple[Any, ...]]:
     """Cache key of the architecture: type, repr and parameter/buffer shapes of each network.
 
     A module instance is read as it is; a factory is called under ``torch.device("meta")``.
@@ -111,16 +111,16 @@ class _Net:
     index: int
     name: str
     module: Any
-    params: list
-    frozen: list
+    params: list[Any]
+    frozen: list[Any]
     optimizer: Any
     scheduler: Any
     shapes: tuple[tuple[int, ...], ...]
     first: int  # index of its first parameter in the step's numbering
 
 
-def _make_optimizer(spec: Spec, params: list) -> Any:
-    if spec.optimizer_class is None or not params:
+def _make_optimizer(spec: Spec, params: list[Any]) -> Any:
+    if spec.optimizer is None or spec.optimizer_class is None or not params:
         return None
     return make_optimizer(spec.optimizer, spec.optimizer_class, spec.optimizer_kwargs, params, spec.foreach)
 
@@ -245,11 +245,11 @@ class Session:
                 step_scheduler(net.scheduler)
 
     # -- the step --
-    def _batch(self, net: _Net, batch_size: int) -> list:
+    def _batch(self, net: _Net, batch_size: int) -> list[Any]:
         dt = _torch_dtype(self.spec.input_dtype)
         return [torch.zeros((batch_size, *shape), dtype=dt, device=self.tensor_device) for shape in net.shapes]
 
-    def _prepare(self, batch: list) -> list:
+    def _prepare(self, batch: list[Any]) -> list[Any]:
         want = _torch_dtype(self.spec.dtype)
         out = []
         for x in batch:
@@ -288,7 +288,7 @@ class Session:
                 held = None
                 counter.phase = Phase.TARGET
                 targets = None
-                if net.frozen:
+                if tbatch is not None:  # the batch of the frozen copies
                     with torch.no_grad(), self._autocast():
                         targets = [f(*self._prepare(tbatch)) for f in net.frozen]
                 counter.phase = Phase.FORWARD

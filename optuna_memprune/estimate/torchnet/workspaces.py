@@ -40,10 +40,12 @@ def channel_block() -> int:
 
 def _padded_bytes(t: Any, block: int) -> int:
     """Bytes of ``t`` (N, C, *spatial) in a blocked layout: C rounded up to the block."""
-    c = t.shape[1]
+    c: int = t.shape[1]
     unit = _SMALL_CHANNELS if c <= _SMALL_CHANNELS else block
     padded = -(-c // unit) * unit
-    return t.numel() // max(c, 1) * padded * t.element_size()
+    elements: int = t.numel()
+    itemsize: int = t.element_size()
+    return elements // max(c, 1) * padded * itemsize
 
 
 def workspace_features(

@@ -8,10 +8,12 @@ Imported under any other name (a test collecting the package), it does nothing.
 
 import os
 import sys
+from types import ModuleType
 
 if __name__ == "sitecustomize":
     _here = os.path.dirname(os.path.abspath(__file__))
     if os.environ.get("MEMPRUNE_RUN"):
+        _hook: "ModuleType | None"  # a string: the program's interpreter may be older than 3.10
         try:
             from optuna_memprune.run import _hook
         except ImportError:  # this interpreter does not have the package: use the CLI's copy
