@@ -42,10 +42,19 @@ The workers pass ``catch=`` the storage's connection errors: a trial whose own p
 down (it suggests while the server restarts) fails with the reason and the study goes on, as a user riding
 out database restarts would ask; errors of the runner itself are not caught and count in ``study_aborted``.
 
+The ledger's own work is measured apart from the waiting: every worker writes the ledger's DEBUG line for each
+``try_admit`` transaction (logger ``optuna_memprune.ledger.txn``: its duration, admitted or refused, the key)
+to a file of its own. ``admit_txn_p99_ms`` is the 99th percentile of those durations over every worker's
+transactions (connection, host lock, reaping, the queue and the insert; retries while the server restarts
+included, and a line above gives it without the transactions that overlapped the restart). ``wait_max_s`` is
+the longest any trial waited for its reservation: from its first try to the one that admitted it (for a trial
+never admitted, to its last try: a lower bound). Trials wait in their host's queue, first come, first served
+(see ``Ledger``), so a large trial is not passed by a stream of small ones.
+
 ``--enforce`` is passed to ``omp.optimize`` only when the installed version takes ``enforce=``; the line
 before the last says which enforcement the records name. Last line::
 
-    FAULTS workers=64 trials=<n> admit_p50_ms=<x> admit_p99_ms=<x> overcommit=<k> burst_overshoot_max_pct=<x> running_left=<r> orphans=<o> lost=<l> study_aborted=<0|1>
+    FAULTS workers=64 trials=<n> admit_p50_ms=<x> admit_p99_ms=<x> admit_txn_p99_ms=<x> wait_max_s=<x> overcommit=<k> burst_overshoot_max_pct=<x> running_left=<r> orphans=<o> lost=<l> study_aborted=<0|1>
 
     python scripts/bench_faults.py                    # 4 hosts x 16 workers, 180 s
     python scripts/bench_faults.py --smoke            # 2 hosts x 4 workers, about 60 s, fewer faults
@@ -148,6 +157,13 @@ def worker(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(name)s %(message)s")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.txn_dir:  # the ledger's line per try_admit transaction, to this worker's own file (see measure)
+        txn = logging.getLogger("optuna_memprune.ledger.txn")
+        handler = logging.FileHandler(os.path.join(args.txn_dir, f"txn-{os.getpid()}.log"))
+        handler.setFormatter(logging.Formatter("%(created).6f %(message)s"))
+        txn.addHandler(handler)
+        txn.setLevel(logging.DEBUG)
+        txn.propagate = False
     try:
         guard = omp.MemoryGuard(footprint, omp.Budget(ram=f"{BUDGET_MIB}MiB"), search_space=SPACE)
         study = optuna.load_study(
@@ -375,6 +391,7 @@ class Drill:
         self.helpers_at_kill = 0  # children of the killed workers' trials (helpers) when they were killed
         self.killed_trials: list[tuple[int, float]] = []
         self.filler: dict = {}
+        self.pg_down: tuple[float, float] | None = None  # time.time() when the restart began and ended
 
     def spawn(self, host: str, ledger_url: str, *, go: str | None, n_trials: int | None, log: str) -> subprocess.Popen:
         a = self.args
@@ -391,6 +408,8 @@ class Drill:
             host,
             "--host-ram-mib",
             str(a.host_ram_mib),
+            "--txn-dir",
+            self.tmp,
         ]
         cmd += ["--go", go] if go else []
         cmd += ["--n-trials", str(n_trials)] if n_trials is not None else []
@@ -523,10 +542,13 @@ class Drill:
         self.notes.append("kill_trial: every trial process ended before it could be killed")
 
     def restart_pg(self, hosts: list[str]) -> None:
-        t = time.monotonic()
-        self.pg.stop(self.args.pg_stop)
-        time.sleep(2.0)
-        self.pg.start()
+        t, began = time.monotonic(), time.time()
+        try:
+            self.pg.stop(self.args.pg_stop)
+            time.sleep(2.0)
+            self.pg.start()
+        finally:
+            self.pg_down = (began, time.time())
         self.notes.append(
             f"PostgreSQL stopped ({self.args.pg_stop}) and started again: down {time.monotonic() - t:.1f} s"
         )
@@ -651,6 +673,17 @@ class Drill:
             print(note, flush=True)
         print("faults (start s + seconds taken): " + ", ".join(self.timeline), flush=True)
         pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
+        spans, waits = read_txn_logs(self.tmp)
+        txns = [ms for _, ms in spans]
+        down = self.pg_down or (0.0, 0.0)  # a transaction that overlapped the restart retried across it
+        calm = [ms for end, ms in spans if end <= down[0] or end - ms / 1000 >= down[1]]
+        print(
+            f"ledger transactions: {len(txns)} try_admit, p50 {pct(txns, 50):.1f} ms, p99 {pct(txns, 99):.1f} ms, "
+            f"max {max(txns, default=float('nan')):.0f} ms ({len(calm)} that did not overlap the server's restart: "
+            f"p99 {pct(calm, 99):.1f} ms); trials' waits for a reservation over {len(waits)} trials: "
+            f"p50 {pct(waits, 50):.2f} s, p99 {pct(waits, 99):.2f} s",
+            flush=True,
+        )
         print(f"states {states}; decisions {decisions}; by kind {kinds}", flush=True)
         print(
             f"reader: {self.reader.samples} samples, {self.reader.gaps} gaps (server down), peak reserved per "
@@ -677,7 +710,8 @@ class Drill:
         )
         return (
             f"FAULTS workers={n} trials={len(trials)} admit_p50_ms={pct(admit, 50):.0f} "
-            f"admit_p99_ms={pct(admit, 99):.0f} overcommit={self.reader.overcommit} "
+            f"admit_p99_ms={pct(admit, 99):.0f} admit_txn_p99_ms={pct(txns, 99):.1f} "
+            f"wait_max_s={max(waits, default=float('nan')):.1f} overcommit={self.reader.overcommit} "
             f"burst_overshoot_max_pct={max(overshoot) if overshoot else float('nan'):.1f} "
             f"running_left={running_left} orphans={len(orphans)} lost={len(lost)} "
             f"study_aborted={int(bool(aborted))}"
@@ -695,6 +729,35 @@ class Drill:
             print(f"kept {self.tmp}", flush=True)
         else:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def read_txn_logs(directory: str) -> tuple[list[tuple[float, float]], list[float]]:
+    """The workers' ``try_admit`` lines (``<time> try_admit <ms> ms <admitted|refused> key=<key>``): every
+    transaction's (end time, milliseconds), and per trial's key (per worker; not the empty reservation that
+    names a trial while it is checked, phase ``asked``) the seconds from its first try to its admission, or to
+    its last try when never admitted. A line cut short by a SIGKILL is skipped."""
+    took: list[tuple[float, float]] = []
+    waits: list[float] = []
+    for path in glob.glob(os.path.join(directory, "txn-*.log")):
+        tries: dict[str, list[float]] = {}  # key -> [first try, last try, admitted (0: never)]
+        with open(path, errors="replace") as f:
+            for line in f:
+                parts = line.rstrip("\n").split(" ", 5)
+                if len(parts) < 6 or parts[1] != "try_admit" or not parts[5].startswith("key="):
+                    continue
+                try:
+                    at, ms = float(parts[0]), float(parts[2])
+                except ValueError:
+                    continue
+                took.append((at, ms))
+                if '"phase": "asked"' in parts[5]:
+                    continue
+                seen = tries.setdefault(parts[5], [at, at, 0.0])
+                seen[1] = at
+                if parts[4] == "admitted" and not seen[2]:
+                    seen[2] = at
+        waits += [(admitted or last) - first for first, last, admitted in tries.values()]
+    return took, waits
 
 
 def _tally(items: object) -> dict:
@@ -726,7 +789,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
     parser.add_argument("--role", choices=["worker"], help=argparse.SUPPRESS)
-    for hidden in ("--storage", "--ledger-url", "--host", "--go"):
+    for hidden in ("--storage", "--ledger-url", "--host", "--go", "--txn-dir"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     parser.add_argument("--n-trials", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -7,6 +7,9 @@
       first, to count waits), read in_use in a fresh transaction, hold a few ms, release; write a JSON log
   python _ledger_racer.py poll URL HOST CAPACITY OUT
       print "ready", then read in_use continuously until stdin closes; write every distinct sum seen
+  python _ledger_racer.py stream URL HOST CAPACITY RAM OUT
+      print "ready", wait for a line on stdin, then until stdin closes: ask for Request(ram=RAM) under a new
+      key every few ms (try_admit, the same key until admitted), hold it 20 ms, release; write the times
 
 CAPACITY is HostCapacity's fields as JSON. Times are time.monotonic() (system-wide on Linux).
 """
@@ -85,5 +88,28 @@ def poll(url, host, capacity, out):
         json.dump({"reads": reads, "seen": [[u[0], u[1], list(u[2])] for u in seen]}, f)
 
 
+def stream(url, host, capacity, ram, out):
+    import os
+    import select
+
+    ledger = _ledger(url, host, capacity)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    log, i = {"admitted": [], "tries": 0}, 0
+    while not select.select([sys.stdin], [], [], 0)[0]:
+        key = f"stream-{os.getpid()}-{i}"
+        entry = ledger.try_admit(Request(ram=int(ram)), key)
+        log["tries"] += 1
+        if entry is None:
+            time.sleep(0.005)
+            continue
+        log["admitted"].append(time.monotonic())
+        time.sleep(0.02)
+        ledger.release(entry)
+        i += 1
+    with open(out, "w") as f:
+        json.dump(log, f)
+
+
 if __name__ == "__main__":
-    {"hold": hold, "race": race, "poll": poll}[sys.argv[1]](*sys.argv[2:])
+    {"hold": hold, "race": race, "poll": poll, "stream": stream}[sys.argv[1]](*sys.argv[2:])

@@ -1,4 +1,5 @@
-"""Ledger: budgets, admission, GPU placement, reaping of killed processes and 8 real processes racing."""
+"""Ledger: budgets, admission, GPU placement, the order of admission (first come, first served with backfill),
+reaping of killed processes and 8 real processes racing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -24,6 +26,7 @@ from optuna_memprune.ledger import (
     Reaped,
     Request,
     Usage,
+    _queue,
     owner_alive,
     read_host,
 )
@@ -165,6 +168,7 @@ def test_gpu_placement_is_best_fit(url: str) -> None:
     assert place(2, "c").gpu == 0  # GPU 0 has 2 free, GPU 1 has 12: tightest that fits
     assert place(12, "d").gpu == 1
     assert place(0.5, "e") is None
+    ledger.withdraw("e")  # it stops waiting; else "g" below would wait behind it, first come, first served
     assert ledger.in_use().vram == (8 * GiB, 16 * GiB)
     ledger.release(next(e for e in ledger.entries() if e.key == "b"))
     assert place(3, "f").gpu == 1 and place(1, "g").gpu == 1
@@ -284,6 +288,204 @@ def test_read_host_creates_nothing_and_a_corrupted_file_is_one_line(tmp_path: Pa
     assert str(unread.value) == message
 
 
+# -- the order of admission -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def owners() -> Iterator[Callable[[], int]]:
+    """Live processes to own tickets: each call starts one (``sleep``) and gives its pid; all killed after."""
+    procs: list[subprocess.Popen] = []
+
+    def start() -> int:
+        procs.append(subprocess.Popen(["sleep", "600"]))
+        return procs[-1].pid
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_a_large_request_is_not_passed_by_later_small_ones_and_goes_first_once_room_is_freed(url: str, owners) -> None:
+    ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
+    running = [ledger.try_admit(Request(ram=3), f"running-{i}") for i in range(2)]
+    big = owners()
+    assert ledger.try_admit(Request(ram=10), "big", owner_pid=big) is None  # 6 in use: it waits, first in line
+    smalls = [owners() for _ in range(4)]
+    for _ in range(3):  # the small ones keep asking: 4 are free, but the large one needs all 10
+        for i, pid in enumerate(smalls):
+            assert ledger.try_admit(Request(ram=2), f"small-{i}", owner_pid=pid) is None
+        assert ledger.try_admit(Request(ram=10), "big", owner_pid=big) is None
+    assert [t.key for t in ledger.waiting()] == ["big", "small-0", "small-1", "small-2", "small-3"]
+    assert ledger.in_use().ram == 6
+    for entry in running:
+        ledger.release(entry)
+    for i, pid in enumerate(smalls):  # asking first once the room is free does not put them first
+        assert ledger.try_admit(Request(ram=2), f"small-{i}", owner_pid=pid) is None
+    admitted = ledger.try_admit(Request(ram=10), "big", owner_pid=big)
+    assert admitted is not None and [t.key for t in ledger.waiting()] == [f"small-{i}" for i in range(4)]
+    ledger.release(admitted)
+    assert all(ledger.try_admit(Request(ram=2), f"small-{i}", owner_pid=pid) for i, pid in enumerate(smalls))
+    assert ledger.waiting() == [] and ledger.in_use().ram == 8
+
+
+def test_a_stream_of_small_requests_from_other_processes_does_not_starve_a_large_one(tmp_path: Path, url: str) -> None:
+    cap = json.dumps({"ram": 10, "gpus": [], "threads": None})
+    ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
+    running = [ledger.try_admit(Request(ram=3), f"running-{i}") for i in range(2)]
+    assert ledger.try_admit(Request(ram=10), "big") is None  # first in line, before any small one asks
+    streams = [_racer("stream", url, "h", cap, "2", str(tmp_path / f"s{i}.json"), stdin=True) for i in range(3)]
+    try:
+        for p in streams:
+            assert p.stdout.readline().strip() == "ready"
+        for p in streams:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        asking = time.monotonic() + 1.5
+        while time.monotonic() < asking:  # the large one keeps its place while the small ones keep asking
+            assert ledger.try_admit(Request(ram=10), "big") is None
+            time.sleep(0.05)
+        assert ledger.in_use().ram == 6 and len(ledger.waiting()) == 4  # the large one and one per stream
+        for entry in running:
+            ledger.release(entry)
+        big = ledger.try_admit(Request(ram=10), "big")  # its first try after the release: no small one took the room
+        assert big is not None
+        time.sleep(0.3)
+        released = time.monotonic()
+        ledger.release(big)
+        time.sleep(1.0)  # now the small ones run
+        for p in streams:
+            p.stdin.close()
+        for p in streams:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for p in streams:
+            p.kill()
+            p.wait()
+    logs = [json.loads((tmp_path / f"s{i}.json").read_text()) for i in range(3)]
+    admitted = sorted(t for log in logs for t in log["admitted"])
+    assert sum(log["tries"] for log in logs) > 30 and len(admitted) >= 3
+    assert admitted[0] > released, (
+        f"{sum(t < released for t in admitted)} small ones were admitted before the large one"
+    )
+
+
+def test_a_ticket_keeps_its_place_across_retries_and_a_later_one_never_jumps_it(url: str, owners) -> None:
+    ledger = Ledger(HostCapacity(ram=10, threads=8), url=url, host="h")
+    holder = ledger.try_admit(Request(ram=6, threads=2), "running")
+    a, b, c = owners(), owners(), owners()
+    assert ledger.try_admit(Request(ram=8), "a", owner_pid=a) is None
+    assert ledger.try_admit(Request(ram=4), "b", owner_pid=b) is None  # 4 are free, but a needs 8 of the 10
+    first = ledger.waiting()
+    assert [(t.key, t.owner_pid, t.ram) for t in first] == [("a", a, 8), ("b", b, 4)]
+    time.sleep(0.01)
+    for _ in range(3):
+        assert ledger.try_admit(Request(ram=4), "b", owner_pid=b) is None
+        assert ledger.try_admit(Request(ram=8), "a", owner_pid=a) is None
+    assert ledger.try_admit(Request(ram=7), "a", owner_pid=a) is None  # a new figure keeps the place too
+    again = ledger.waiting()
+    assert [(t.id, t.created) for t in again] == [(t.id, t.created) for t in first]
+    assert again[0].seen > first[0].seen and again[0].ram == 7
+    assert ledger.try_admit(Request(ram=1), "a", owner_pid=c) is None  # another owner's "a": another ticket, last
+    assert [(t.key, t.owner_pid) for t in ledger.waiting()] == [("a", a), ("b", b), ("a", c)]
+    ledger.release(holder)
+    assert ledger.try_admit(Request(ram=4), "b", owner_pid=b) is None  # first to ask, second in line
+    assert ledger.try_admit(Request(ram=1), "a", owner_pid=c) is None  # a + c fit, but not a + b + c
+    assert ledger.try_admit(Request(ram=7), "a", owner_pid=a) is not None
+    assert [(t.key, t.owner_pid) for t in ledger.waiting()] == [("b", b), ("a", c)]
+
+
+def test_tickets_of_dead_owners_and_of_silent_ones_do_not_block_the_host(url: str, owners, monkeypatch) -> None:
+    ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
+    ledger.try_admit(Request(ram=4), "running")
+    doomed = subprocess.Popen(["sleep", "600"])
+    try:
+        assert ledger.try_admit(Request(ram=10), "dead", owner_pid=doomed.pid) is None
+        assert ledger.try_admit(Request(ram=2), "small") is None  # behind the large one
+    finally:
+        doomed.kill()
+        doomed.wait()
+    assert [t.key for t in ledger.waiting()] == ["dead", "small"]  # read as committed, until dropped
+    assert ledger.try_admit(Request(ram=2), "small") is not None and ledger.waiting() == []
+    monkeypatch.setattr(_queue, "TICKET_TTL_S", 0.5)
+    silent = owners()
+    assert ledger.try_admit(Request(ram=10), "silent", owner_pid=silent) is None
+    assert ledger.try_admit(Request(ram=2), "small-2") is None  # behind it while it still asks
+    time.sleep(0.6)  # the silent one stopped asking without withdrawing
+    assert ledger.try_admit(Request(ram=2), "small-2") is not None and ledger.waiting() == []
+    assert ledger.try_admit(Request(ram=10), "silent", owner_pid=silent) is None  # back, at the end of the line
+    assert [t.key for t in ledger.waiting()] == ["silent"]
+
+
+def test_withdraw_and_a_timed_out_admit_give_up_the_place(url: str, owners) -> None:
+    ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
+    ledger.try_admit(Request(ram=4), "running")
+    other = owners()
+    assert ledger.try_admit(Request(ram=10), "big", owner_pid=other) is None
+    assert ledger.try_admit(Request(ram=2), "small") is None
+    ledger.withdraw("big")  # this process has no ticket "big"
+    assert [t.key for t in ledger.waiting()] == ["big", "small"]
+    ledger.withdraw("big", owner_pid=other)
+    ledger.withdraw("big", owner_pid=other)  # gone already: nothing
+    assert [t.key for t in ledger.waiting()] == ["small"]
+    assert ledger.try_admit(Request(ram=2), "small") is not None and ledger.waiting() == []
+    with pytest.raises(TimeoutError, match="did not fit host 'h' within 0.2 s"):
+        ledger.admit(Request(ram=10), "late", timeout=0.2, poll=0.05)
+    assert ledger.waiting() == []
+    assert ledger.try_admit(Request(ram=10), "once") is None and len(ledger.waiting()) == 1
+    assert ledger.try_admit(Request(ram=10), "once", wait=False) is None and ledger.waiting() == []  # asks once
+    assert ledger.try_admit(Request(ram=11), "never") is None and ledger.waiting() == []  # can never fit: no place
+    assert ledger.try_admit(Request(), "nothing") is not None  # asks for nothing: always fits, never waits
+
+
+def test_backfill_admits_a_later_request_that_takes_no_room_an_earlier_one_needs(url: str, owners) -> None:
+    ledger = Ledger(HostCapacity(ram=10 * GiB, gpus=(8 * GiB, 16 * GiB), threads=8), url=url, host="h")
+    running = ledger.try_admit(Request(ram=2 * GiB, vram=10 * GiB, threads=2), "running")
+    assert running.gpu == 1
+    big = owners()
+    # only GPU 1 can hold 12 GiB, and 6 are free there: it waits for GPU 1
+    assert ledger.try_admit(Request(ram=4 * GiB, vram=12 * GiB, threads=2), "big", owner_pid=big) is None
+    # a CPU-only request fits beside the RAM and threads set aside for it (2 + 4 + 3 GiB, 2 + 2 + 2 threads)
+    cpu = ledger.try_admit(Request(ram=3 * GiB, threads=2), "cpu-only", owner_pid=owners())
+    assert cpu is not None and cpu.gpu is None
+    # best fit now is GPU 1 (6 free, the room it waits for): a later GPU request goes to GPU 0 instead
+    gpu = ledger.try_admit(Request(ram=GiB, vram=4 * GiB, threads=1), "small-gpu", owner_pid=owners())
+    assert gpu is not None and gpu.gpu == 0
+    # what would take its room waits, though it fits now: RAM (6 in use + 4 set aside) and GPU 1's memory
+    assert ledger.try_admit(Request(ram=GiB), "late-ram", owner_pid=owners()) is None
+    assert ledger.try_admit(Request(vram=5 * GiB), "late-gpu", owner_pid=owners()) is None
+    assert ledger.try_admit(Request(threads=1), "late-threads", owner_pid=owners()) is not None  # 5 + 2 + 1 <= 8
+    ledger.release(running)
+    admitted = ledger.try_admit(Request(ram=4 * GiB, vram=12 * GiB, threads=2), "big", owner_pid=big)
+    assert admitted is not None and admitted.gpu == 1
+    assert [t.key for t in ledger.waiting()] == ["late-ram", "late-gpu"]
+
+
+def test_a_ledger_database_made_before_the_queue_gets_its_table_on_open(url: str) -> None:
+    from optuna_memprune.ledger._db import entries_table, hosts_table, reaped_table, waiting_table
+
+    engine = sa.create_engine(url)
+    for table in (hosts_table, entries_table, reaped_table):  # the tables before the queue
+        table.create(engine)
+    with engine.begin() as conn:
+        conn.execute(hosts_table.insert().values(host="h"))
+        start = psutil.Process().create_time()
+        values = dict(owner_start=start, vram=0, gpu=None, threads=0, created=time.time())
+        conn.execute(entries_table.insert().values(host="h", owner_pid=os.getpid(), key="old", ram=6, **values))
+    engine.dispose()
+    assert [e.key for e in read_host(url, "h")[0]] == ["old"]
+    ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
+    assert [e.key for e in ledger.entries()] == ["old"] and ledger.waiting() == []
+    assert ledger.try_admit(Request(ram=5), "new") is None and [t.key for t in ledger.waiting()] == ["new"]
+    engine = sa.create_engine(url)
+    try:
+        assert waiting_table.name in sa.inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+    ledger.release(ledger.entries()[0])
+    assert ledger.try_admit(Request(ram=5), "new") is not None and ledger.waiting() == []
+
+
 # -- racing ----------------------------------------------------------------------------------------------
 
 
@@ -363,10 +565,10 @@ def test_sql_of_the_shared_path_compiles_for_postgresql() -> None:
     from sqlalchemy.dialects import postgresql
     from sqlalchemy.schema import CreateTable
 
-    from optuna_memprune.ledger._db import entries_table, hosts_table, reaped_table
+    from optuna_memprune.ledger._db import entries_table, hosts_table, reaped_table, waiting_table
 
     dialect = postgresql.psycopg.dialect()
-    for table in (hosts_table, entries_table, reaped_table):
+    for table in (hosts_table, entries_table, reaped_table, waiting_table):
         assert "CREATE TABLE" in str(CreateTable(table).compile(dialect=dialect))
     lock = sa.select(hosts_table.c.host).where(hosts_table.c.host == "h").with_for_update()
     assert str(lock.compile(dialect=dialect)).endswith("FOR UPDATE")

@@ -1,14 +1,14 @@
 """Per-host ledger of the reservations of running trials: admission, GPU placement, reaping of dead owners.
 
 Owns the package's public names: ``_capacity`` (budgets, requests, usage), ``_db`` (tables, engine, errors),
-``_owners`` (process liveness), ``_ledger`` (the ``Ledger`` and ``read_host``); knows nothing of Optuna, torch
-or estimates.
+``_owners`` (process liveness), ``_queue`` (the order of admission: tickets, backfill, placement), ``_ledger``
+(the ``Ledger`` and ``read_host``); knows nothing of Optuna, torch or estimates.
 """
 
 from __future__ import annotations
 
 from ._capacity import HostBudget, HostCapacity, Request, Usage, available_ram, describe, physical_ram
-from ._db import Entry, LedgerError, Reaped, check_ledger_url, default_url
+from ._db import Entry, LedgerError, Reaped, Ticket, check_ledger_url, default_url
 from ._ledger import Ledger, read_host
 from ._owners import owner_alive, start_of
 
@@ -18,6 +18,7 @@ __all__ = [
     "Request",
     "Entry",
     "Reaped",
+    "Ticket",
     "Usage",
     "Ledger",
     "LedgerError",

@@ -1,7 +1,8 @@
 """The ledger's database: its tables, the rows read back from them, and opening an engine on a URL.
 
-Owns the table schema, the default SQLite file per host, SQLite's locking set-up and the one-line
-``LedgerError`` for a database that cannot be opened; knows nothing of capacities, admission or liveness.
+Owns the table schema (entries, reaped entries, the waiting queue's tickets), the default SQLite file per
+host, SQLite's locking set-up and the one-line ``LedgerError`` for a database that cannot be opened; knows
+nothing of capacities, admission or liveness.
 """
 
 from __future__ import annotations
@@ -60,6 +61,24 @@ reaped_table = sa.Table(
 )
 
 
+# The queue of a host's waiting requests (``_queue.py``): one ticket per waiting (owner, key), its id the order
+# of arrival; a ticket reserves nothing, it only keeps its owner's place in line.
+waiting_table = sa.Table(
+    "memprune_ledger_waiting",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("host", sa.String(255), nullable=False, index=True),
+    sa.Column("owner_pid", sa.Integer, nullable=False),
+    sa.Column("owner_start", sa.Float, nullable=False),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("ram", sa.BigInteger, nullable=False),
+    sa.Column("vram", sa.BigInteger, nullable=False),
+    sa.Column("threads", sa.Integer, nullable=False),
+    sa.Column("created", sa.Float, nullable=False),  # time.time() when it joined the queue
+    sa.Column("seen", sa.Float, nullable=False),  # time.time() of its owner's latest try
+)
+
+
 class LedgerError(MemPruneError):
     """The ledger's database cannot be opened: a corrupted file, a directory that cannot be written."""
 
@@ -95,6 +114,41 @@ class Reaped(NamedTuple):
     entry: Entry
     reaped: float
     reaped_by: int
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A waiting request's place in its host's queue: a row of ``memprune_ledger_waiting``, oldest id first.
+
+    It reserves nothing. ``created`` is when it joined the queue and ``seen`` its owner's latest try (both
+    ``time.time()``).
+    """
+
+    id: int
+    host: str
+    owner_pid: int
+    owner_start: float
+    key: str
+    ram: int
+    vram: int
+    threads: int
+    created: float
+    seen: float
+
+
+def ticket_of(row: Any) -> Ticket:
+    return Ticket(
+        id=row.id,
+        host=row.host,
+        owner_pid=row.owner_pid,
+        owner_start=row.owner_start,
+        key=row.key,
+        ram=row.ram,
+        vram=row.vram,
+        threads=row.threads,
+        created=row.created,
+        seen=row.seen,
+    )
 
 
 def entry_of(row: Any) -> Entry:

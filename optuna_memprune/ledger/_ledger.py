@@ -1,7 +1,7 @@
 """The ``Ledger``: one host's reservations of running trials, admitted, released and reaped in transactions.
 
-Owns the cross-process transactions (admission with GPU placement, release, reaping of dead owners, settling)
-and ``read_host``; knows nothing of Optuna, torch or estimates.
+Owns the cross-process transactions (admission in its turn with GPU placement, withdrawal from the queue,
+release, reaping of dead owners, settling) and ``read_host``; knows nothing of Optuna, torch or estimates.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from ..paths import cache_dir
-from ..units import check_number, format_bytes, is_int
+from ..units import check_number, is_int
 from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
 from ._db import (
     SQLITE_BUSY_TIMEOUT_S,
     Entry,
     LedgerError,
     Reaped,
+    Ticket,
     cannot_open,
     check_ledger_url,
     default_url,
@@ -37,10 +38,15 @@ from ._db import (
     reaped_of,
     reaped_table,
     sqlite_path,
+    ticket_of,
+    waiting_table,
 )
 from ._owners import owner_alive, start_of
+from ._queue import TICKET_TTL_S, misfit_of, take_turn, withdraw
 
 _logger = logging.getLogger("optuna_memprune.ledger")
+#: One DEBUG line per ``try_admit`` transaction, with its duration (``scripts/bench_faults.py`` reads them).
+_txn_logger = logging.getLogger("optuna_memprune.ledger.txn")
 T = TypeVar("T")
 
 #: A reaped entry nobody settled (no process of its trial's storage ran since) is forgotten after this long.
@@ -56,7 +62,13 @@ class Ledger:
     A trial runs only while it holds an :class:`Entry`. :meth:`try_admit` (and :meth:`admit`, which waits)
     inserts one in a single transaction that first reaps the host's entries whose owner process is gone,
     then sums the rest and inserts only if RAM, threads and (for ``vram > 0``) one GPU's memory still fit
-    this ledger's capacity. Admissions of one host serialize on a lock: SQLite's write lock
+    this ledger's capacity, in its turn: first come, first served with conservative backfill. A request that
+    does not fit takes a ticket in the host's queue (``memprune_ledger_waiting``), kept across its retries
+    (same owner and key), and is admitted only if it fits after the room of every older ticket is set aside
+    (RAM and threads summed, VRAM placed best fit in order; a resource it does not ask for is not checked): a
+    later small request takes no room an earlier one needs, and the earliest waiting request that fits the
+    host is never starved. A ticket reserves nothing; it is dropped when its owner is gone or has not tried for
+    ``TICKET_TTL_S`` (30 s). Admissions of one host serialize on a lock: SQLite's write lock
     (``BEGIN IMMEDIATE``, WAL journal, 30 s busy timeout) or, on other databases, ``SELECT ... FOR UPDATE``
     of the host's row in ``memprune_ledger_hosts``. A transaction that fails leaves no row behind.
 
@@ -74,7 +86,8 @@ class Ledger:
           necessarily the one that admitted it, nor one that can end its trial; so every reaped entry is
           also kept in the database (:meth:`reaped`, no longer counted in the sums) until a process that
           ended its trial calls :meth:`settle`, or for 30 days.
-        - :meth:`entries` and :meth:`in_use` read the committed rows, dead owners included until reaped.
+        - :meth:`entries` and :meth:`in_use` read the committed rows, dead owners included until reaped;
+          :meth:`waiting` the queue's tickets.
         - A database that cannot be opened (a corrupted file, a directory that cannot be written) raises
           :class:`LedgerError` with one line naming the file and what to do.
         - Processes of one host that use different capacities all check the same sums against their own.
@@ -138,11 +151,13 @@ class Ledger:
 
     # -- admission -------------------------------------------------------------------------------------
 
-    def try_admit(self, request: Request, key: str, *, owner_pid: int | None = None) -> Entry | None:
-        """Reserve ``request`` for ``key`` if it fits now; return the new entry, or None (nothing written).
+    def try_admit(self, request: Request, key: str, *, owner_pid: int | None = None, wait: bool = True) -> Entry | None:
+        """Reserve ``request`` for ``key`` if it fits now in its turn; return the new entry, or None.
 
         The owner is ``owner_pid`` (default: this process); its entry is reaped once that process is gone.
         Placement: the GPU with the least free memory that still fits (best fit; lowest index on ties).
+        On None it keeps (or takes) its place in the host's queue as (owner, ``key``): try again with that key
+        within ``TICKET_TTL_S``, or :meth:`withdraw` it; ``wait=False`` keeps none (one it had is removed).
         """
         if not isinstance(request, Request):
             raise TypeError(f"request must be a Request, but got {request!r}.")
@@ -164,7 +179,7 @@ class Ledger:
                 ).first()
                 if row is not None:
                     return reaped, entry_of(row)
-            gpu = self._place(request, self._usage(conn))
+            gpu = take_turn(conn, self.host, self.capacity, request, self._usage(conn), (pid, start), key, wait=wait)
             if gpu is False:
                 return reaped, None
             entry = Entry(
@@ -179,13 +194,15 @@ class Ledger:
                 threads=request.threads,
                 created=time.time(),
             )
-            values = {name: value for name, value in dataclasses.asdict(entry).items() if name != "id"}
-            inserted = conn.execute(entries_table.insert().values(**values)).inserted_primary_key
+            inserted = conn.execute(entries_table.insert().values(**_values(entry))).inserted_primary_key
             if inserted is None:  # SQLAlchemy gives the key of the row a single-row INSERT added; never None here
                 raise LedgerError("the ledger database gave no id for the entry it inserted")
             return reaped, dataclasses.replace(entry, id=inserted[0])
 
+        began = time.perf_counter()
         reaped, entry = self._transaction(admit)
+        took = (time.perf_counter() - began) * 1000
+        _txn_logger.debug("try_admit %.3f ms %s key=%s", took, "refused" if entry is None else "admitted", key)
         if reaped:
             with self._lock:
                 self._reaped.extend(reaped)
@@ -203,8 +220,8 @@ class Ledger:
         """Wait until ``request`` fits, then reserve it (see :meth:`try_admit`) and return the entry.
 
         Args:
-            timeout: Seconds to wait at most (default: no limit); then ``TimeoutError``.
-            poll: Seconds between attempts, > 0. Default 0.2.
+            timeout: Seconds to wait at most (default: no limit); then ``TimeoutError``, its ticket withdrawn.
+            poll: Seconds between attempts, > 0 (at most ``TICKET_TTL_S / 2``: the ticket stays live). Default 0.2.
 
         Raises:
             ValueError: At once, if the request cannot fit even this host with no entries.
@@ -216,21 +233,34 @@ class Ledger:
         if misfit:
             raise ValueError(f"Request {key!r} can never be admitted on host {self.host!r}: {misfit}.")
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            entry = self.try_admit(request, key, owner_pid=owner_pid)
-            if entry is not None:
-                return entry
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError(
-                    f"Request {key!r} ({describe(request)}) did not fit host {self.host!r} within {timeout} s; "
-                    f"in use: {describe(self.in_use())}, capacity: {describe(self.capacity)}."
-                )
-            time.sleep(poll if left is None else min(poll, left))
+        poll = min(poll, TICKET_TTL_S / 2)
+        try:
+            while True:
+                entry = self.try_admit(request, key, owner_pid=owner_pid)
+                if entry is not None:
+                    return entry
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(
+                        f"Request {key!r} ({describe(request)}) did not fit host {self.host!r} within {timeout} s; "
+                        f"in use: {describe(self.in_use())}, capacity: {describe(self.capacity)}."
+                    )
+                time.sleep(poll if left is None else min(poll, left))
+        except BaseException:  # a timeout, Ctrl-C, a database error: the place in the queue is given up
+            try:
+                self.withdraw(key, owner_pid=owner_pid)
+            except Exception:  # the ticket is dropped after TICKET_TTL_S; the first error is the one raised
+                _logger.warning("Withdrawing %r from the queue of host %s failed", key, self.host, exc_info=True)
+            raise
 
     def fits_empty(self, request: Request) -> bool:
         """Whether ``request`` fits this ledger's capacity with no other entry on the host."""
         return not self.misfit(request)
+
+    def withdraw(self, key: str, owner_pid: int | None = None) -> None:
+        """Give up the place of ``key`` (owner ``owner_pid``, default: this process) in the host's queue, if any."""
+        pid = os.getpid() if owner_pid is None else owner_pid
+        self._transaction(lambda conn, _: withdraw(conn, self.host, pid, key))
 
     def release(self, entry_or_id: Entry | int) -> None:
         """Remove a reservation; releasing one that is already gone does nothing."""
@@ -275,6 +305,11 @@ class Ledger:
     def in_use(self) -> Usage:
         """The sums of this host's committed entries; ``vram`` has one figure per GPU of the capacity."""
         return self._transaction(lambda conn, _: self._usage(conn), read=True)
+
+    def waiting(self) -> list[Ticket]:
+        """This host's queue: its committed tickets, oldest (first in turn) first; gone owners' included."""
+        select = waiting_table.select().where(waiting_table.c.host == self.host).order_by(waiting_table.c.id)
+        return self._transaction(lambda conn, _: [ticket_of(r) for r in conn.execute(select)], read=True)
 
     def close(self) -> None:
         """Close the database connections; the entries stay (release them first)."""
@@ -335,26 +370,8 @@ class Ledger:
         now = time.time()
         if dead:
             conn.execute(entries_table.delete().where(entries_table.c.id.in_([e.id for e in dead])))
-            conn.execute(
-                reaped_table.insert(),
-                [
-                    dict(
-                        entry_id=e.id,
-                        host=e.host,
-                        owner_pid=e.owner_pid,
-                        owner_start=e.owner_start,
-                        key=e.key,
-                        ram=e.ram,
-                        vram=e.vram,
-                        gpu=e.gpu,
-                        threads=e.threads,
-                        created=e.created,
-                        reaped=now,
-                        reaped_by=os.getpid(),
-                    )
-                    for e in dead
-                ],
-            )
+            kept = [dict(_values(e), entry_id=e.id, reaped=now, reaped_by=os.getpid()) for e in dead]
+            conn.execute(reaped_table.insert(), kept)
         conn.execute(
             reaped_table.delete().where(reaped_table.c.host == self.host, reaped_table.c.reaped < now - _REAPED_KEPT_S)
         )
@@ -383,35 +400,14 @@ class Ledger:
                 vram[gpu] = int(total)
         return Usage(ram=int(totals[0]), threads=int(totals[1]), vram=tuple(vram))
 
-    def _place(self, request: Request, used: Usage) -> int | None | bool:
-        """The GPU index for ``request`` given ``used``, None when it needs no GPU, False when it does not fit."""
-        cap = self.capacity
-        if cap.ram is not None and used.ram + request.ram > cap.ram:
-            return False
-        if cap.threads is not None and used.threads + request.threads > cap.threads:
-            return False
-        if request.vram == 0:
-            return None
-        free = [
-            (total - u, i)
-            for i, (total, u) in enumerate(zip(cap.gpus, used.vram, strict=False))
-            if total - u >= request.vram
-        ]
-        return min(free)[1] if free else False
-
     def misfit(self, request: Request) -> str:
         """Why ``request`` can never fit this host, even with no other entry (``""`` when it can)."""
-        cap = self.capacity
-        if cap.ram is not None and request.ram > cap.ram:
-            return f"ram {format_bytes(request.ram)} > capacity {format_bytes(cap.ram)}"
-        if cap.threads is not None and request.threads > cap.threads:
-            return f"threads {request.threads} > capacity {cap.threads}"
-        if request.vram > 0 and not cap.gpus:
-            return f"vram {format_bytes(request.vram)} asked, but the host has no GPU"
-        if request.vram > 0 and request.vram > max(cap.gpus):
-            largest = format_bytes(max(cap.gpus))
-            return f"vram {format_bytes(request.vram)} > the largest GPU's capacity {largest}"
-        return ""
+        return misfit_of(self.capacity, request)
+
+
+def _values(entry: Entry) -> dict[str, object]:
+    """An entry's columns, its id left to the database."""
+    return {name: value for name, value in dataclasses.asdict(entry).items() if name != "id"}
 
 
 def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Entry], list[Reaped]]:

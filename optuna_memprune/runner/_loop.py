@@ -243,7 +243,8 @@ class Runner:
             )
             self._release(waiting.hold)
             return
-        entry = ledger.try_admit(request, self._key(waiting.trial, waiting.state.decision, LAUNCHED))
+        key = self._key(waiting.trial, waiting.state.decision, LAUNCHED)
+        entry = ledger.try_admit(request, key, wait=self.on_host_full != "reject")  # "reject" keeps no place in line
         if ledger.take_reaped():
             self.dead_runners.end_trials()
         if entry is None:
@@ -439,5 +440,9 @@ class Runner:
                 )
             except Exception:
                 _logger.exception("Trial %d: could not be failed", self.waiting.trial.number)
+            try:  # its place in the host's queue; else dropped when this runner is gone, or after TICKET_TTL_S
+                self.ledger.withdraw(self._key(self.waiting.trial, self.waiting.state.decision, LAUNCHED))
+            except Exception:
+                _logger.warning("Trial %d: could not leave the host's queue", self.waiting.trial.number, exc_info=True)
             self._release(self.waiting.hold)
             self.waiting = None
