@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -137,33 +137,11 @@ class Ticket:
 
 
 def ticket_of(row: Any) -> Ticket:
-    return Ticket(
-        id=row.id,
-        host=row.host,
-        owner_pid=row.owner_pid,
-        owner_start=row.owner_start,
-        key=row.key,
-        ram=row.ram,
-        vram=row.vram,
-        threads=row.threads,
-        created=row.created,
-        seen=row.seen,
-    )
+    return Ticket(**{f.name: getattr(row, f.name) for f in fields(Ticket)})
 
 
 def entry_of(row: Any) -> Entry:
-    return Entry(
-        id=row.id,
-        host=row.host,
-        owner_pid=row.owner_pid,
-        owner_start=row.owner_start,
-        key=row.key,
-        ram=row.ram,
-        vram=row.vram,
-        gpu=row.gpu,
-        threads=row.threads,
-        created=row.created,
-    )
+    return Entry(**{f.name: getattr(row, f.name) for f in fields(Entry)})
 
 
 def reaped_of(row: Any) -> Reaped:
