@@ -95,14 +95,14 @@ class Runner:
         self.waiting: _Waiting | None = None
         self.fatal: BaseException | None = None
         self.counts = {"done": 0, "rejected": 0, "pruned": 0, "failed": 0}
-        self.reservations = Reservations(study, policy_of(guard).budget, ledger)
+        self.reservations = Reservations(study, self.policy.budget, ledger)
         sampler, pruner = study.sampler, study.pruner
         self.base_sampler: BaseSampler = sampler.base_sampler if isinstance(sampler, GuardedSampler) else sampler
         self.inner_pruner = pruner.wrapped_pruner if isinstance(pruner, GuardedPruner) else pruner
         self.ctx = fork_server(objective)
         self.heartbeats = _internals.heartbeat_enabled(study)
         self.storage_id = storage_id(study)
-        self.dead_runners = DeadRunners(study, ledger, policy_of(guard).budget)
+        self.dead_runners = DeadRunners(study, ledger, self.policy.budget)
         self.mark = runner_mark(ledger.host)  # each trial names this runner from its creation on
 
     # -- the loop --------------------------------------------------------------------------------
