@@ -43,8 +43,8 @@ down (it suggests while the server restarts) fails with the reason and the study
 out database restarts would ask; errors of the runner itself are not caught and count in ``study_aborted``.
 
 The ledger's own work is measured apart from the waiting: every worker writes the ledger's DEBUG line for each
-``try_admit`` transaction (logger ``optuna_memprune.ledger.txn``: its duration, admitted or refused, the key)
-to a file of its own. ``admit_txn_p99_ms`` is the 99th percentile of those durations over every worker's
+``try_admit`` transaction (logger ``optuna_memprune.ledger.txn``: its duration, admitted, refused, or
+refused-unlocked for a refusal seen on a read that took no lock, the key) to a file of its own. ``admit_txn_p99_ms`` is the 99th percentile of those durations over every worker's
 transactions (connection, host lock, reaping, the queue and the insert; retries while the server restarts
 included, and a line above gives it without the transactions that overlapped the restart). ``wait_max_s`` is
 the longest any trial waited for its reservation: from its first try to the one that admitted it (for a trial

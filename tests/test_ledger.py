@@ -417,6 +417,46 @@ def test_tickets_of_dead_owners_and_of_silent_ones_do_not_block_the_host(url: st
     assert [t.key for t in ledger.waiting()] == ["silent"]
 
 
+def test_a_waiters_repeated_refusal_takes_no_lock_and_a_try_that_may_be_admitted_waits_for_it(url: str, owners) -> None:
+    ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
+    running = ledger.try_admit(Request(ram=8), "running")
+    waiter = owners()
+    assert ledger.try_admit(Request(ram=4), "waiter", owner_pid=waiter) is None  # takes its ticket: a write
+    holder = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+
+    def hold(conn: sa.Connection) -> None:  # what another admission holds: the host's lock
+        if url.startswith("sqlite"):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")
+            conn.exec_driver_sql("SELECT host FROM memprune_ledger_hosts WHERE host = 'h' FOR UPDATE")
+
+    def try_beside_the_holder(wait_s: float) -> tuple[bool, list[Entry | None]]:
+        """Whether a try of the waiter ended within ``wait_s`` while the lock is held, and what it returned."""
+        answer: list[Entry | None] = []
+        with holder.connect() as conn:
+            hold(conn)
+            request = Request(ram=4)
+            racer = threading.Thread(
+                target=lambda: answer.append(ledger.try_admit(request, "waiter", owner_pid=waiter))
+            )
+            racer.start()
+            racer.join(wait_s)
+            ended = not racer.is_alive()
+            conn.exec_driver_sql("ROLLBACK")
+            racer.join(30)
+        return ended, answer
+
+    try:
+        # refused again, with its ticket fresh: a read that waits for no lock (under it: the holder's 30 s)
+        assert try_beside_the_holder(5.0) == (True, [None])
+        ledger.release(running)
+        ended, answer = try_beside_the_holder(1.0)  # the room is there: it decides under the lock, so it waits
+        assert not ended and answer and answer[0] is not None and ledger.waiting() == []
+    finally:
+        holder.dispose()
+
+
 def test_withdraw_and_a_timed_out_admit_give_up_the_place(url: str, owners) -> None:
     ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
     ledger.try_admit(Request(ram=4), "running")

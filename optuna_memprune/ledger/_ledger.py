@@ -42,7 +42,7 @@ from ._db import (
     waiting_table,
 )
 from ._owners import owner_alive, start_of
-from ._queue import TICKET_TTL_S, misfit_of, take_turn, withdraw
+from ._queue import TICKET_TTL_S, misfit_of, refused_unlocked, take_turn, withdraw
 
 _logger = logging.getLogger("optuna_memprune.ledger")
 #: One DEBUG line per ``try_admit`` transaction, with its duration (``scripts/bench_faults.py`` reads them).
@@ -68,9 +68,10 @@ class Ledger:
     (RAM and threads summed, VRAM placed best fit in order; a resource it does not ask for is not checked): a
     later small request takes no room an earlier one needs, and the earliest waiting request that fits the
     host is never starved. A ticket reserves nothing; it is dropped when its owner is gone or has not tried for
-    ``TICKET_TTL_S`` (30 s). Admissions of one host serialize on a lock: SQLite's write lock
-    (``BEGIN IMMEDIATE``, WAL journal, 30 s busy timeout) or, on other databases, ``SELECT ... FOR UPDATE``
-    of the host's row in ``memprune_ledger_hosts``. A transaction that fails leaves no row behind.
+    ``TICKET_TTL_S`` (30 s). Admissions of one host serialize on a lock: SQLite's write lock (``BEGIN
+    IMMEDIATE``, WAL journal, 30 s busy timeout) or, on other databases, ``SELECT ... FOR UPDATE`` of the host's
+    row in ``memprune_ledger_hosts``; a try that a read shows refused takes none. A failed transaction leaves no
+    row behind.
 
     Args:
         budget: A :class:`HostBudget` (resolved once, here) or a :class:`HostCapacity`.
@@ -168,17 +169,18 @@ class Ledger:
         if start is None or not owner_alive(pid, start):
             raise ValueError(f"owner_pid must be the pid of a running process, but got {owner_pid!r}.")
 
+        def refused(conn: sa.Connection, _retried: bool) -> bool:
+            alive = all(owner_alive(e.owner_pid, e.owner_start) for e in self._entries(conn))
+            return refused_unlocked(
+                conn, self.host, self.capacity, request, self._usage(conn), (pid, start), key, alive
+            )
+
         def admit(conn: sa.Connection, retried: bool) -> tuple[list[Entry], Entry | None]:
             reaped = self._reap(conn)
             if retried:  # the lost attempt may have committed before its connection went away
-                c = entries_table.c
-                row = conn.execute(
-                    entries_table.select().where(
-                        c.host == self.host, c.owner_pid == pid, c.owner_start == start, c.key == key
-                    )
-                ).first()
-                if row is not None:
-                    return reaped, entry_of(row)
+                mine = [e for e in self._entries(conn) if (e.owner_pid, e.owner_start, e.key) == (pid, start, key)]
+                if mine:
+                    return reaped, mine[0]
             gpu = take_turn(conn, self.host, self.capacity, request, self._usage(conn), (pid, start), key, wait=wait)
             if gpu is False:
                 return reaped, None
@@ -200,6 +202,9 @@ class Ledger:
             return reaped, dataclasses.replace(entry, id=inserted[0])
 
         began = time.perf_counter()
+        if wait and self._transaction(refused, read=True):  # most tries of a waiter: no lock taken (_queue.py)
+            _txn_logger.debug("try_admit %.3f ms refused-unlocked key=%s", (time.perf_counter() - began) * 1000, key)
+            return None
         reaped, entry = self._transaction(admit)
         took = (time.perf_counter() - began) * 1000
         _txn_logger.debug("try_admit %.3f ms %s key=%s", took, "refused" if entry is None else "admitted", key)
@@ -299,8 +304,7 @@ class Ledger:
 
     def entries(self) -> list[Entry]:
         """This host's committed entries, oldest first."""
-        select = entries_table.select().where(entries_table.c.host == self.host).order_by(entries_table.c.id)
-        return self._transaction(lambda conn, _: [entry_of(r) for r in conn.execute(select)], read=True)
+        return self._transaction(lambda conn, _: self._entries(conn), read=True)
 
     def in_use(self) -> Usage:
         """The sums of this host's committed entries; ``vram`` has one figure per GPU of the capacity."""
@@ -363,10 +367,7 @@ class Ledger:
 
     def _reap(self, conn: sa.Connection) -> list[Entry]:
         self._lock_host(conn)
-        rows = conn.execute(
-            entries_table.select().where(entries_table.c.host == self.host).order_by(entries_table.c.id)
-        )
-        dead = [entry_of(r) for r in rows if not owner_alive(r.owner_pid, r.owner_start)]
+        dead = [e for e in self._entries(conn) if not owner_alive(e.owner_pid, e.owner_start)]
         now = time.time()
         if dead:
             conn.execute(entries_table.delete().where(entries_table.c.id.in_([e.id for e in dead])))
@@ -383,6 +384,10 @@ class Ledger:
                 ", ".join(e.key for e in dead),
             )
         return dead
+
+    def _entries(self, conn: sa.Connection) -> list[Entry]:
+        select = entries_table.select().where(entries_table.c.host == self.host).order_by(entries_table.c.id)
+        return [entry_of(r) for r in conn.execute(select)]
 
     def _usage(self, conn: sa.Connection) -> Usage:
         c = entries_table.c
