@@ -26,6 +26,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "rich": ("report", "rich"),
     "psycopg": ("postgres", "psycopg"),
     "optuna_dashboard": ("dashboard", "optuna-dashboard"),
+    "ray": ("ray", "ray"),
 }
 
 

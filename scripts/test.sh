@@ -9,4 +9,6 @@ bash scripts/setup.sh
 # The suite's calibration cache is its own (as in .ci/run), never the user's ~/.cache/optuna-memprune: tests
 # measure and recheck stack baselines, some under the suite's own load.
 export MEMPRUNE_CACHE_DIR="${MEMPRUNE_CACHE_DIR:-$PWD/.memprune-cache}"
-exec .venv/bin/python -m pytest -q -n "${MEMPRUNE_TEST_JOBS:-2}" "$@"
+# --dist loadgroup: the tests of one xdist_group run in one process (the Ray tests share one cluster); the
+# others are spread as by default.
+exec .venv/bin/python -m pytest -q -n "${MEMPRUNE_TEST_JOBS:-2}" --dist loadgroup "$@"

@@ -312,6 +312,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="a cgroup per trial where one can be made (auto), or else an error (cgroup), or polling only",
     )
     wk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    wk.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run each trial as a Ray task on the cluster at ADDRESS (auto, HOST:PORT, ray://HOST:10001; local: a "
+        "new one-machine cluster), instead of this host's processes and ledger; --n-workers tasks at once",
+    )
+    wk.add_argument(
+        "--ray-retries", type=int, default=0, help="with --ray: ask a trial whose task Ray lost again, up to N times"
+    )
     wk.set_defaults(func=cmd_worker)
 
     run = sub.add_parser(

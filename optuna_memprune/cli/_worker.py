@@ -44,6 +44,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise UsageError(
             "give either --guard (a MemoryGuard with its budget) or --footprint with --ram/--vram/--threads, not both"
         )
+    if args.ray is not None:
+        return _ray_worker(args, url)
+    if args.ray_retries:
+        raise UsageError("--ray-retries is for --ray: give the cluster's address")
     if args.host_id is not None and not 0 < len(args.host_id) <= 255:
         raise UsageError(f"--host-id must be a non-empty name of at most 255 characters, but got {args.host_id!r}")
     if args.ledger is not None:
@@ -51,27 +55,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             check_ledger_url(args.ledger)
         except ValueError as exc:
             raise UsageError(f"--ledger: {exc}") from None
-    objective = load(args.objective, "the objective")
-    if not callable(objective) or not _takes(objective, 1):
-        what = _kind(objective) if not callable(objective) else "a function that does not take one trial"
-        raise UsageError(
-            f"the objective {args.objective!r} is {what}: give the module:function that takes a "
-            "trial and returns its value"
-        )
-    if args.guard:
-        guard = _worker_guard(args.guard, omp.MemoryGuard)
-    elif args.footprint:
-        try:
-            budget = omp.Budget(ram=args.ram, vram=args.vram, threads=args.threads)
-        except (TypeError, ValueError) as exc:
-            raise UsageError(str(exc)) from exc
-        footprint = load(args.footprint, "--footprint")
-        try:
-            guard = omp.MemoryGuard(footprint, budget, on_infeasible=args.on_infeasible)
-        except (TypeError, ValueError) as exc:
-            raise UsageError(f"--footprint {args.footprint!r}: {exc}") from exc
-    else:
-        raise UsageError("give the guard: --guard module:name, or --footprint module:name with --ram/--vram/--threads")
+    objective = _objective_of(args)
+    guard = _guard_of(args)
     try:
         host = HostBudget(
             ram=None if args.host_ram == "none" else args.host_ram,
@@ -109,6 +94,93 @@ def cmd_worker(args: argparse.Namespace) -> int:
         )
     finally:
         ledger.close()
+    return 0
+
+
+def _objective_of(args: argparse.Namespace) -> Any:
+    """The objective named ``module:function``, checked to take one trial."""
+    objective = load(args.objective, "the objective")
+    if not callable(objective) or not _takes(objective, 1):
+        what = _kind(objective) if not callable(objective) else "a function that does not take one trial"
+        raise UsageError(
+            f"the objective {args.objective!r} is {what}: give the module:function that takes a "
+            "trial and returns its value"
+        )
+    return objective
+
+
+def _guard_of(args: argparse.Namespace) -> Any:
+    """The guard: ``--guard``, or ``--footprint`` with the budget."""
+    import optuna_memprune as omp
+
+    if args.guard:
+        return _worker_guard(args.guard, omp.MemoryGuard)
+    if args.footprint:
+        try:
+            budget = omp.Budget(ram=args.ram, vram=args.vram, threads=args.threads)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(str(exc)) from exc
+        footprint = load(args.footprint, "--footprint")
+        try:
+            return omp.MemoryGuard(footprint, budget, on_infeasible=args.on_infeasible)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"--footprint {args.footprint!r}: {exc}") from exc
+    raise UsageError("give the guard: --guard module:name, or --footprint module:name with --ram/--vram/--threads")
+
+
+#: This host's options, which --ray leaves to the cluster: (option, its attribute, its default).
+_HOST_OPTIONS = (
+    ("--host-id", "host_id", None),
+    ("--ledger", "ledger", None),
+    ("--host-ram", "host_ram", "auto"),
+    ("--host-gpus", "host_gpus", "auto"),
+    ("--host-threads", "host_threads", None),
+    ("--headroom", "headroom", 0.1),
+    ("--on-host-full", "on_host_full", "wait"),
+)
+
+
+def _ray_worker(args: argparse.Namespace, url: str) -> int:
+    """``memprune worker --ray ADDRESS``: the study's trials as Ray tasks on that cluster
+    (``omp.optimize(backend="ray")``); this host's ledger options do not apply."""
+    import optuna
+
+    import optuna_memprune as omp
+
+    from ..units import check_int
+
+    given = [name for name, attr, default in _HOST_OPTIONS if getattr(args, attr) != default]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for this host's ledger; with --ray the "
+            "cluster admits each trial by its Ray resources: leave them out"
+        )
+    if args.enforce == "cgroup":
+        raise UsageError("--enforce cgroup is for this host's processes; a trial in a Ray task is held by polling")
+    if not args.ray:
+        raise UsageError("--ray needs the cluster's address: auto, HOST:PORT, ray://HOST:10001, or local")
+    try:
+        check_int(args.ray_retries, "--ray-retries", minimum=0)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    objective = _objective_of(args)
+    guard = _guard_of(args)
+    samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+    pruners = {"median": optuna.pruners.MedianPruner, "none": optuna.pruners.NopPruner}
+    study = _worker_study(args, url, guard, samplers, pruners)
+    omp.optimize(
+        study,
+        objective,
+        guard=guard,
+        n_trials=args.n_trials,
+        timeout=args.timeout,
+        n_jobs=args.n_workers,
+        show_progress_bar=args.progress,
+        enforce=args.enforce,
+        backend="ray",
+        ray_address=None if args.ray == "local" else args.ray,
+        ray_retries=args.ray_retries,
+    )
     return 0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from optuna.trial import TrialState
 
@@ -21,9 +21,31 @@ from ._child import Outcome
 
 if TYPE_CHECKING:
     from ..guard.backend import Policy, TrialGuardState
+    from ..monitor import Reading
     from ._watchdog import TrialProcess
 
 _logger = logging.getLogger("optuna_memprune.guard")
+
+
+class Watched(Protocol):
+    """What the record of a finished trial reads of its watched process: the runner's ``TrialProcess``, or
+    what a Ray task sent back of its own (``_ray_task.TaskEnd``)."""
+
+    state: TrialGuardState
+    margins: dict[str, float]  # the learned margin its reservation applied
+    reserved_prediction: bool  # False: unchecked at launch, it reserved the budget
+    soft_reading: Reading | None
+    hard_reading: Reading | None
+    ended: float  # when its process was gone, on the clock of the readings' ``t``
+    gpu: int | None
+
+    def timeline(self) -> list[tuple[float, int, int, int | None]]: ...
+
+    def enforcement(self) -> records.Enforcement: ...
+
+    def forecast_reason(self) -> str | None: ...
+
+    def forecast_record(self) -> dict[str, Any]: ...
 
 
 @dataclasses.dataclass
@@ -89,7 +111,7 @@ def judge(child: TrialProcess, catch: tuple[type[BaseException], ...]) -> Ending
 
 
 def finished_record(
-    policy: Policy, child: TrialProcess, end: Ending, ran: dict[str, Any], host: str
+    policy: Policy, child: Watched, end: Ending, ran: dict[str, Any], host: str | None
 ) -> records.TrialRecord:
     """The record of a trial whose process ended (``end``, from :func:`judge`): how it ended in the guard's
     words, its peaks (what it needed, after out of memory), the watchdog's timeline and breach, the margin
@@ -107,7 +129,7 @@ def finished_record(
         forecast=child.forecast_reason(),
     )
     peaks = end.oom.needs(end.peaks, policy.budget) if end.oom is not None else end.peaks
-    timeline = child.monitor.timeline() if child.monitor is not None else []
+    timeline = child.timeline()
     record = policy.record(
         child.state,
         params,
@@ -127,7 +149,7 @@ def finished_record(
         record,
         margin=budgeted,
         host=host,
-        gpu=child.entry.gpu,
+        gpu=child.gpu,
         enforcement=child.enforcement(),
         forecast=child.forecast_record(),
     )

@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import time
-import warnings
 from collections.abc import Callable
 from multiprocessing.connection import wait as wait_any
 from typing import TYPE_CHECKING, Any
@@ -21,26 +20,20 @@ import optuna
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from .. import _internals, procfs, records
+from .. import _internals, procfs
 from ..guard import GuardedPruner, GuardedSampler
-from ..guard.backend import (
-    TrialGuardState,
-    policy_of,
-    store_rejection,
-    trial_forecast,
-    trials_of,
-    warnings_of,
-)
+from ..guard.backend import TrialGuardState, policy_of, trial_forecast
 from ..records import Decision
-from ._child import LOST, ChildResult, Outcome, Payload, child_main
+from ._child import Payload, child_main
 from ._ending import finished_record, judge
 from ._forkserver import fork_server
-from ._owners import ASKED, LAUNCHED, RUNNER, DeadRunners, TrialKey, runner_mark
+from ._owners import ASKED, LAUNCHED, DeadRunners, TrialKey, runner_mark
 from ._progress import Status
 from ._reserve import Reservations, next_try
 from ._signals import end_like_ctrl_c, why_ended
 from ._storage import retry as _retry
 from ._storage import storage_id
+from ._tell import Teller
 from ._watchdog import TrialProcess
 
 if TYPE_CHECKING:
@@ -50,7 +43,6 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
-GRACE_S = 2.0  # SIGTERM to SIGKILL when the runner stops a trial's process tree
 _TICK_S = 0.05  # the runner's loop wakes at least this often
 
 
@@ -94,13 +86,13 @@ class Runner:
         self.children: dict[int, TrialProcess] = {}
         self.waiting: _Waiting | None = None
         self.fatal: BaseException | None = None
-        self.counts = {"done": 0, "rejected": 0, "pruned": 0, "failed": 0}
+        self.teller = Teller(study, guard, callbacks)
+        self.counts = self.teller.counts
         self.reservations = Reservations(study, self.policy.budget, ledger)
         sampler, pruner = study.sampler, study.pruner
         self.base_sampler: BaseSampler = sampler.base_sampler if isinstance(sampler, GuardedSampler) else sampler
         self.inner_pruner = pruner.wrapped_pruner if isinstance(pruner, GuardedPruner) else pruner
         self.ctx = fork_server(objective)
-        self.heartbeats = _internals.heartbeat_enabled(study)
         self.storage_id = storage_id(study)
         self.dead_runners = DeadRunners(study, ledger, self.policy.budget)
         self.mark = runner_mark(ledger.host)  # each trial names this runner from its creation on
@@ -168,39 +160,23 @@ class Runner:
             wait_any(handles, timeout=_TICK_S)
         else:
             time.sleep(_TICK_S if self.waiting is not None else 0)
-        now = time.monotonic()
         for child in self.children.values():
-            if child.stopped_at is not None and not child.killed and now - child.stopped_at > GRACE_S:
-                child.stop(signal.SIGKILL)
+            child.kill_when_due()
 
     # -- before launch -----------------------------------------------------------------------------
 
     def _ask(self) -> None:
-        guard, study = self.guard, self.study
-        if self.heartbeats:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                _retry("failing stale trials", lambda: optuna.storages.fail_stale_trials(study))
-        trial = _retry("asking for a trial", lambda: _internals.ask_marked(study, {RUNNER: self.mark}))
+        trial = self.teller.ask(self.mark)
         self.asked += 1
         hold = self._hold(trial)  # from here a runner that finds this one dead fails the trial
         self.dead_runners.end_trials()
-        state = trials_of(guard).open(_internals.trial_id(trial), trial.number)
-        state.enforced = True
         try:
-            _retry("checking the trial", lambda: trial.relative_params)  # the guarded sampler's lookahead
-        except Exception as exc:
-            self._fail_before_launch(trial, state, f"the sampler failed: {type(exc).__name__}: {exc}")
+            state = self.teller.check(trial)
+        except Exception:
             self._release(hold)
             raise
-        if not state.sampled:
-            warnings_of(guard).once(
-                "unguarded-sampler",
-                "study.sampler is not guard.wrap_sampler(...): trials run unchecked, under the watchdog only.",
-            )
-            state.uncheck("the study's sampler is not wrapped by this guard")
         if state.decision is Decision.REJECTED:
-            self._end_rejected(trial, state)
+            self.teller.end_rejected(trial, state)
             self._release(hold)
             return
         margins = _retry("reading the finished trials", self.reservations.margins)
@@ -238,7 +214,7 @@ class Runner:
         misfit = ledger.misfit(request)
         if misfit:
             self.waiting = None
-            self._end_rejected(
+            self.teller.end_rejected(
                 waiting.trial, waiting.state, reason=f"its reservation can never fit host {ledger.host}: {misfit}"
             )
             self._release(waiting.hold)
@@ -251,7 +227,7 @@ class Runner:
             waiting.due = time.monotonic() + next_try(time.monotonic() - waiting.since)
             if self.on_host_full == "reject":
                 self.waiting = None
-                self._end_rejected(
+                self.teller.end_rejected(
                     waiting.trial,
                     waiting.state,
                     reason=(
@@ -301,7 +277,7 @@ class Runner:
             reason = f"the trial could not be started in its own process: {type(exc).__name__}: {exc}" + (
                 " (the process died while it read the trial from the runner)" if died else ""
             )
-            self._fail_before_launch(trial, state, reason)
+            self.teller.fail_before_launch(trial, state, reason)
             if died:
                 return
             if "pickle" in str(exc).lower() or isinstance(exc, (TypeError, AttributeError)):
@@ -325,7 +301,7 @@ class Runner:
         )
         self.children[state.trial_id] = child
         child.watch()
-        if self.heartbeats:
+        if self.teller.heartbeats:
             child.heartbeat = _internals.heartbeat_thread(self.study, state.trial_id)
             child.heartbeat.start()
 
@@ -333,29 +309,17 @@ class Runner:
 
     def _reap_finished(self) -> None:
         for trial_id, child in list(self.children.items()):
-            if child.result is None and child.conn.poll():
-                try:
-                    child.result = child.conn.recv()
-                except (EOFError, OSError):
-                    child.result = LOST
-                except Exception as exc:  # noqa: BLE001 - an exception that does not unpickle
-                    child.result = ChildResult(Outcome.FAIL, message=f"the trial's result could not be read: {exc}")
+            child.take_result()
             if child.process.is_alive():
                 continue
-            child.ended = time.monotonic()
-            child.process.join()
-            child.kill_group()  # what the objective started and left behind (a helper, a data loader)
-            if child.result is None and child.conn.poll():
-                try:
-                    child.result = child.conn.recv()
-                except Exception:  # noqa: BLE001
-                    child.result = None
+            child.end()
             del self.children[trial_id]
             try:
                 self._finish(child)
             finally:
                 child.close()
-                self.ledger.release(child.entry)
+                if child.entry is not None:
+                    self.ledger.release(child.entry)
 
     def _finish(self, child: TrialProcess) -> None:
         trial = child.trial
@@ -364,57 +328,9 @@ class Runner:
             self.study.stop()
         frozen = _retry("reading the trial", lambda: _internals.storage_of(self.study).get_trial(child.state.trial_id))
         record = finished_record(self.policy, child, end, frozen.params, self.ledger.host)
-        self._end(trial, child.state, record, end.state, end.values)
+        self.teller.end(trial, child.state, record, end.state, end.values)
         if end.failure is not None and self.fatal is None:
             self.fatal = end.failure
-
-    def _end(
-        self,
-        trial: optuna.Trial,
-        state: TrialGuardState,
-        record: records.TrialRecord,
-        final: TrialState,
-        values: Any = None,
-    ) -> None:
-        """Write the record, then the final state, then run the callbacks."""
-        try:
-            _retry("writing the record", lambda: records.write_frozen(self.study, state.trial_id, record))
-        except Exception:  # the final state matters more than the record
-            _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
-        finally:
-            trials_of(self.guard).close(state.trial_id)
-        if final is TrialState.COMPLETE:
-            _retry("telling the result", lambda: self.study.tell(trial, values, skip_if_finished=True))
-        else:
-            _retry("telling the result", lambda: self.study.tell(trial, state=final, skip_if_finished=True))
-        frozen = _retry("reading the trial", lambda: _internals.storage_of(self.study).get_trial(state.trial_id))
-        key = {TrialState.COMPLETE: "done", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}[frozen.state]
-        self.counts[key] += 1
-        if record.decision is Decision.REJECTED:
-            self.counts["rejected"] += 1
-        _logger.info(
-            "Trial %d finished %s (%s): %s", trial.number, frozen.state.name, record.decision.value, record.reason
-        )
-        for callback in self.callbacks:
-            callback(self.study, frozen)
-
-    def _end_rejected(self, trial: optuna.Trial, state: TrialGuardState, *, reason: str | None = None) -> None:
-        if reason is not None:
-            state.decision, state.reason = Decision.REJECTED, reason
-        try:
-            store_rejection(self.guard, trial, state, decision=Decision.REJECTED, reason=state.reason)
-        except Exception:  # the trial still ends PRUNED
-            _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
-        _retry("telling the result", lambda: self.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True))
-        self.counts["rejected"] += 1
-        self.counts["pruned"] += 1
-        frozen = _retry("reading the trial", lambda: _internals.storage_of(self.study).get_trial(state.trial_id))
-        for callback in self.callbacks:
-            callback(self.study, frozen)
-
-    def _fail_before_launch(self, trial: optuna.Trial, state: TrialGuardState, reason: str) -> None:
-        record = self.policy.record(state, {}, reason=reason)
-        self._end(trial, state, record, TrialState.FAIL)
 
     def _abort(self, why: str) -> None:
         """The runner itself is ending abnormally (Ctrl-C, SIGTERM, an error): stop every child's process
@@ -426,16 +342,17 @@ class Runner:
             child.kill_group()
             try:
                 record = self.policy.record(child.state, {}, reason=f"{child.state.reason}; {why} while the trial ran")
-                self._end(child.trial, child.state, record, TrialState.FAIL)
+                self.teller.end(child.trial, child.state, record, TrialState.FAIL)
             except Exception:  # best effort: the next runner reaps what is left
                 _logger.exception("Trial %d: could not be failed", child.trial.number)
             finally:
                 child.close()
-                self.ledger.release(child.entry)
+                if child.entry is not None:
+                    self.ledger.release(child.entry)
         self.children.clear()
         if self.waiting is not None:
             try:
-                self._fail_before_launch(
+                self.teller.fail_before_launch(
                     self.waiting.trial, self.waiting.state, f"{why} while the trial waited for its reservation"
                 )
             except Exception:

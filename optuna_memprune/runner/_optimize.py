@@ -49,6 +49,9 @@ def optimize(
     enforce: str = "auto",
     n_workers: int | None = None,
     progress: bool | None = None,
+    backend: str = "local",
+    ray_address: str | None = None,
+    ray_retries: int = 0,
 ) -> None:
     """Run ``study`` with each trial in its own child process, at most ``n_jobs`` at a time: Optuna's
     ``study.optimize`` arguments, with processes instead of threads.
@@ -77,7 +80,8 @@ def optimize(
         - A trial's end (record and state) is written as soon as its process ends; the footprint is not
           called again after a trial (a trial unchecked at launch keeps no prediction in its record).
         - Over several hosts: run ``optimize`` (or ``memprune worker``) on each with the same
-          PostgreSQL storage; each host keeps its own ledger.
+          PostgreSQL storage; each host keeps its own ledger. Or, on a Ray cluster, ``backend="ray"``:
+          one call whose trials Ray places on the cluster's nodes (see ``backend``).
 
     Args:
         study: the study; its sampler should be ``guard.wrap_sampler(...)`` and its pruner
@@ -106,6 +110,26 @@ def optimize(
             limit ends PRUNED (stopped), "stopped by the kernel at its cgroup limit (N MiB)", with the
             group's exact peak. In a v2 group without one the tree is still killed whole. The watchdog
             polls in every mode (soft line, VRAM, threads); the record's ``enforcement`` says which applied.
+        backend: where the trials run. ``"local"`` (default): a process per trial on this host, admitted by
+            its ledger. ``"ray"`` (the ``ray`` extra): each trial a Ray task in a fresh worker on a node Ray
+            chooses, asking for what the local runner would reserve (the prediction, or the learned bound, x
+            the learned margin, capped by the budget) as ``memory=`` (bytes), ``num_gpus=`` (its VRAM as a
+            fraction of the cluster's smallest GPU, 0 without VRAM) and ``num_cpus=`` (its reserved threads
+            where the budget limits threads, else 1); ``n_jobs`` tasks in flight at most (-1: the cluster's
+            CPUs). Inside the task the trial runs in a process of its own under the same watchdog (polling:
+            ``enforce`` must be ``"auto"`` or ``"polling"``); ``host`` and ``on_host_full`` are the local
+            ledger's and must be left out. A trial no alive node can ever hold is rejected (PRUNED, the
+            reason on its record) rather than left waiting; a trial whose node or worker dies ends FAIL with
+            Ray's words, or PRUNED out of memory where Ray's memory monitor killed it. The storage must be
+            one every node reaches (PostgreSQL; a SQLite or Journal file on a shared filesystem).
+        ray_address: with ``backend="ray"``, the cluster: ``None`` (default) uses this process's connection
+            where ``ray.init()`` was called, else ``ray.init()``'s default (``RAY_ADDRESS``, or a new
+            one-machine cluster for this call); ``"auto"`` a cluster already running on this machine;
+            ``"HOST:PORT"`` or ``"ray://HOST:10001"`` (Ray Client) a remote one. A connection this call
+            opened is closed when it returns.
+        ray_retries: with ``backend="ray"``, how many times a trial whose task Ray lost is asked again with
+            the same params (enqueued as Optuna's ``RetryFailedTrialCallback`` does: ``failed_trial``,
+            ``retry_history``); each retry is one of the ``n_trials``. Default 0.
         n_workers: the old name of ``n_jobs``, kept for one release (a FutureWarning says so).
         progress: the old name of ``show_progress_bar``, kept for one release (a FutureWarning says so).
 
@@ -135,13 +159,31 @@ def optimize(
     check_int(n_jobs, "n_jobs", minimum=-1)
     if n_jobs == 0:
         raise ValueError("n_jobs must be a positive int or -1 (this machine's CPU count), but got 0.")
-    n_jobs = (os.cpu_count() or 1) if n_jobs == -1 else n_jobs
     if on_host_full not in ("wait", "reject"):
         raise ValueError(f"on_host_full must be 'wait' or 'reject', but got {on_host_full!r}.")
     catch = (catch,) if isinstance(catch, type) else tuple(catch)
     if not all(isinstance(c, type) and issubclass(c, BaseException) for c in catch):
         raise TypeError(f"catch must be exception types, but got {catch!r}.")
     callbacks = _check_callbacks(callbacks)
+    if _check_backend(backend, ray_address, ray_retries, host=host, on_host_full=on_host_full, enforce=enforce):
+        from ._ray import run_on_ray
+
+        show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
+        run_on_ray(
+            study,
+            objective,
+            guard,
+            n_trials=n_trials,
+            timeout=timeout,
+            n_jobs=n_jobs,
+            catch=catch,
+            callbacks=callbacks,
+            show=show,
+            address=ray_address,
+            retries=ray_retries,
+        )
+        return
+    n_jobs = (os.cpu_count() or 1) if n_jobs == -1 else n_jobs
     enforcement = Enforcer(enforce, guard.budget, policy_of(guard).soft)
     from ..ledger import HostBudget, Ledger
 
@@ -188,6 +230,43 @@ def optimize(
         if host is not ledger:
             ledger.close()
         stop_fork_server()
+
+
+def _check_backend(backend: Any, address: Any, retries: Any, *, host: Any, on_host_full: str, enforce: Any) -> bool:
+    """Whether the trials run on Ray; ValueError for a backend that is neither, for Ray's arguments without
+    it, and for the local ledger's arguments with it."""
+    if backend not in ("local", "ray"):
+        raise ValueError(
+            "backend must be 'local' (a process per trial on this host) or 'ray' (a Ray task per trial), but got "
+            f"{backend!r}."
+        )
+    if backend == "local":
+        for name, value, default in (("ray_address", address, None), ("ray_retries", retries, 0)):
+            if value != default:
+                raise ValueError(f"{name}= is for backend='ray', but backend is 'local' (got {name}={value!r}).")
+        return False
+    if address is not None and (not isinstance(address, str) or not address):
+        raise ValueError(
+            "ray_address must be None, 'auto', 'HOST:PORT' or 'ray://HOST:PORT', but got "
+            f"{type(address).__name__} {address!r}."
+        )
+    check_int(retries, "ray_retries", minimum=0)
+    if host is not None:
+        raise ValueError(
+            "host= is the local runner's ledger; with backend='ray' the cluster admits each trial by its Ray "
+            "resources: leave host out."
+        )
+    if on_host_full != "wait":
+        raise ValueError(
+            f"on_host_full={on_host_full!r} is the local runner's; with backend='ray' a trial waits for its "
+            "resources, and one no node can ever hold is rejected: leave on_host_full out."
+        )
+    if enforce not in ("auto", "polling"):
+        raise ValueError(
+            f"enforce must be 'auto' or 'polling' with backend='ray' (a trial's own process in its Ray task is "
+            f"held by polling), but got {enforce!r}."
+        )
+    return True
 
 
 def _check_callbacks(callbacks: Any) -> list[Callable[[optuna.Study, FrozenTrial], None]]:

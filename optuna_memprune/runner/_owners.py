@@ -104,10 +104,16 @@ def _reaper_at_work(reaped: Reaped) -> bool:
 class DeadRunners:
     """Ends the trials of this host's dead runners that live in one study's storage, and settles their
     reaped entries; those of other storages are left to their own runners (a warning says so once), and
-    an entry another live runner reaped in the last 30 s is left to that runner."""
+    an entry another live runner reaped in the last 30 s is left to that runner.
 
-    def __init__(self, study: optuna.Study, ledger: Ledger, budget: Budget) -> None:
+    Without a ledger (the Ray backend's driver, ``host`` naming this machine) it fails the RUNNING trials
+    whose mark (:data:`RUNNER`) names a dead runner of this host, every ``_UNNAMED_EVERY_S``."""
+
+    def __init__(self, study: optuna.Study, ledger: Ledger | None, budget: Budget, host: str | None = None) -> None:
         self._study, self._ledger, self._budget = study, ledger, budget
+        if ledger is None and host is None:
+            raise ValueError("DeadRunners needs the host: give a ledger or host=.")
+        self._host: str = ledger.host if ledger is not None else str(host)
         self._storage = storage_id(study)
         self._warned: set[int] = set()
         self._looked = -_UNNAMED_EVERY_S
@@ -121,6 +127,8 @@ class DeadRunners:
                 self._end_unnamed()
             except Exception:  # looked for again in a few seconds; the study goes on
                 _logger.exception("Looking for trials of dead runners that the ledger does not name failed")
+        if self._ledger is None:
+            return
         for reaped in self._ledger.reaped():
             key = parse_key(reaped.entry.key)
             if key is None:
@@ -151,7 +159,7 @@ class DeadRunners:
         """Fail the RUNNING trials a runner of this host asked (:data:`RUNNER`) and died before it named them
         on the ledger: killed between the ask and the ledger's write, or while the ledger could not be
         written. A trial an entry names is left to :meth:`end_trials`' reaping."""
-        host = self._ledger.host
+        host = self._host
         running = retry(
             "reading the running trials", lambda: self._study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         )
@@ -162,14 +170,17 @@ class DeadRunners:
                 dead.append((t, mark))
         if not dead:
             return
+        ledger = self._ledger
+        entries = [] if ledger is None else [*ledger.entries(), *(r.entry for r in ledger.reaped())]
         named = {
             key.trial_id
-            for entry in [*self._ledger.entries(), *(r.entry for r in self._ledger.reaped())]
+            for entry in entries
             if (key := parse_key(entry.key)) is not None and key.storage == self._storage
         }
+        when = "before the trial ended" if ledger is None else "before it named the trial on the host ledger"
         for t, mark in dead:
             if _internals.trial_id(t) not in named:
-                why = f"its runner (pid {mark['pid']} on host {host}) died before it named the trial on the host ledger"
+                why = f"its runner (pid {mark['pid']} on host {host}) died {when}"
                 self._fail_trial(_internals.trial_id(t), Decision.UNCHECKED.value, why, why, host, None)
 
     def _fail(self, reaped: Reaped, key: TrialKey) -> None:

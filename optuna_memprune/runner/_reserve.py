@@ -1,7 +1,7 @@
-"""What a trial reserves on the host's ledger: its prediction times the study's learned margin, capped by
-the per-trial budget; and how often a trial waiting for it tries the ledger again. A learned footprint's
-prediction is already its bound at the stated miss rate: it is reserved as it is (margin 1.0), so its error
-is not counted twice.
+"""What a trial reserves on the host's ledger (or asks of Ray, ``_ray_nodes``): its prediction times the
+study's learned margin, capped by the per-trial budget; and how often a trial waiting for it tries the
+ledger again. A learned footprint's prediction is already its bound at the stated miss rate: it is reserved
+as it is (margin 1.0), so its error is not counted twice.
 
 Owns reading the (observed, predicted) pairs from the study's finished records; knows nothing of how
 the ledger admits a reservation or how trials are launched.
@@ -36,9 +36,10 @@ def next_try(waited: float) -> float:
 
 
 class Reservations:
-    """The reservations of one study's trials on one host's ledger."""
+    """The reservations of one study's trials: on one host's ledger, or (``ledger=None``) as the Ray
+    backend's resources of each task."""
 
-    def __init__(self, study: optuna.Study, budget: Budget, ledger: Ledger) -> None:
+    def __init__(self, study: optuna.Study, budget: Budget, ledger: Ledger | None = None) -> None:
         self._study, self._budget, self._ledger = study, budget, ledger
         self._pairs: dict[int, dict[str, tuple[int, int]]] = {}  # finished trial -> (peak, pred) per resource
         self._learned = False  # a finished record's prediction was learned: reserved as it is
@@ -71,12 +72,10 @@ class Reservations:
             return {r: 1.0 for r in RESOURCES}
         return {r: learned_margin(p[r] for p in self._pairs.values() if r in p) for r in RESOURCES}
 
-    def request(self, prediction: Footprint | None, margins: dict[str, float]) -> Request:
-        """What a trial reserves: prediction x margin, never more than the per-trial budget (the
-        watchdog stops a tree that crosses it), and the budget itself when unchecked (no prediction), capped
-        at the host's capacity."""
-        from ..ledger import Request
-
+    def figures(self, prediction: Footprint | None, margins: dict[str, float]) -> dict[str, int]:
+        """What a trial reserves of each resource wherever it runs: prediction x margin, never more than the
+        per-trial budget (the watchdog stops a tree that crosses it), and the budget itself when unchecked (no
+        prediction; 0 for a resource without one)."""
         figures = {}
         for r in RESOURCES:
             limit = getattr(self._budget, r)
@@ -86,6 +85,16 @@ class Reservations:
                     figures[r] = min(figures[r], limit)
             else:
                 figures[r] = limit or 0
+        return figures
+
+    def request(self, prediction: Footprint | None, margins: dict[str, float]) -> Request:
+        """What a trial reserves on this host's ledger: its :meth:`figures`, no GPU memory on a host without
+        GPUs, and an unchecked trial's capped at the host's capacity."""
+        from ..ledger import Request
+
+        if self._ledger is None:
+            raise ValueError("Reservations.request needs the host's ledger: give it one.")
+        figures = self.figures(prediction, margins)
         cap = self._ledger.capacity
         if not cap.gpus:
             figures["vram"] = 0  # a host without GPUs runs the trial on its CPU

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..monitor import Monitor, Reading
 from ..records import Enforcement, EnforcementMode
-from ._child import SOFT_SIGNAL, ChildResult
+from ._child import LOST, SOFT_SIGNAL, ChildResult, Outcome
 
 if TYPE_CHECKING:
     import optuna
@@ -25,9 +25,12 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
+GRACE_S = 2.0  # SIGTERM to SIGKILL when the runner stops a trial's process tree
+
 
 class TrialProcess:
-    """One trial's process: its watchdog, its reservation, what came back."""
+    """One trial's process: its watchdog, its reservation (``entry``: None in a Ray task, where Ray holds
+    it), what came back."""
 
     def __init__(
         self,
@@ -35,7 +38,7 @@ class TrialProcess:
         trial: optuna.Trial,
         state: TrialGuardState,
         margins: dict[str, float],
-        entry: Entry,
+        entry: Entry | None,
         process: Any,
         conn: Any,
         cgroup: TrialCgroup | None = None,
@@ -55,6 +58,7 @@ class TrialProcess:
         self.heartbeat: Any = None
         self.cgroup = cgroup  # the trial's group, where one was made (``_cgroup``)
         self.forecast = forecast  # the forecast stop (``guard.backend.StepForecast``), where the trial has a horizon
+        self.gpu: int | None = None if entry is None else entry.gpu  # the GPU index it was placed on
 
     def watch(self) -> None:
         try:
@@ -74,6 +78,33 @@ class TrialProcess:
             self.stop(signal.SIGTERM)
         elif self.forecast is not None and self.forecast.on_reading(reading.t, reading.rss) is not None:
             self.stop(signal.SIGTERM)
+
+    def take_result(self) -> None:
+        """Read what the trial's process sent, once it is there (``LOST`` where the pipe broke)."""
+        if self.result is None and self.conn.poll():
+            try:
+                self.result = self.conn.recv()
+            except (EOFError, OSError):
+                self.result = LOST
+            except Exception as exc:  # noqa: BLE001 - an exception that does not unpickle
+                self.result = ChildResult(Outcome.FAIL, message=f"the trial's result could not be read: {exc}")
+
+    def kill_when_due(self) -> None:
+        """SIGKILL the tree ``GRACE_S`` after it was stopped, if it is still there."""
+        if self.stopped_at is not None and not self.killed and time.monotonic() - self.stopped_at > GRACE_S:
+            self.stop(signal.SIGKILL)
+
+    def end(self) -> None:
+        """The trial's process has exited: note when, reap it and what it left behind (a helper, a data
+        loader), and read what it sent last."""
+        self.ended = time.monotonic()
+        self.process.join()
+        self.kill_group()
+        self.take_result()
+
+    def timeline(self) -> list[tuple[float, int, int, int | None]]:
+        """The watchdog's readings, downsampled for the record."""
+        return self.monitor.timeline() if self.monitor is not None else []
 
     def forecast_reason(self) -> str | None:
         """The reason of the forecast stop, ``None`` when the forecast stopped nothing."""
