@@ -133,6 +133,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             footprint=args.footprint,
             clamp_fixed=args.clamp_fixed,
             storage=url,
+            ray=args.ray,
         )
         default = inject.default_params(options) if args.dry_run else None
         fixed = inject.fixed_message(options) if args.dry_run and not args.clamp_fixed else None
@@ -359,6 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="put a study the program makes in memory (as Hugging Face's "
         "hyperparameter_search does) on this storage, so its records outlive the program; a study the "
         f"program gives a storage keeps its own. Written as {storage_help[storage_help.index('a URL') :]}",
+    )
+    run.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run every trial as a Ray task on the cluster at ADDRESS (auto, HOST:PORT, ray://HOST:10001; local: a "
+        "new one-machine cluster), --workers (or the program's n_jobs) at a time",
     )
     run.add_argument("--dry-run", action="store_true", help="print what would be guarded; run nothing")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]: python ..., a .py file")

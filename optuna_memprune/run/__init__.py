@@ -59,6 +59,7 @@ class Options:
     workers: int = 1
     clamp_fixed: tuple[str, ...] = ()
     storage: str | None = None  # --storage: where a study the program makes in memory goes
+    ray: str | None = None  # --ray: the Ray cluster its trials run on ("local": a new one-machine cluster)
 
     @property
     def budget(self) -> Budget:
@@ -80,6 +81,7 @@ class Options:
             "workers": self.workers,
             "clamp_fixed": list(self.clamp_fixed),
             "storage": self.storage,
+            "ray": self.ray,
             "pythonpath": old,
             "package": str(Path(__file__).resolve().parents[3]),
         }
@@ -100,6 +102,7 @@ class Options:
             int(payload.get("workers", 1)),
             tuple(payload.get("clamp_fixed", ())),
             payload.get("storage"),
+            payload.get("ray"),
         )
 
 
@@ -114,11 +117,12 @@ def prepare(
     workers: int = 1,
     clamp_fixed: Sequence[str] = (),
     storage: str | None = None,
+    ray: str | None = None,
 ) -> tuple[Options, str]:
     """``memprune run``'s options checked before anything runs, and the footprint choice in words; ValueError
     (or TypeError) naming the bad one: a command that is not Python, no budget or one no guarded process
     fits in, ``workers`` below 1, a footprint that cannot be imported, ``clamp_fixed`` for a program that
-    is no rl-zoo3 search guarded by its recipe, or a name it cannot lower.
+    is no rl-zoo3 search guarded by its recipe, or a name it cannot lower, ``ray`` that names no cluster.
 
     Example:
         >>> options, label = prepare(["python", "train.py"], ram="4GiB", footprint="none")
@@ -133,11 +137,24 @@ def prepare(
     if not budget.resources:
         raise ValueError("give the budget: at least one of --ram, --vram, --threads")
     check_int(workers, "--workers", minimum=1)
+    if ray is not None and (not isinstance(ray, str) or not ray):
+        raise ValueError(
+            f"--ray must be the cluster's address (auto, HOST:PORT, ray://HOST:10001, local), but got {ray!r}"
+        )
     MemoryGuard(MonitorOnly("check"), budget, on_infeasible=on_infeasible)  # the soft line holds a process
     footprint = RLZOO3 if footprint == "rl-zoo3" else footprint  # the project's name, and the registry's
     label = check_choice(footprint, program)
     options = Options(
-        budget.ram, budget.vram, budget.threads, on_infeasible, footprint, program, workers, tuple(clamp_fixed), storage
+        budget.ram,
+        budget.vram,
+        budget.threads,
+        on_infeasible,
+        footprint,
+        program,
+        workers,
+        tuple(clamp_fixed),
+        storage,
+        ray,
     )
     if clamp_fixed:
         overrides(options)  # checked now: a name the recipe cannot lower is one line before anything runs

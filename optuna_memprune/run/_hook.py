@@ -103,7 +103,7 @@ class _Injected:
             call = inspect.signature(optimize).bind(self, func, *args, **kwargs)
             call.apply_defaults()
             k = _split.jobs(call.arguments["n_jobs"], state.options.workers)
-            if k > 1:
+            if k > 1 or state.options.ray is not None:  # --ray: every trial a Ray task, k at a time
                 return state.parallel(entry, func, k, call.arguments)
             return optimize(self, _Counted(entry[1].wrap_objective(func), entry[2]), *args, **kwargs)
 
@@ -276,11 +276,20 @@ class _Injected:
             if shared.path is not None
             else f"the study's storage {shown(_location(study) or '')}"
         )
-        print(
-            f"memprune: {k} jobs run as one process per trial ({k} at a time; the objective sent by "
-            f"{objective.by}), each with its own budget ({self.budget}) reserved on this host's ledger, on {where}",
-            file=sys.stderr,
-        )
+        ray = self.options.ray
+        if ray is None:
+            print(
+                f"memprune: {k} jobs run as one process per trial ({k} at a time; the objective sent by "
+                f"{objective.by}), each with its own budget ({self.budget}) reserved on this host's ledger, on {where}",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"memprune: trials run as Ray tasks on the cluster at {ray} ({k} at a time; the objective sent by "
+                f"{objective.by}), each asking Ray for its reservation within its own budget ({self.budget}), on "
+                f"{where}",
+                file=sys.stderr,
+            )
         start = len(shared.study.get_trials(deepcopy=False))
         if shared.path is not None:
             self.shadows[id(study)] = shared.study
@@ -294,6 +303,8 @@ class _Injected:
                 n_jobs=k,
                 catch=call["catch"],
                 callbacks=call["callbacks"],
+                backend="local" if ray is None else "ray",
+                ray_address=None if ray in (None, "local") else ray,
             )
         finally:
             numbers.update(t.number for t in shared.study.get_trials(deepcopy=False)[start:])

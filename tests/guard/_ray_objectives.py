@@ -34,8 +34,11 @@ def hold(trial: optuna.Trial) -> float:
     return float(block[:: 4096 * 16].sum() // 16 or mb)
 
 
-def grow(trial: optuna.Trial) -> float:
-    """Suggests a small ``mb`` (predicted to fit) but then grows by 20 MiB every 20 ms until stopped."""
+def hold_or_grow(trial: optuna.Trial) -> float:
+    """:func:`hold`, or where ``grow`` is True: a small ``mb`` (predicted to fit), then 20 MiB more every 20 ms
+    until stopped."""
+    if not trial.suggest_categorical("grow", [False, True]):
+        return hold(trial)
     trial.suggest_int("mb", 8, 3000)
     blocks = []
     for _ in range(200):

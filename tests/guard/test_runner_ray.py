@@ -93,12 +93,12 @@ def _record(trial: optuna.trial.FrozenTrial) -> omp.guard.TrialRecord:
 def test_trials_run_as_ray_tasks_and_one_over_its_budget_is_stopped_with_the_reading(
     cluster: object, tmp_path: Path
 ) -> None:
-    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="500MiB"), search_space=_space())
+    space = _space(grow=optuna.distributions.CategoricalDistribution([False, True]))
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="500MiB"), search_space=space)
     study = _study(tmp_path, guard)
-    for mb in (40, 60):
-        study.enqueue_trial({"mb": mb})
-    omp.optimize(study, objectives.hold, guard=guard, n_trials=2, n_jobs=2, backend="ray")
-    omp.optimize(study, objectives.grow, guard=guard, n_trials=1, backend="ray")
+    for params in ({"mb": 40, "grow": False}, {"mb": 60, "grow": False}, {"mb": 8, "grow": True}):
+        study.enqueue_trial(params)
+    omp.optimize(study, objectives.hold_or_grow, guard=guard, n_trials=3, n_jobs=2, backend="ray")
     held, held2, stopped = study.trials
     for t in (held, held2):
         record = _record(t)
@@ -119,9 +119,9 @@ def test_trials_run_as_ray_tasks_and_one_over_its_budget_is_stopped_with_the_rea
     assert not study.get_trials(states=(TrialState.RUNNING,))
     # the record has the local runner's shape: the same attrs, written by the same code
     local = _study(tmp_path, guard, name="local")
-    local.enqueue_trial({"mb": 40})
+    local.enqueue_trial({"mb": 40, "grow": False})
     ledger = Ledger(HostBudget(ram="4GiB", gpus=None, headroom=0.0), url=f"sqlite:///{tmp_path / 'l.sqlite'}")
-    omp.optimize(local, objectives.hold, guard=guard, n_trials=1, host=ledger, enforce="polling")
+    omp.optimize(local, objectives.hold_or_grow, guard=guard, n_trials=1, host=ledger, enforce="polling")
     ledger.close()
     assert sorted(local.trials[0].user_attrs) == sorted(held.user_attrs)
     assert _record(local.trials[0]).margin == record.margin and local.trials[0].state is TrialState.COMPLETE
@@ -218,6 +218,34 @@ def test_a_driver_restarted_on_the_storage_by_memprune_worker_fails_the_trials_i
     )
 
 
+def test_memprune_run_with_ray_runs_an_unchanged_programs_trials_as_ray_tasks(cluster: object, tmp_path: Path) -> None:
+    program = tmp_path / "search.py"
+    program.write_text(
+        "import time, numpy as np, optuna\n"
+        "def objective(trial):\n"
+        "    block = np.ones(trial.suggest_int('mb', 8, 64) * 2**20, dtype=np.uint8)\n"
+        "    time.sleep(0.5)\n"
+        "    return float(block[0])\n"
+        f"study = optuna.create_study(storage='sqlite:///{tmp_path / 'study.db'}', study_name='s')\n"
+        "study.optimize(objective, n_trials=1)\n"
+    )
+    run = [sys.executable, "-m", "optuna_memprune.cli", "run", "--ray", cluster.address]  # type: ignore[attr-defined]
+    out = subprocess.run(
+        [*run, "--ram", "500MiB", "--footprint", "none", "--", sys.executable, str(program)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"memprune: trials run as Ray tasks on the cluster at {cluster.address} (1 at a time;" in out.stderr  # type: ignore[attr-defined]
+    (trial,) = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}").trials
+    record = _record(trial)
+    assert trial.state is TrialState.COMPLETE and record.decision.value == "unchecked"
+    assert record.host == socket.gethostname() and str(record.enforcement) == "polling"
+    assert record.peak_ram > trial.params["mb"] * MiB
+
+
 # -- without a cluster ------------------------------------------------------------------------------------
 
 
@@ -253,21 +281,18 @@ def test_memprune_worker_with_ray_refuses_this_hosts_ledger_options(tmp_path: Pa
     assert not (tmp_path / "s.db").exists()  # refused before the study was made
 
 
-def test_without_ray_the_call_names_the_ray_extra(tmp_path: Path) -> None:
-    code = (
-        "import sys\n"
-        "sys.modules['ray'] = None\n"
-        "import optuna, optuna_memprune as omp\n"
-        "guard = omp.MemoryGuard(None, omp.Budget(ram='1GiB'))\n"
-        f"study = optuna.create_study(storage='sqlite:///{tmp_path / 's.db'}')\n"
-        "omp.optimize(study, print, guard=guard, n_trials=1, backend='ray')\n"
+def test_without_ray_the_call_names_the_ray_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optuna_memprune._extras import MissingExtra
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as where the extra is not installed
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="500MiB"))
+    study = _study(tmp_path, guard)
+    with pytest.raises(MissingExtra) as raised:
+        omp.optimize(study, objectives.hold, guard=guard, n_trials=1, backend="ray")
+    assert str(raised.value) == (
+        "optimize(backend='ray') needs ray, which is not installed: pip install \"optuna-memprune[ray]\""
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1
-    assert out.stderr.strip().splitlines()[-1] == (
-        "optuna_memprune._extras.MissingExtra: optimize(backend='ray') needs ray, which is not installed: "
-        'pip install "optuna-memprune[ray]"'
-    )
+    assert study.trials == []
 
 
 def test_a_trials_ray_resources_follow_its_reservation() -> None:
