@@ -178,7 +178,7 @@ def _ray_worker(args: argparse.Namespace, url: str) -> int:
         show_progress_bar=args.progress,
         enforce=args.enforce,
         backend="ray",
-        ray_address=None if args.ray == "local" else args.ray,
+        ray_address=args.ray,
         ray_retries=args.ray_retries,
     )
     return 0

@@ -59,7 +59,7 @@ class Options:
     workers: int = 1
     clamp_fixed: tuple[str, ...] = ()
     storage: str | None = None  # --storage: where a study the program makes in memory goes
-    ray: str | None = None  # --ray: the Ray cluster its trials run on ("local": a new one-machine cluster)
+    ray: str | None = None  # --ray: the Ray cluster's address, as ray.init() takes it ("local": a new one)
 
     @property
     def budget(self) -> Budget:

@@ -304,7 +304,7 @@ class _Injected:
                 catch=call["catch"],
                 callbacks=call["callbacks"],
                 backend="local" if ray is None else "ray",
-                ray_address=None if ray in (None, "local") else ray,
+                ray_address=ray,
             )
         finally:
             numbers.update(t.number for t in shared.study.get_trials(deepcopy=False)[start:])

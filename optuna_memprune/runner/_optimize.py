@@ -123,8 +123,9 @@ def optimize(
             Ray's words, or PRUNED out of memory where Ray's memory monitor killed it. The storage must be
             one every node reaches (PostgreSQL; a SQLite or Journal file on a shared filesystem).
         ray_address: with ``backend="ray"``, the cluster: ``None`` (default) uses this process's connection
-            where ``ray.init()`` was called, else ``ray.init()``'s default (``RAY_ADDRESS``, or a new
-            one-machine cluster for this call); ``"auto"`` a cluster already running on this machine;
+            where ``ray.init()`` was called, else ``ray.init()``'s default (``RAY_ADDRESS``, else a cluster
+            ``ray start`` began on this machine, else a new one-machine cluster for this call); ``"local"``
+            always a new one-machine cluster; ``"auto"`` a cluster already running on this machine;
             ``"HOST:PORT"`` or ``"ray://HOST:10001"`` (Ray Client) a remote one. A connection this call
             opened is closed when it returns.
         ray_retries: with ``backend="ray"``, how many times a trial whose task Ray lost is asked again with

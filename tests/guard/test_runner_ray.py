@@ -246,6 +246,21 @@ def test_memprune_run_with_ray_runs_an_unchanged_programs_trials_as_ray_tasks(cl
     assert record.peak_ram > trial.params["mb"] * MiB
 
 
+def test_an_objective_the_nodes_cannot_import_fails_its_trial_and_stops_the_run_saying_why(
+    cluster: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "only_here.py").write_text("def objective(trial):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the driver imports it; the cluster's workers cannot
+    import only_here  # type: ignore[import-not-found]
+
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="500MiB"), search_space=_space())
+    study = _study(tmp_path, guard)
+    with pytest.raises(RuntimeError, match=r"^Trial 0: its Ray task failed: .*No module named 'only_here'\. Each task"):
+        omp.optimize(study, only_here.objective, guard=guard, n_trials=3, backend="ray")
+    (trial,) = study.trials  # the run stopped after it
+    assert trial.state is TrialState.FAIL and "its Ray task failed: " in _record(trial).reason
+
+
 # -- without a cluster ------------------------------------------------------------------------------------
 
 
