@@ -319,11 +319,13 @@ class RayRunner:
             cause = getattr(exc, "cause", None) or exc
             lost = f"its Ray task failed: {type(cause).__name__}: {_first_line(cause)}"
             if self.fatal is None:
-                self.fatal = RuntimeError(
-                    f"Trial {task.trial.number}: {lost}. Each task imports what it is sent (the objective's module, "
-                    "the footprint's): install it on every node, give ray.init a runtime_env (py_modules, "
-                    "working_dir), or define them in the script (sent by value)."
+                hint = (
+                    ". Each task imports what it is sent (the objective's module, the footprint's): install it on "
+                    "every node, give ray.init a runtime_env (py_modules, working_dir), or define them in the script "
+                    "(sent by value)."
                 )
+                imports = isinstance(cause, ImportError) or "No module named" in str(cause)
+                self.fatal = RuntimeError(f"Trial {task.trial.number}: {lost}" + (hint if imports else ""))
         except exceptions.RayError as exc:  # its worker or node died
             lost = f"its Ray task was lost: {type(exc).__name__}: {_first_line(exc)}"
         if lost is not None:
