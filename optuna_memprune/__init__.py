@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and IDEs (
         read_record,
     )
     from .ledger import HostBudget, Ledger
-    from .runner import optimize
+    from .runner import OverBudget, optimize, tune_with_resources
 
 logging.getLogger("optuna_memprune").addHandler(logging.NullHandler())
 
@@ -59,6 +59,8 @@ __all__ = [
     "Enforcement",
     "EnforcementMode",
     "optimize",
+    "tune_with_resources",
+    "OverBudget",
     "HostBudget",
     "Ledger",
     "MissingExtra",
@@ -86,8 +88,8 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(".estimate", __name__)
     if name in _GUARD:
         return getattr(importlib.import_module(".guard", __name__), name)
-    if name == "optimize":
-        return importlib.import_module(".runner", __name__).optimize
+    if name in ("optimize", "tune_with_resources", "OverBudget"):
+        return getattr(importlib.import_module(".runner", __name__), name)
     if name in _LEDGER:
         return getattr(importlib.import_module(".ledger", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

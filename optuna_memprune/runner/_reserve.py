@@ -73,19 +73,8 @@ class Reservations:
         return {r: learned_margin(p[r] for p in self._pairs.values() if r in p) for r in RESOURCES}
 
     def figures(self, prediction: Footprint | None, margins: dict[str, float]) -> dict[str, int]:
-        """What a trial reserves of each resource wherever it runs: prediction x margin, never more than the
-        per-trial budget (the watchdog stops a tree that crosses it), and the budget itself when unchecked (no
-        prediction; 0 for a resource without one)."""
-        figures = {}
-        for r in RESOURCES:
-            limit = getattr(self._budget, r)
-            if prediction is not None:
-                figures[r] = math.ceil(getattr(prediction, r) * margins.get(r, 1.0))
-                if limit is not None:
-                    figures[r] = min(figures[r], limit)
-            else:
-                figures[r] = limit or 0
-        return figures
+        """What a trial reserves of each resource wherever it runs (:func:`figures`)."""
+        return figures(self._budget, prediction, margins)
 
     def request(self, prediction: Footprint | None, margins: dict[str, float]) -> Request:
         """What a trial reserves on this host's ledger: its :meth:`figures`, no GPU memory on a host without
@@ -103,6 +92,22 @@ class Reservations:
             figures["threads"] = figures["threads"] if cap.threads is None else min(figures["threads"], cap.threads)
             figures["vram"] = min(figures["vram"], max(cap.gpus, default=0))
         return Request(ram=figures["ram"], vram=figures["vram"], threads=figures["threads"])
+
+
+def figures(budget: Budget, prediction: Footprint | None, margins: dict[str, float]) -> dict[str, int]:
+    """What a trial reserves of each resource wherever it runs: prediction x margin, never more than the
+    per-trial budget (the watchdog stops a tree that crosses it), and the budget itself when unchecked (no
+    prediction; 0 for a resource without one)."""
+    out = {}
+    for r in RESOURCES:
+        limit = getattr(budget, r)
+        if prediction is not None:
+            out[r] = math.ceil(getattr(prediction, r) * margins.get(r, 1.0))
+            if limit is not None:
+                out[r] = min(out[r], limit)
+        else:
+            out[r] = limit or 0
+    return out
 
 
 def check_budget_fits(budget: Budget, ledger: Ledger) -> str:
