@@ -80,15 +80,32 @@ def _lines(proc: subprocess.CompletedProcess, words: str) -> list[str]:
     return [line for line in proc.stderr.splitlines() if words in line]
 
 
-@pytest.fixture()
-def cache(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
-    """A fresh cache holding the torch stack and the bare interpreter's, measured here by real probes; the
-    environment that counts probes, the probe log (emptied) and the cache file."""
-    env, log = _probe_counter(tmp_path)
+@pytest.fixture(scope="module")
+def measured_stacks(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """The torch stack and the bare interpreter's, measured once for the module by real probes in a fresh
+    cache: the cache file's name and content."""
+    where = tmp_path_factory.mktemp("measured")
+    env, log = _probe_counter(where)
     _run("from optuna_memprune.estimate import calibration as c; c.load().stack(('torch',)); c.load().stack(())", env)
     assert len(_probes(log)) == 3  # torch at 1 and 4 threads, the bare interpreter
-    log.unlink()
-    (path,) = (tmp_path / "cache").glob("calibration-*.json")
+    (path,) = (where / "cache").glob("calibration-*.json")
+    return path.name, json.loads(path.read_text())
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, measured_stacks: tuple[str, dict]) -> tuple[dict[str, str], Path, Path]:
+    """A fresh cache holding the module's measured torch stack and bare interpreter's, stamped as measured
+    now (as a cache just filled by real probes is); the environment that counts probes, the probe log (empty)
+    and the cache file."""
+    env, log = _probe_counter(tmp_path)
+    name, data = measured_stacks
+    data = json.loads(json.dumps(data))
+    now = time.time()
+    for entry in data["stacks"].values():
+        entry["measured_at"] = now
+    path = tmp_path / "cache" / name
+    path.parent.mkdir()
+    path.write_text(json.dumps(data))
     return env, log, path
 
 
