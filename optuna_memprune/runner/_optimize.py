@@ -111,12 +111,12 @@ def optimize(
             group's exact peak. In a v2 group without one the tree is still killed whole. The watchdog
             polls in every mode (soft line, VRAM, threads); the record's ``enforcement`` says which applied.
         backend: where the trials run. ``"local"`` (default): a process per trial on this host, admitted by
-            its ledger. ``"ray"`` (the ``ray`` extra): each trial a Ray task in a fresh worker on a node Ray
-            chooses, asking for what the local runner would reserve (the prediction, or the learned bound, x
-            the learned margin, capped by the budget) as ``memory=`` (bytes), ``num_gpus=`` (its VRAM as a
-            fraction of the cluster's smallest GPU, 0 without VRAM) and ``num_cpus=`` (its reserved threads
-            where the budget limits threads, else 1); ``n_jobs`` tasks in flight at most (-1: the cluster's
-            CPUs). Inside the task the trial runs in a process of its own under the same watchdog (polling:
+            its ledger. ``"ray"`` (the ``ray`` extra): each trial a Ray task (a process of its own forked from
+            the task's worker) on a node Ray chooses, asking for what the local runner would reserve (the
+            prediction, or the learned bound, x the learned margin, capped by the budget) as ``memory=``
+            (bytes), ``num_gpus=`` (its VRAM as a fraction of the cluster's smallest GPU, 0 without VRAM) and
+            ``num_cpus=`` (its reserved threads where the budget limits threads, else 1); ``n_jobs`` tasks in
+            flight at most (-1: the cluster's CPUs). Inside the task the trial runs under the same watchdog (polling:
             ``enforce`` must be ``"auto"`` or ``"polling"``); ``host`` and ``on_host_full`` are the local
             ledger's and must be left out. A trial no alive node can ever hold is rejected (PRUNED, the
             reason on its record) rather than left waiting; a trial whose node or worker dies ends FAIL with

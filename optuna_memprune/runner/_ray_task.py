@@ -4,8 +4,9 @@ storage), watched by the runner's watchdog (``_watchdog.TrialProcess``: the soft
 budget, the forecast stop), judged as the runner judges it (``_ending.judge``) and sent back to the driver as
 a :class:`TaskEnd`, which the driver's record reads as the runner's reads a ``TrialProcess``.
 
-Runs in a Ray worker only (a fresh one per trial); knows nothing of the driver's loop, of Ray's resources or
-of the record's fields (the driver writes the record and the final state).
+Runs in a Ray worker only (reused across trials: each trial's process is forked anew and ends with it); knows
+nothing of the driver's loop, of Ray's resources or of the record's fields (the driver writes the record and the
+final state).
 """
 
 from __future__ import annotations
