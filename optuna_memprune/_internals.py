@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -138,6 +138,45 @@ def storage_location(study: optuna.Study) -> str | None:
     backend = getattr(study._storage, "_backend", study._storage)
     where = getattr(backend, "url", None) or getattr(backend, "_file_path", None)
     return None if where is None else str(where)
+
+
+def set_trial_attrs(
+    storage: BaseStorage, trial_id: int, user_attrs: Mapping[str, Any], system_attrs: Mapping[str, Any]
+) -> None:
+    """Set user and system attrs of a running trial, in one transaction where the storage is a database.
+
+    ``BaseStorage`` sets one attr per call and ``RDBStorage`` commits each: a trial's record (about 15 attrs)
+    was as many commits, each a sync to disk of a SQLite file (0.2 to 0.5 s per trial here) or a round trip
+    to a database server. On an ``RDBStorage``, alone or under Optuna's ``_CachedStorage`` (whose
+    ``_backend`` it is: attr writes go straight to it), every attr is set by the storage's own per-attr upsert
+    (``RDBStorage._set_trial_attr_without_commit``) in one session (``_create_scoped_session``) and committed
+    once, all or none; any other storage gets one call per attr.
+    """
+    from optuna.storages import RDBStorage
+
+    backend = getattr(storage, "_backend", storage)
+    if not isinstance(backend, RDBStorage):
+        for key, value in user_attrs.items():
+            storage.set_trial_user_attr(trial_id, key, value)
+        for key, value in system_attrs.items():
+            storage.set_trial_system_attr(trial_id, key, value)
+        return
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(backend.scoped_session, True) as session:
+        for key, value in user_attrs.items():
+            backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, value)
+        for key, value in system_attrs.items():
+            backend._set_trial_attr_without_commit(session, models.TrialSystemAttributeModel, trial_id, key, value)
+
+
+def note_trial_attrs(trial: optuna.Trial, user_attrs: Mapping[str, Any], system_attrs: Mapping[str, Any]) -> None:
+    """After ``set_trial_attrs`` on a ``Trial``'s own trial: what ``Trial.set_user_attr`` and
+    ``Trial.set_constraint`` note besides their write, the attrs in the trial's own copy
+    (``Trial._cached_frozen_trial``), which ``trial.user_attrs`` reads."""
+    trial._cached_frozen_trial.user_attrs.update(user_attrs)
+    trial._cached_frozen_trial.system_attrs.update(system_attrs)
 
 
 def rdb_modules() -> tuple[str, ...]:

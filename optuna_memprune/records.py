@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -20,12 +21,13 @@ from .units import GiB
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.storages import BaseStorage
 
 PREFIX = "memprune:"
 RESOURCES = ("ram", "vram", "threads")
 _CONSTRAINT_PREFIX = "memprune_"
 # Optuna 5.0 stores ``trial.set_constraint(key, v)`` as the system attr "constraints:<key>"
-# (optuna/trial/_trial.py, Trial.set_constraint); used only where no Trial object exists (after_trial).
+# (optuna/trial/_trial.py, Trial.set_constraint); written with the record's other attrs in one transaction.
 _OPTUNA_CONSTRAINT_ATTR = "constraints:"
 
 
@@ -273,26 +275,48 @@ def constraint_keys(resources: Iterable[str]) -> list[str]:
 
 
 def write(trial: optuna.Trial, record: TrialRecord) -> None:
-    """Write the record and its constraints on a running trial through the public Trial API."""
-    for key, value in record.attrs().items():
-        trial.set_user_attr(key, value)
-    for key, value in record.constraints().items():  # written once: nothing else sets memprune_* keys
-        trial.set_constraint(key, value)
+    """Write the record and its constraints on a running trial: the attrs ``Trial.set_user_attr`` and
+    ``Trial.set_constraint`` write, in one transaction on a database storage (``_internals.set_trial_attrs``).
+    A constraint already set is left as it was, with Optuna's warning (nothing else sets memprune_* keys)."""
+    import optuna
+
+    if not isinstance(trial, optuna.Trial):  # a FixedTrial (a user's test of the objective): its own setters
+        for key, value in record.attrs().items():
+            trial.set_user_attr(key, value)
+        for key, value in record.constraints().items():
+            trial.set_constraint(key, value)
+        return
+    trial_id = _internals.trial_id(trial)
+    attrs, constraints = record.attrs(), _new_constraints(trial.storage, trial_id, record, warn=True)
+    _internals.set_trial_attrs(trial.storage, trial_id, attrs, constraints)
+    _internals.note_trial_attrs(trial, attrs, constraints)
 
 
 def write_frozen(study: optuna.Study, trial_id: int, record: TrialRecord) -> None:
-    """Write the record on a trial known only as a FrozenTrial (from ``sampler.after_trial``).
+    """Write the record on a trial known only as a FrozenTrial (from ``sampler.after_trial``), as ``write``.
 
     The trial is still RUNNING there, so the storage accepts the writes; the storage handle comes from
     ``_internals``, the package's one audited reader of Optuna's private names.
     """
     storage = _internals.storage_of(study)
-    for key, value in record.attrs().items():
-        storage.set_trial_user_attr(trial_id, key, value)
+    constraints = _new_constraints(storage, trial_id, record, warn=False)
+    _internals.set_trial_attrs(storage, trial_id, record.attrs(), constraints)
+
+
+def _new_constraints(storage: BaseStorage, trial_id: int, record: TrialRecord, *, warn: bool) -> dict[str, float]:
+    """The record's constraints as the system attrs ``Trial.set_constraint`` writes, but those already set."""
     done = storage.get_trial_system_attrs(trial_id)
+    out = {}
     for key, value in record.constraints().items():
-        if _OPTUNA_CONSTRAINT_ATTR + key not in done:
-            storage.set_trial_system_attr(trial_id, _OPTUNA_CONSTRAINT_ATTR + key, value)
+        if _OPTUNA_CONSTRAINT_ATTR + key in done:
+            if warn:  # Optuna's own words where Trial.set_constraint ignores a second value
+                warnings.warn(
+                    f"The constraint value is ignored because this constraint `{key=}` is already set.",
+                    stacklevel=3,
+                )
+            continue
+        out[_OPTUNA_CONSTRAINT_ATTR + key] = float(value)
+    return out
 
 
 def is_written(user_attrs: Mapping[str, Any]) -> bool:
