@@ -138,8 +138,9 @@ def is_atari(env_id: str) -> bool:
 
 def check_env(env_id: object) -> str:
     """``env_id`` if Gymnasium knows it (ALE's envs registered first for an Atari id, the module of a
-    ``module:Env-v0`` id imported), else ``EstimateError`` "unknown env id" with close matches: checked before
-    any probe is started for it."""
+    ``module:Env-v0`` id imported), with the version ``gymnasium.make`` reads into an id without one (its
+    latest: ``CartPole`` is ``CartPole-v1``), else ``EstimateError`` "unknown env id" with close matches:
+    checked before any probe is started for it."""
     if not isinstance(env_id, str) or not env_id.strip():
         raise EstimateError(f"env_id must be a Gymnasium env id such as 'CartPole-v1', but got {env_id!r}.")
     try:
@@ -171,8 +172,9 @@ def check_env(env_id: object) -> str:
         return env_id
     try:  # an id without a version means its latest version, as gymnasium.make reads it
         namespace, base, version = parse_env_id(name)
-        if version is None and find_highest_version(namespace, base) is not None:
-            return env_id
+        latest = find_highest_version(namespace, base) if version is None else None
+        if latest is not None:
+            return f"{env_id}-v{latest}"
     except gym.error.Error:  # not even shaped like an id
         pass
     close = difflib.get_close_matches(name, list(gym.registry), n=3)
@@ -184,8 +186,9 @@ def check_env(env_id: object) -> str:
 
 
 def env_profile(env_id: str, frame_stack: int | None, calibration: Calibration | None = None) -> EnvProfile:
-    """``env_id`` as SB3 builds it (its spaces, one instance, one worker process), measured once per host."""
-    check_env(env_id)
+    """``env_id`` as SB3 builds it (its spaces, one instance, one worker process), measured once per host (an
+    id without a version, as the id of the version it means: one profile for both)."""
+    env_id = check_env(env_id)
     if frame_stack is not None:
         check_count(frame_stack, "frame_stack", "dimension")
     atari = is_atari(env_id)
