@@ -1,4 +1,5 @@
-"""The ``memprune`` command's conventions (the Optuna CLI's), each through a real process: ``--version``,
+"""The ``memprune`` command's conventions (the Optuna CLI's), each through a real process (``-f/--format``, about
+the output alone, through the CLI's ``main`` in this process): ``--version``,
 ``-v``/``-q`` before or after the command, exit statuses (1 runtime, 2 usage, 130 interrupted), ``-f/--format``,
 ``--study-name`` (``--study``) and ``OPTUNA_STORAGE``, and Journal file storages wherever a URL is taken."""
 
@@ -47,6 +48,28 @@ def memprune(
         timeout=600,
         **kwargs,
     )
+
+
+def in_process(*args: str) -> tuple[int, str]:
+    """``memprune ARGS`` run by the CLI's ``main`` in this process (without ``OPTUNA_STORAGE``), for what is not
+    about the process itself: its exit status and what it printed on stdout."""
+    import contextlib
+    import io
+    import logging
+
+    from optuna_memprune import cli
+
+    logger = logging.getLogger("optuna_memprune")
+    level, out = logger.level, io.StringIO()
+    saved = os.environ.pop(storages.ENV_VAR, None)
+    try:
+        with contextlib.redirect_stdout(out):
+            code = cli.main(list(args))
+    finally:
+        logger.setLevel(level)  # main sets the package's log level for its process
+        if saved is not None:
+            os.environ[storages.ENV_VAR] = saved
+    return code, out.getvalue()
 
 
 def one_line_error(proc: subprocess.CompletedProcess, code: int, words: str) -> None:
@@ -176,20 +199,22 @@ def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
 
 
 def test_format_option_on_every_command_that_prints_data(journal: Path) -> None:
+    # The options' parsing and the output, not the process: in this process (the others above run as one).
     argv = ["predict", "sb3", "--algo", "ppo", "--env", "CartPole-v1", "n_steps=64"]
-    table, as_json, alias = memprune(*argv), memprune(*argv, "-f", "json"), memprune(*argv, "--json")
-    assert table.returncode == as_json.returncode == alias.returncode == 0, (table.stderr, as_json.stderr)
-    assert "TOTAL" in table.stdout and as_json.stdout == alias.stdout
-    assert json.loads(as_json.stdout)["ram"] > 100e6
-    before = memprune("predict", "-f", "json", *argv[1:])  # before the recipe, as --json always was
-    assert before.returncode == 0 and before.stdout == as_json.stdout
-    cal = memprune("calibrate", "--format", "json")
-    assert cal.returncode == 0, cal.stderr
-    figures = json.loads(cal.stdout)
+    table, as_json, alias = in_process(*argv), in_process(*argv, "-f", "json"), in_process(*argv, "--json")
+    assert table[0] == as_json[0] == alias[0] == 0
+    assert "TOTAL" in table[1] and as_json[1] == alias[1]
+    assert json.loads(as_json[1])["ram"] > 100e6
+    before = in_process("predict", "-f", "json", *argv[1:])  # before the recipe, as --json always was
+    assert before == (0, as_json[1])
+    code, out = in_process("calibrate", "--format", "json")
+    assert code == 0
+    figures = json.loads(out)
     assert ["gymnasium", "stable_baselines3", "torch"] in [s["imports"] for s in figures["stacks"]]
     assert Path(figures["path"]).is_file() and figures["envs"] == []
-    report = memprune("report", str(journal), "-f", "json")
-    assert report.returncode == 0 and report.stdout == memprune("report", str(journal), "--format", "json").stdout
+    report = in_process("report", str(journal), "-f", "json")
+    assert report[0] == 0 and json.loads(report[1])["study"]["name"] == "s"
+    assert report == in_process("report", str(journal), "--format", "json")
 
 
 def test_study_name_and_its_alias_and_the_optuna_storage_fallback(journal: Path, tmp_path: Path) -> None:
