@@ -5,24 +5,29 @@ Each node is a ``ray start --block`` whose processes (its raylet, object store, 
 in a cgroup v1 memory group made below this process's own: its memory is real, not only Ray's logical
 ``memory`` resource. A node is started without a limit, its own processes are left to settle, and then the
 group's limit is set to what they use plus ``--node-ram-mib`` (the room for trials, also the node's ``memory``
-resource): a node whose trials together need more than that room meets the kernel's OOM killer.
+resource), plus ``--ray-headroom-mib`` (256) for the growth of Ray's own processes while they serve tasks (the
+head's control store grows with every task: a run without it had its one OOM kill on the head, its trials within
+their room): a node whose trials together need more than that room meets the kernel's OOM killer.
 
-The study (TPE, fixed seed, a SQLite file every node reaches) asks ``mb`` among a few sizes; each trial
-touches ``mb`` MiB (numpy pages written), reports once and holds them ``--hold-s`` seconds in its Ray task. The
-per-trial budget (``--budget-mib``) is under the largest sizes. Two arms, each on a fresh cluster, each for
+The study (TPE, fixed seed, a SQLite file every node reaches) asks ``mb`` among a few sizes; each trial grows
+to ``mb`` MiB (numpy pages written) over the first half of ``--hold-s`` seconds (8), holds them to the end and
+reports each of its 8 steps. The per-trial budget (``--budget-mib``) is under the three largest sizes, and the
+largest is more than a node holds. Two arms, each on a fresh cluster, each for
 the same wall time (``--duration``), one node's raylet SIGKILLed halfway through:
 
 - guarded: ``omp.optimize(study, objective, guard=guard, backend="ray", n_jobs=<the cluster's CPUs>)`` with the
   footprint ``process + mb`` (the process: a Ray worker with Optuna, measured once by a task on the cluster);
-  each task asks Ray for its predicted memory, trials over the budget are rejected before they start;
+  each task asks Ray for its predicted memory, a trial over the budget is clamped to a size that fits (the
+  guard's default) or rejected before it starts;
 - unguarded: the loop a user writes (``study.ask()``, a ``@ray.remote`` task per trial with Ray's defaults: 1 CPU,
   no ``memory`` declared, 3 retries on a lost worker; ``study.tell`` of its value, FAIL on an error), at most as
   many tasks in flight as the cluster has CPUs.
 
-An independent reader (a thread of this process) samples every node's group every 50 ms and reads, per arm,
-how often each node hit its limit (``memory.failcnt``) and the OOM kills the kernel made there
-(``memory.oom_control``'s ``oom_kill``). A node overcommitted is one whose trials' real memory reached its
-limit. Last line::
+An independent reader (a thread of this process) samples every node's group every 50 ms (its anonymous
+memory, ``memory.stat``'s ``total_rss``: the highest is printed against the limit) and reads, per arm, the OOM
+kills the kernel made there (``memory.oom_control``'s ``oom_kill``). A node is overcommitted when what ran there
+needed more than its memory, that is when the kernel had to OOM-kill there (page cache, Ray's logs among it,
+fills a group to its limit and is reclaimed first). Last line::
 
     RAY nodes=3 trials=<n> completed_guarded=<a> completed_unguarded=<b> node_overcommit=<k> oom_kills=<o>
         killed_node_trials_failed_with_reason=<f> running_left=<r> lost=<l>   (one line)
@@ -127,8 +132,8 @@ class Node:
     def usage(self) -> int:
         return int(self.read("memory.usage_in_bytes"))
 
-    def limit(self, room: int) -> None:
-        (self.group / "memory.limit_in_bytes").write_text(str(self.usage() + room))
+    def limit(self, room: int, headroom: int) -> None:
+        (self.group / "memory.limit_in_bytes").write_text(str(self.usage() + room + headroom))
 
     def oom_kills(self) -> int:
         for line in self.read("memory.oom_control").splitlines():
@@ -136,8 +141,15 @@ class Node:
                 return int(line.split()[1])
         return 0
 
-    def failcnt(self) -> int:
-        return int(self.read("memory.failcnt"))
+    def anonymous(self) -> int:
+        """The group's anonymous memory (with its swap cache): what its processes hold, not its page cache."""
+        for line in self.read("memory.stat").splitlines():
+            if line.startswith("total_rss "):
+                return int(line.split()[1])
+        raise ValueError("no total_rss in memory.stat")
+
+    def memory_limit(self) -> int:
+        return int(self.read("memory.limit_in_bytes"))
 
     def kill_raylet(self) -> bool:
         for pid in self.read("cgroup.procs").split():
@@ -169,8 +181,8 @@ class Cluster:
     """``nodes`` Ray nodes on this machine, the first the head; each with ``cpus`` CPUs and ``room`` bytes of
     Ray ``memory`` and of real memory above what its own processes use."""
 
-    def __init__(self, root: Path, nodes: int, cpus: int, room: int, logs: str) -> None:
-        self.root, self.logs = root, logs
+    def __init__(self, root: Path, nodes: int, cpus: int, room: int, logs: str, headroom: int) -> None:
+        self.root, self.logs, self.headroom = root, logs, headroom
         self.nodes: list[Node] = []
         root.mkdir()
         port = _free_port()
@@ -220,7 +232,7 @@ class Cluster:
             _wait_for(up(i + 1), 60, f"node {i}")
         time.sleep(3.0)  # each node's own processes settle before its limit is set
         for node in self.nodes:
-            node.limit(room)
+            node.limit(room, self.headroom)
 
     def close(self) -> None:
         import ray
@@ -259,13 +271,16 @@ def _wait_for(check, seconds: float, what: str) -> None:  # type: ignore[no-unty
 
 
 class Reader(threading.Thread):
-    """The independent reader: every node's group every 50 ms (the highest usage seen), and its failcnt and
-    OOM kills at the start and the end of an arm."""
+    """The independent reader: every node's group every 50 ms (the highest anonymous memory seen, which the
+    kernel cannot reclaim: ``total_rss`` of ``memory.stat``), and its OOM kills at the start and the end of an
+    arm. A node is overcommitted when what ran there needed more than its memory: the kernel OOM-killed there
+    (the group's page cache, Ray's logs among it, fills any group to its limit and is reclaimed first, so
+    reaching the limit alone says nothing)."""
 
     def __init__(self, nodes: list[Node]) -> None:
         super().__init__(daemon=True)
         self.nodes = nodes
-        self.start_counts = [(n.failcnt(), n.oom_kills()) for n in nodes]
+        self.start_kills = [n.oom_kills() for n in nodes]
         self.highest = [0] * len(nodes)
         self.stopped = threading.Event()
 
@@ -273,20 +288,16 @@ class Reader(threading.Thread):
         while not self.stopped.wait(0.05):
             for i, node in enumerate(self.nodes):
                 try:
-                    self.highest[i] = max(self.highest[i], node.usage())
-                except OSError:
+                    self.highest[i] = max(self.highest[i], node.anonymous())
+                except (OSError, ValueError):
                     pass
 
     def finish(self) -> tuple[int, int]:
-        """(nodes that hit their limit, OOM kills) during the arm."""
+        """(nodes overcommitted, OOM kills) during the arm."""
         self.stopped.set()
         self.join()
-        hit = kills = 0
-        for node, (fail0, kill0) in zip(self.nodes, self.start_counts, strict=True):
-            fail, kill = node.failcnt() - fail0, node.oom_kills() - kill0
-            hit += fail > 0 or kill > 0
-            kills += kill
-        return hit, kills
+        kills = [node.oom_kills() - k0 for node, k0 in zip(self.nodes, self.start_kills, strict=True)]
+        return sum(k > 0 for k in kills), sum(kills)
 
 
 # -- the two arms ----------------------------------------------------------------------------------------
@@ -369,7 +380,7 @@ def _completed_within(study: optuna.Study, start: float, seconds: float) -> int:
 
 
 def run_arm(name: str, args: argparse.Namespace, root: Path, tmp: str, url: str, base: int | None) -> dict:
-    cluster = Cluster(root / name, args.nodes, args.cpus, args.node_ram_mib * MiB, tmp)
+    cluster = Cluster(root / name, args.nodes, args.cpus, args.node_ram_mib * MiB, tmp, args.ray_headroom_mib * MiB)
     try:
         if base is None:
             import ray
@@ -384,7 +395,9 @@ def run_arm(name: str, args: argparse.Namespace, root: Path, tmp: str, url: str,
         wall = time.time() - start
         killer.join()
         hit, kills = reader.finish()
-        highest = [round(h / MiB) for h in reader.highest]
+        highest = [
+            f"{h / MiB:.0f}/{n.memory_limit() / MiB:.0f}" for h, n in zip(reader.highest, cluster.nodes, strict=True)
+        ]
     finally:
         cluster.close()
     trials = study.get_trials(deepcopy=False)
@@ -397,7 +410,7 @@ def run_arm(name: str, args: argparse.Namespace, root: Path, tmp: str, url: str,
         "completed": _completed_within(study, start, args.duration),
         "overcommit": hit,
         "oom_kills": kills,
-        "highest_mib": highest,
+        "anonymous_peak_of_limit_mib": highest,
         "node_killed": bool(killed),
         "wall_s": round(wall, 1),
         "running_left": states["RUNNING"] + states["WAITING"],
@@ -426,6 +439,9 @@ def main() -> int:
     parser.add_argument("--cpus", type=int, default=3, help="each node's CPUs (Ray's num_cpus)")
     parser.add_argument("--node-ram-mib", type=int, default=1536, help="each node's room for trials")
     parser.add_argument("--budget-mib", type=int, default=1024, help="the per-trial RAM budget")
+    parser.add_argument(
+        "--ray-headroom-mib", type=int, default=256, help="each node's room for the growth of Ray's own processes"
+    )
     parser.add_argument("--duration", type=float, default=150.0, help="seconds each arm asks trials")
     parser.add_argument("--hold-s", type=float, default=8.0, help="each trial's seconds (it grows over half)")
     parser.add_argument("--seed", type=int, default=0)
