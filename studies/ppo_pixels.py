@@ -45,9 +45,10 @@ SPACE = {
     "BATCH_SIZE": Cat([32, 64, 128, 256, 512]),
     "N_EPOCHS": Cat([1, 4, 10]),
 }
-# The budget per mode: the smoke runs get a smaller one, so that only small rollouts run and still part of
-# the space is clamped or rejected. Minibatches per epoch are capped to keep trials short.
-MODES = {"full": {"budget": "3GiB", "minibatches": 4}, "smoke": {"budget": "1.5GiB", "minibatches": 1}}
+# The budget per mode: the smoke runs get a smaller one, so that only small rollouts run (two envs' 512-step
+# rollouts are clamped to one env) and still part of the space is clamped or rejected. Minibatches per epoch
+# are capped to keep trials short.
+MODES = {"full": {"budget": "3GiB", "minibatches": 4}, "smoke": {"budget": "1.3GiB", "minibatches": 1}}
 
 
 def worker_extras(n_workers: int) -> omp.Footprint:
