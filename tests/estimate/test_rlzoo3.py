@@ -168,12 +168,22 @@ def test_largest_buffer_that_fits_a_budget():
         assert sum(c.name == "multiprocessing helpers" for c in fp.components) == 1
 
 
-def test_memprune_predict_rlzoo3_through_the_registry():
-    base = [sys.executable, "-m", "optuna_memprune.cli", "predict", "rlzoo3", "--algo", "dqn", "--env", PONG]
-    out = subprocess.run(base + ["-params", "buffer_size:50000"], capture_output=True, text=True, check=True)
-    assert "replay buffer" in out.stdout and "eval env" in out.stdout and "buffer_size:50000" in out.stdout
-    assert re.search(r"replay buffer\s+buffer\s+2\.6\d GiB", out.stdout), out.stdout
-    sampled = subprocess.run(base + ["batch_size_pow=6", "net_arch=big"], capture_output=True, text=True, check=True)
-    assert "batch 64" in sampled.stdout and "5.26 GiB" in sampled.stdout
-    bad = subprocess.run(base + ["batch_sz=1"], capture_output=True, text=True)
+def test_memprune_predict_rlzoo3_through_the_registry(capsys):
+    from optuna_memprune.cli import main
+
+    argv = ["predict", "rlzoo3", "--algo", "dqn", "--env", PONG]
+
+    def predict(*params: str) -> str:  # the command's output, by its main in this process
+        assert main([*argv, *params]) == 0
+        return capsys.readouterr().out
+
+    out = predict("-params", "buffer_size:50000")
+    assert "replay buffer" in out and "eval env" in out and "buffer_size:50000" in out
+    assert re.search(r"replay buffer\s+buffer\s+2\.6\d GiB", out), out
+    sampled = predict("batch_size_pow=6", "net_arch=big")
+    assert "batch 64" in sampled and "5.26 GiB" in sampled
+    # a usage error in a real process: one line on its stderr, no traceback
+    bad = subprocess.run(
+        [sys.executable, "-m", "optuna_memprune.cli", *argv, "batch_sz=1"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "batch_sz" in bad.stderr and "Traceback" not in bad.stderr
