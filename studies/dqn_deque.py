@@ -162,7 +162,7 @@ def make_objective(mode: dict, seed: int):
 
 
 def main() -> None:
-    args = _common.arguments(__doc__, trials=12, smoke_trials=5)
+    args = _common.arguments(__doc__, trials=12, smoke_trials=4)
     torch.set_num_threads(THREADS)
     mode = MODES["smoke" if args.smoke else "full"]
     study = _common.Study(

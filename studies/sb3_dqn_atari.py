@@ -128,7 +128,7 @@ def make_objective(run: dict, seed: int):
 
 
 def main() -> None:
-    args = _common.arguments(__doc__, trials=16, smoke_trials=5)
+    args = _common.arguments(__doc__, trials=16, smoke_trials=4)
     torch.set_num_threads(THREADS)
     run = RUN["smoke" if args.smoke else "full"]
     study = _common.Study(
