@@ -172,8 +172,7 @@ def check_env(env_id: object) -> str:
         return env_id
     try:  # an id without a version means its latest version, as gymnasium.make reads it
         namespace, base, version = parse_env_id(name)
-        latest = find_highest_version(namespace, base) if version is None else None
-        if latest is not None:
+        if version is None and (latest := find_highest_version(namespace, base)) is not None:
             return f"{env_id}-v{latest}"
     except gym.error.Error:  # not even shaped like an id
         pass
