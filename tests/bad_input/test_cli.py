@@ -28,7 +28,9 @@ PROBE = "optuna_memprune.estimate.probes."
 
 
 def memprune(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k != storages.ENV_VAR}
+    # No calibration recheck (tests/estimate/test_recheck.py's subject): a command that reads the suite's cache
+    # once it is 10 minutes old would add a probe, and, under the suite's load, maybe a warning line.
+    base = {k: v for k, v in os.environ.items() if k != storages.ENV_VAR} | {"MEMPRUNE_RECHECK": "0"}
     return subprocess.run(
         [*CLI, *args], capture_output=True, text=True, env={**base, **(env or {})}, timeout=600, **kwargs
     )
