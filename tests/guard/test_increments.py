@@ -137,8 +137,11 @@ def test_a_small_trial_after_one_that_crossed_the_budget_completes() -> None:
 
     def objective(trial: optuna.Trial) -> float:
         if trial.suggest_int("mb", 10, 400) == 400:
-            while len(_KEPT) < 50:  # at most 400 MiB: kept at module level, so the process stays over budget
-                _KEPT.append(np.ones(8 * MiB, dtype=np.uint8))
+            try:  # 400 MiB kept at module level, so the process stays over budget
+                while len(_KEPT) < 50:
+                    _KEPT.append(np.ones(8 * MiB, dtype=np.uint8))
+            finally:  # the stop interrupts the loop about at the budget: what it keeps is made 400 MiB, well over
+                _KEPT.extend(np.ones(8 * MiB, dtype=np.uint8) for _ in range(50 - len(_KEPT)))
         block = np.ones(10 * MiB, dtype=np.uint8)
         time.sleep(0.4)
         return float(block[::4096].sum())

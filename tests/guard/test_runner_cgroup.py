@@ -93,7 +93,9 @@ def test_a_burst_faster_than_the_poll_is_stopped_by_the_kernel_at_the_budget_and
 
 @needs_limit
 def test_the_page_cache_a_trial_leaves_is_not_its_peak_ram(tmp_path: Path) -> None:
-    guard, study, ledger = _setup(tmp_path, "400MiB")
+    # room for the whole cache under the limit: cache the kernel reclaims during the trial (at the limit, or
+    # for a loaded host) is in the group's peak but no longer charged at the end, and would count as RAM
+    guard, study, ledger = _setup(tmp_path, "1GiB")
     omp.optimize(
         study,
         functools.partial(cg_objectives.write_file, path=str(tmp_path / "data"), mib=300),
@@ -104,7 +106,7 @@ def test_the_page_cache_a_trial_leaves_is_not_its_peak_ram(tmp_path: Path) -> No
     (trial,) = study.trials
     record = _record(trial)
     assert trial.state is TrialState.COMPLETE and record.enforcement == _limit()
-    assert record.peak_ram < 250 * MiB  # its RSS; the 300 MiB of page cache it wrote are not counted
+    assert record.peak_ram < 250 * MiB, record.peak_ram / MiB  # its RSS; the 300 MiB of page cache it wrote are not counted
     assert record.constraints()["memprune_ram"] < 0
 
 
