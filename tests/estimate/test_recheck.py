@@ -80,6 +80,10 @@ def _lines(proc: subprocess.CompletedProcess, words: str) -> list[str]:
     return [line for line in proc.stderr.splitlines() if words in line]
 
 
+# one test process for the module: split, each process measured the stacks of the fixture below anew
+pytestmark = pytest.mark.xdist_group("recheck")
+
+
 @pytest.fixture(scope="module")
 def measured_stacks(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
     """The torch stack and the bare interpreter's, measured once for the module by real probes in a fresh

@@ -40,7 +40,8 @@ from torch import nn  # noqa: E402
 
 from optuna_memprune.estimate import torch_training, torchnet  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# one test process for the module: split, each process ran the whole fixture (19 real training processes)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchnet_cpu_rss")]
 
 STEPS = {"fixed": 4, "default": 6}  # a fixed threshold is steady from the 2nd step; the heap creeps on
 FIXED_THRESHOLD = "131072"
