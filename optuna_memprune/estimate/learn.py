@@ -360,7 +360,9 @@ def _evidence(
         yd = y[-len(preds) :][done]
         resid = yd - preds[done]
         noise = float(np.sqrt(np.mean(resid**2))) if len(resid) else 0.0
-        err = float(np.mean(np.abs(resid) / yd)) if len(resid) else math.inf
+        # a trial's own increment may be 0 (its process held what it needed): errors relative to at least 1%
+        # of the largest peak, never a division by 0 (inf or nan, which no comparison below can rank)
+        err = float(np.mean(np.abs(resid) / np.maximum(yd, 0.01 * float(y.max())))) if len(resid) else math.inf
         return err, noise, x, e.effects(x, fit_censored(x, y, censored))
 
     err, noise, x, effects = score(enc)

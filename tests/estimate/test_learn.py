@@ -4,6 +4,9 @@ miss rate and its width as trials are added, corrected mode and bad input."""
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 import pytest
 
@@ -290,3 +293,22 @@ def test_a_learning_rate_like_param_takes_no_memory_without_evidence() -> None:
         for i, (w, t) in enumerate(zip(rng.integers(64, 1024, 24), rng.uniform(0, 1, 24)))
     ]
     assert "temperature" not in learned().fit(obs[:8]).params() and "temperature" in learned().fit(obs).params()
+
+
+def test_a_trial_whose_own_increment_is_zero_is_fitted_without_a_division_by_zero() -> None:
+    # in a shared process a trial that started no thread (or allocated nothing new) has an increment of 0:
+    # its relative error once divided by 0 (a RuntimeWarning, and nan errors no comparison could rank)
+    rng = np.random.default_rng(5)
+    obs = [
+        Observation(
+            {"width": w, "lr": float(rng.uniform(1e-4, 1e-2))}, {"ram": (20 + w / 8) * MiB, "threads": t}, number=i
+        )
+        for i, (w, t) in enumerate([(64, 0), (128, 1), (256, 2), (512, 0), (1024, 4), (96, 0)])
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = learned().fit(obs)
+    assert (
+        model.ready and model.bound({"width": 2048, "lr": 1e-3})["ram"] > model.center({"width": 64, "lr": 1e-3})["ram"]
+    )
+    assert math.isfinite(model.quantile("threads")[0])
