@@ -106,7 +106,8 @@ def test_the_page_cache_a_trial_leaves_is_not_its_peak_ram(tmp_path: Path) -> No
     (trial,) = study.trials
     record = _record(trial)
     assert trial.state is TrialState.COMPLETE and record.enforcement == _limit()
-    assert record.peak_ram < 250 * MiB, record.peak_ram / MiB  # its RSS; the 300 MiB of page cache it wrote are not counted
+    # its RSS; the 300 MiB of page cache it wrote are not counted
+    assert record.peak_ram < 250 * MiB, record.peak_ram / MiB
     assert record.constraints()["memprune_ram"] < 0
 
 
