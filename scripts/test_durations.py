@@ -17,13 +17,17 @@ QUICK_MAX_S = 2.0
 
 
 def nodeid(case: ET.Element) -> str:
-    """pytest's node id of a JUnit test case (``classname`` is the dotted path, then the class if any)."""
+    """pytest's node id of a JUnit test case (``classname`` is the dotted path, then the class if any),
+    without the ``@group`` suffix ``--dist loadgroup`` gives a grouped test (as tests/conftest.py reads it)."""
     parts = case.get("classname", "").split(".")
+    name = case.get("name", "")
+    at = name.rfind("@")
+    name = name[:at] if at > name.rfind("]") else name
     for i in range(len(parts), 0, -1):  # the longest prefix that is a test file
         path = Path(*parts[:i]).with_suffix(".py")
         if (OUT.parent.parent / path).exists():
-            return "::".join([path.as_posix(), *parts[i:], case.get("name", "")])
-    return case.get("name", "")
+            return "::".join([path.as_posix(), *parts[i:], name])
+    return name
 
 
 def main(xml: str) -> int:

@@ -46,10 +46,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     import json
 
     took = json.loads(DURATIONS.read_text())
-    slow = [item for item in items if took.get(item.nodeid, 0.0) > QUICK_MAX_S]
+    slow = [item for item in items if took.get(plain_nodeid(item.nodeid), 0.0) > QUICK_MAX_S]
     if slow:
         config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if took.get(item.nodeid, 0.0) <= QUICK_MAX_S]
+        items[:] = [item for item in items if took.get(plain_nodeid(item.nodeid), 0.0) <= QUICK_MAX_S]
+
+
+def plain_nodeid(nodeid: str) -> str:
+    """A node id without the ``@group`` pytest-xdist's ``--dist loadgroup`` appends to a grouped test's
+    (the same rule as xdist's: an ``@`` after the last ``]``), as tests/durations.json keeps it."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
 
 
 def _need_postgres() -> None:
