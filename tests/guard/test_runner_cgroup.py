@@ -106,8 +106,10 @@ def test_the_page_cache_a_trial_leaves_is_not_its_peak_ram(tmp_path: Path) -> No
     (trial,) = study.trials
     record = _record(trial)
     assert trial.state is TrialState.COMPLETE and record.enforcement == _limit()
-    # its RSS; the 300 MiB of page cache it wrote are not counted
-    assert record.peak_ram < 250 * MiB, record.peak_ram / MiB
+    # its RSS, as polled (what the process forked for it holds depends on the test process: 74 MiB alone,
+    # 198 after a torch test here, 257 in a suite run); the 300 MiB of page cache it wrote are not counted
+    polled = max(p[1] for p in record.timeline if p[1] is not None)
+    assert record.peak_ram < polled + 64 * MiB, (record.peak_ram / MiB, polled / MiB)
     assert record.constraints()["memprune_ram"] < 0
 
 
