@@ -16,13 +16,19 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "durations.json"
 QUICK_MAX_S = 2.0
 
 
+def plain_nodeid(nodeid: str) -> str:
+    """A node id without the ``@group`` pytest-xdist's ``--dist loadgroup`` appends to a grouped test's
+    (the same rule as xdist's: an ``@`` after the last ``]``), as durations.json keeps it and
+    tests/conftest.py looks it up."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
+
+
 def nodeid(case: ET.Element) -> str:
     """pytest's node id of a JUnit test case (``classname`` is the dotted path, then the class if any),
-    without the ``@group`` suffix ``--dist loadgroup`` gives a grouped test (as tests/conftest.py reads it)."""
+    without a group suffix (:func:`plain_nodeid`)."""
     parts = case.get("classname", "").split(".")
-    name = case.get("name", "")
-    at = name.rfind("@")
-    name = name[:at] if at > name.rfind("]") else name
+    name = plain_nodeid(case.get("name", ""))
     for i in range(len(parts), 0, -1):  # the longest prefix that is a test file
         path = Path(*parts[:i]).with_suffix(".py")
         if (OUT.parent.parent / path).exists():

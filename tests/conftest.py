@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from _pg import PostgresCluster, pg_bin  # noqa: E402 - scripts/_pg.py, shared with the fault drill
+from test_durations import plain_nodeid  # noqa: E402 - scripts/test_durations.py writes what --quick reads
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,13 +51,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if took.get(plain_nodeid(item.nodeid), 0.0) <= QUICK_MAX_S]
-
-
-def plain_nodeid(nodeid: str) -> str:
-    """A node id without the ``@group`` pytest-xdist's ``--dist loadgroup`` appends to a grouped test's
-    (the same rule as xdist's: an ``@`` after the last ``]``), as tests/durations.json keeps it."""
-    at = nodeid.rfind("@")
-    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
 
 
 def _need_postgres() -> None:
