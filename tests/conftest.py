@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from _pg import PostgresCluster, pg_bin  # noqa: E402 - scripts/_pg.py, shared with the fault drill
-from test_durations import plain_nodeid  # noqa: E402 - scripts/test_durations.py writes what --quick reads
+from test_durations import OUT as DURATIONS, QUICK_MAX_S, plain_nodeid  # noqa: E402 - scripts/test_durations.py writes what --quick reads
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -26,10 +26,8 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-#: Per test, the seconds it took in a full run (setup + call + teardown), written by
-#: ``python scripts/test_durations.py JUNIT_XML``; ``--quick`` leaves out those over ``QUICK_MAX_S``.
-DURATIONS = Path(__file__).resolve().parent / "durations.json"
-QUICK_MAX_S = 2.0
+# DURATIONS (tests/durations.json): per test, the seconds it took in a full run (setup + call + teardown),
+# written by ``python scripts/test_durations.py JUNIT_XML``; ``--quick`` leaves out those over QUICK_MAX_S.
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
