@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # Two test processes (pytest-xdist): most tests wait on real subprocesses, servers and monitors, so two
 # share 2 cores well (17 min against 35 in one); MEMPRUNE_TEST_JOBS=0 runs them in this process.
-# `bash scripts/test.sh --quick`: the edit-test loop, without the tests over 2 s (tests/durations.json).
+# `bash scripts/test.sh --quick`: the edit-test loop, without the tests marked slow or over 2 s (tests/durations.json).
 # The suite's calibration cache is its own (as in .ci/run), never the user's ~/.cache/optuna-memprune: tests
 # measure and recheck stack baselines, some under the suite's own load.
 export MEMPRUNE_CACHE_DIR="${MEMPRUNE_CACHE_DIR:-$PWD/.memprune-cache}"
