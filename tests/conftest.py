@@ -34,8 +34,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--quick",
         action="store_true",
-        help=f"the edit-test loop: leave out the tests marked slow and those that took over {QUICK_MAX_S:g} s in the full run "
-        "recorded in tests/durations.json (new tests run)",
+        help=f"the edit-test loop: leave out the tests marked slow and those that took over {QUICK_MAX_S:g} s "
+        "in the full run recorded in tests/durations.json (new tests run)",
     )
 
 
