@@ -51,10 +51,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # test, so a fast sibling (test_torchnet_cpu_rss's) still ran the 19 training processes, 156 s.
         return took.get(plain_nodeid(item.nodeid), 0.0) > QUICK_MAX_S or item.get_closest_marker("slow") is not None
 
-    slow = [item for item in items if left_out(item)]
+    kept: list[pytest.Item] = []
+    slow: list[pytest.Item] = []
+    for item in items:
+        (slow if left_out(item) else kept).append(item)
     if slow:
         config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not left_out(item)]
+        items[:] = kept
 
 
 def _need_postgres() -> None:

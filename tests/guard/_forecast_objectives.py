@@ -59,8 +59,9 @@ def in_process_study(url: str) -> int:
     """A growing trial, then a plateauing one, in this process under a budget 280 MiB above its RSS (the
     growing trial would cross it at about step 280 of 300). Returns the budget.
 
-    Run in an interpreter of its own (``python _forecast_objectives.py URL``): in a test process the RSS also moves with whatever
-    earlier tests left running there (threads of a client, a heap being trimmed), and the forecast reads it.
+    Run in an interpreter of its own (``python _forecast_objectives.py URL``): in a test process the RSS also
+    moves with whatever earlier tests left running there (threads of a client, a heap being trimmed), and the
+    forecast reads it.
     """
     import psutil
     from optuna.distributions import CategoricalDistribution

@@ -9,9 +9,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
+import _forecast_objectives as objectives
 import optuna
+from _forecast_objectives import STEPS
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
@@ -19,7 +20,6 @@ import optuna_memprune as omp
 from optuna_memprune.guard import Decision, read_record
 
 MiB = 2**20
-STEPS = 300
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -28,8 +28,7 @@ def test_a_growing_trial_is_stopped_on_the_forecast_and_a_plateau_completes(tmp_
     # what earlier tests left there (once a plateau trial was stopped on a rise of 1 MiB a step it did not make).
     url = f"sqlite:///{tmp_path / 'forecast.db'}"
     out = subprocess.run(
-        [sys.executable, "_forecast_objectives.py", url],
-        cwd=Path(__file__).parent,
+        [sys.executable, objectives.__file__, url],
         capture_output=True,
         text=True,
         timeout=300,
@@ -77,8 +76,6 @@ def _the_report_has_the_forecast_stop(study: optuna.Study, number: int, limit: i
 
 
 def test_the_runner_stops_a_growing_child_on_the_forecast_of_its_n_timesteps(tmp_path) -> None:
-    import _forecast_objectives as objectives
-
     from optuna_memprune.ledger import HostBudget, Ledger
 
     guard = omp.MemoryGuard(
