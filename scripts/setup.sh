@@ -14,10 +14,9 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-# Byte-compiled once, on every core: pip compiles each package's files on one core (149 s of a 2-core fresh
-# set-up against 65 s without; compileall -j 0 after it, 50 s). The files it cannot compile are the ones pip
-# skips too (torch ships test helpers in Python 3.12 syntax), hence "|| true".
+# Not byte-compiled here: pip compiles every file of every package on one core (149 s of a 2-core fresh
+# set-up against 65 s without), most of them never imported; Python writes the .pyc of each module the first
+# time it imports it (unless PYTHONDONTWRITEBYTECODE is set: scripts/test.sh unsets it for the suite).
 .venv/bin/python -m pip install -q --no-compile "torch==2.13.0"
 .venv/bin/python -m pip install -q --no-compile -e ".[all,test,docs]"
-.venv/bin/python -m compileall -q -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 echo "$want" > "$stamp"

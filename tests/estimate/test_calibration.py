@@ -123,14 +123,21 @@ def test_probe_modules_import_only_the_standard_library_and_procfs_at_module_lev
 
 def test_the_stack_probe_has_loaded_nothing_heavy_when_it_measures():
     code = textwrap.dedent("""
-        import json, runpy, sys
-        sys.argv = ["probe", json.dumps({"imports": [], "train": False, "threads": 1})]
-        runpy.run_module("optuna_memprune.estimate.probes.stack", run_name="__main__")
+        import json, os, runpy, sys
         third_party = {"torch", "numpy", "optuna", "psutil", "sqlalchemy", "rich", "pynvml"}
         ours = ("optuna_memprune.monitor", "optuna_memprune.guard", "optuna_memprune.ledger",
                 "optuna_memprune.estimate.calibration", "optuna_memprune.estimate.recipes",
                 "optuna_memprune.estimate.torchnet")
-        print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in third_party or m.startswith(ours))))
+        end = os._exit
+
+        def loaded_then_end(code):  # the probe ends with os._exit right after its PROBE line
+            print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in third_party or m.startswith(ours))))
+            sys.stdout.flush()
+            end(code)
+
+        os._exit = loaded_then_end
+        sys.argv = ["probe", json.dumps({"imports": [], "train": False, "threads": 1})]
+        runpy.run_module("optuna_memprune.estimate.probes.stack", run_name="__main__")
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     probe_line, loaded = out.strip().splitlines()

@@ -113,7 +113,9 @@ def step():
     opt.step()
 for _ in range(spec["steps"]):
     step()
-print("RESULT" + json.dumps({"step_rss": status()["VmHWM"] - before}))
+print("RESULT" + json.dumps({"step_rss": status()["VmHWM"] - before}), flush=True)
+import os
+os._exit(0)  # measured: the interpreter's teardown after training took 1.4 s of CPU of the child's 11
 """
 
 
