@@ -11,6 +11,5 @@ trap 'rm -rf "$root"' EXIT
 "$PY" -m venv "$root/venv"
 "$root/venv/bin/python" -m pip install -q .
 core_mib=$(du -sm "$root/venv" | cut -f1)  # the core install alone, pip and setuptools included
-# the user's programs' packages, not ours (not byte-compiled ahead: Python writes what the check imports)
-"$root/venv/bin/python" -m pip install -q --no-compile scikit-learn lightgbm
+"$root/venv/bin/python" -m pip install -q scikit-learn lightgbm  # the user's programs' packages, not ours
 CORE_VENV_MIB=$core_mib MEMPRUNE_CACHE_DIR="$root/cache" "$root/venv/bin/python" scripts/core_check.py

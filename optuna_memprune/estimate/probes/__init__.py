@@ -1,12 +1,11 @@
 """The calibration probes, modules each run in a fresh interpreter (``python -m ...probes.<name> SPEC``).
 
-Owns their spec argument and their one PROBE line (after which the probe ends); imports atexit, json, os
-and sys only, so a probe measures its stack.
+Owns their spec argument and their one PROBE line (after which the probe ends); imports json, os and sys
+only, so a probe measures its stack.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import sys
@@ -25,11 +24,10 @@ def spec() -> dict[str, Any]:
 def emit(result: dict[str, Any]) -> None:
     """Print the probe's result, the one line its runner reads, and end the probe at once.
 
-    Nothing of the probe is left to do after its result: ``os._exit`` skips the interpreter's finalization,
-    which tears down every imported module under repeated garbage collections (0.9 s of CPU for a process
-    that imported torch, 1.4 s after a training step, of about 3 s in all: most of a calibration's probes).
+    A probe closes what it started (env workers) before its result, so nothing is left to do: ``os._exit``
+    skips the interpreter's teardown of every imported module, 0.9 s of CPU in a probe that imported torch
+    and 1.4 s after a training step (``memprune calibrate`` here: 51 s before, 39 s with it).
     """
     print(MARK + json.dumps(result), flush=True)
-    atexit._run_exitfuncs()  # what the libraries registered (multiprocessing ends its helpers) still runs
     sys.stderr.flush()
     os._exit(0)
