@@ -15,14 +15,18 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 # Byte-compiled once, on every core: pip compiles each package's files on one core (149 s of a 2-core fresh
-# set-up against 65 s without; compileall -j 0 after it, 50 s), and where PYTHONDONTWRITEBYTECODE is set (as
-# on the CI machines) nothing is ever compiled later. Tried: no compile here, the suite writing byte-code as
-# it imports: the tests took longer (the Ray Tune test 25 s -> 100 s: a cluster's workers compiled Ray at once), and the
-# recheck tests failed (a stack measured by the suite's first probes, which compiled it, came out 16-18 MB
-# above its recheck, over the 13 MB tolerance). The packages' own tests are left out (-x: 3,092 of 15,635
-# files, pandas' and sympy's mostly; 63 s -> 42 s here). The files it cannot
-# compile are the ones pip skips too (torch ships test helpers in Python 3.12 syntax), hence "|| true".
+# set-up against 65 s without), and where PYTHONDONTWRITEBYTECODE is set (as on the CI machines) nothing is
+# compiled later. Tried: no compile here, the suite writing byte-code as it imports: the recheck tests failed
+# (a stack measured by the suite's first probes, which compiled it, came out 16-18 MB above its recheck, over
+# the 13 MB tolerance). What torch brought is compiled on one core while pip installs the rest on the other;
+# the packages' own tests are left out (-x: 3,092 of 15,635 files, pandas' and sympy's mostly: 63 s -> 42 s).
+# The files it cannot compile are the ones pip skips too (torch ships test helpers in Python 3.12 syntax).
 .venv/bin/python -m pip install -q --no-compile "torch==2.13.0"
+purelib="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+mapfile -t first < <(find "$purelib" -mindepth 1 -maxdepth 1 -type d)
+.venv/bin/python -m compileall -q -q -x '/tests?/' "${first[@]}" >/dev/null 2>&1 &
+compiling=$!
 .venv/bin/python -m pip install -q --no-compile -e ".[all,test,docs]"
-.venv/bin/python -m compileall -q -q -j 0 -x '/tests?/' "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
+wait "$compiling" || true
+.venv/bin/python -m compileall -q -q -j 0 -x '/tests?/' "$purelib" >/dev/null 2>&1 || true
 echo "$want" > "$stamp"
