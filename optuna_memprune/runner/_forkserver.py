@@ -69,7 +69,8 @@ def fork_server(objective: Callable[..., Any]) -> Any:
         main_free = getattr(objective, "needs_main_module", True) is False
         ctx = MainFreeContext() if main_free else multiprocessing.get_context("forkserver")
         main = sys.modules.get("__main__")
-        preload = [m for m in _PRELOAD if importlib.util.find_spec(m.split(".")[0]) is not None]
+        preload = [f"{__package__}._server_exit"]  # first: its exit handler runs last
+        preload += [m for m in _PRELOAD if importlib.util.find_spec(m.split(".")[0]) is not None]
         preload += [m for m in _PRELOAD_IF_LOADED if m in sys.modules]
         module = getattr(objective, "__module__", None) or getattr(getattr(objective, "func", None), "__module__", None)
         if module and module != "__main__":

@@ -390,6 +390,30 @@ def test_nothing_is_left_running_in_this_process_after_optimize(tmp_path: Path) 
     assert all("resource_tracker" in " ".join(p.cmdline()) for p in left), [p.cmdline() for p in left]
 
 
+def test_the_fork_server_ends_after_the_exit_handlers_without_tearing_its_modules_down(tmp_path: Path) -> None:
+    # A program whose objective's module the server preloads; the module notes how each process ended.
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    here = Path(objectives.__file__).parent
+    out = subprocess.run(
+        [sys.executable, "_server_exit_objective.py", f"sqlite:///{tmp_path / 's.db'}"],
+        cwd=here,
+        env={**os.environ, "MEMPRUNE_TEST_NOTES": str(notes)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    pid, states = out.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert states == "['COMPLETE', 'COMPLETE']"
+    seen = sorted(name.split("-")[0] for name in os.listdir(notes) if name.split("-")[1] != pid)
+    # one process besides the program imported the module, the server: it ran its exit handlers (the
+    # libraries' own) and then ended without tearing its modules down (about 1 s of CPU with torch preloaded,
+    # which optimize waited for); the trials' processes, forked from it, end with os._exit as
+    # multiprocessing's children do
+    assert seen == ["atexit"], sorted(os.listdir(notes))
+
+
 def test_the_old_argument_names_still_run_with_a_warning_naming_optunas(tmp_path: Path) -> None:
     guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"), search_space=_space())
     study = _study(tmp_path, guard)
