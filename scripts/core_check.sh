@@ -2,7 +2,7 @@
 # The core install alone, as a user without torch gets it: a fresh venv, `pip install .` (Optuna, numpy,
 # psutil; no extras), the packages of the user's own programs (scikit-learn, LightGBM), then
 # scripts/core_check.py with that venv's Python. Prints `CORE checks=<n> passed=<p> core_venv_mib=<m>`.
-# Run: bash scripts/core_check.sh   (CI runs it after the tests)
+# Run: bash scripts/core_check.sh   (CI runs it beside the tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
