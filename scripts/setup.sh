@@ -21,12 +21,13 @@ fi
 # the 13 MB tolerance). What torch brought is compiled on one core while pip installs the rest on the other;
 # the packages' own tests are left out (-x: 3,092 of 15,635 files, pandas' and sympy's mostly: 63 s -> 42 s).
 # The files it cannot compile are the ones pip skips too (torch ships test helpers in Python 3.12 syntax).
+compile=(.venv/bin/python -m compileall -q -q -x '/tests?/')  # -q -q: not even the files it cannot compile
 .venv/bin/python -m pip install -q --no-compile "torch==2.13.0"
 purelib="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 mapfile -t first < <(find "$purelib" -mindepth 1 -maxdepth 1 -type d)
-.venv/bin/python -m compileall -q -q -x '/tests?/' "${first[@]}" >/dev/null 2>&1 &
+"${compile[@]}" "${first[@]}" &
 compiling=$!
 .venv/bin/python -m pip install -q --no-compile -e ".[all,test,docs]"
 wait "$compiling" || true
-.venv/bin/python -m compileall -q -q -j 0 -x '/tests?/' "$purelib" >/dev/null 2>&1 || true
+"${compile[@]}" -j 0 "$purelib" || true
 echo "$want" > "$stamp"
