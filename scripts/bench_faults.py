@@ -44,9 +44,12 @@ out database restarts would ask; errors of the runner itself are not caught and 
 
 The ledger's own work is measured apart from the waiting: every worker writes the ledger's DEBUG line for each
 ``try_admit`` transaction (logger ``optuna_memprune.ledger.txn``: its duration, admitted, refused, or
-refused-unlocked for a refusal seen on a read that took no lock, the key) to a file of its own. ``admit_txn_p99_ms`` is the 99th percentile of those durations over every worker's
+refused-unlocked for a refusal seen on a read that took no lock, the CPU time of the thread that ran it, the key)
+to a file of its own. ``admit_txn_p99_ms`` is the 99th percentile of those durations over every worker's
 transactions (connection, host lock, reaping, the queue and the insert; retries while the server restarts
-included, and a line above gives it without the transactions that overlapped the restart). ``wait_max_s`` is
+included, and a line above gives it without the transactions that overlapped the restart);
+``admit_txn_cpu_p99_ms`` the 99th percentile of their CPU time in the worker (what a transaction costs its
+process, apart from its waits for a CPU, the server and the host's lock). ``wait_max_s`` is
 the longest any trial waited for its reservation: from its first try to the one that admitted it (for a trial
 never admitted, to its last try: a lower bound). Trials wait in their host's queue, first come, first served
 (see ``Ledger``), so a large trial is not passed by a stream of small ones.
@@ -54,7 +57,7 @@ never admitted, to its last try: a lower bound). Trials wait in their host's que
 ``--enforce`` is passed to ``omp.optimize`` only when the installed version takes ``enforce=``; the line
 before the last says which enforcement the records name. Last line::
 
-    FAULTS workers=64 trials=<n> admit_p50_ms=<x> admit_p99_ms=<x> admit_txn_p99_ms=<x> wait_max_s=<x> overcommit=<k> burst_overshoot_max_pct=<x> running_left=<r> orphans=<o> lost=<l> study_aborted=<0|1>
+    FAULTS workers=64 trials=<n> admit_p50_ms=<x> admit_p99_ms=<x> admit_txn_p99_ms=<x> admit_txn_cpu_p99_ms=<x> wait_max_s=<x> overcommit=<k> burst_overshoot_max_pct=<x> running_left=<r> orphans=<o> lost=<l> study_aborted=<0|1>
 
     python scripts/bench_faults.py                    # 4 hosts x 16 workers, 180 s
     python scripts/bench_faults.py --smoke            # 2 hosts x 4 workers, about 60 s, fewer faults
@@ -674,13 +677,15 @@ class Drill:
         print("faults (start s + seconds taken): " + ", ".join(self.timeline), flush=True)
         pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
         spans, waits = read_txn_logs(self.tmp)
-        txns = [ms for _, ms in spans]
+        txns = [ms for _, ms, _ in spans]
+        cpus = [own for _, _, own in spans if own == own]  # NaN: a version that logs no CPU figure
         down = self.pg_down or (0.0, 0.0)  # a transaction that overlapped the restart retried across it
-        calm = [ms for end, ms in spans if end <= down[0] or end - ms / 1000 >= down[1]]
+        calm = [ms for end, ms, _ in spans if end <= down[0] or end - ms / 1000 >= down[1]]
         print(
             f"ledger transactions: {len(txns)} try_admit, p50 {pct(txns, 50):.1f} ms, p99 {pct(txns, 99):.1f} ms, "
             f"max {max(txns, default=float('nan')):.0f} ms ({len(calm)} that did not overlap the server's restart: "
-            f"p99 {pct(calm, 99):.1f} ms); trials' waits for a reservation over {len(waits)} trials: "
+            f"p99 {pct(calm, 99):.1f} ms); the worker thread's CPU in them: p50 {pct(cpus, 50):.2f} ms, "
+            f"p99 {pct(cpus, 99):.2f} ms; trials' waits for a reservation over {len(waits)} trials: "
             f"p50 {pct(waits, 50):.2f} s, p99 {pct(waits, 99):.2f} s",
             flush=True,
         )
@@ -711,6 +716,7 @@ class Drill:
         return (
             f"FAULTS workers={n} trials={len(trials)} admit_p50_ms={pct(admit, 50):.0f} "
             f"admit_p99_ms={pct(admit, 99):.0f} admit_txn_p99_ms={pct(txns, 99):.1f} "
+            f"admit_txn_cpu_p99_ms={pct(cpus, 99):.2f} "
             f"wait_max_s={max(waits, default=float('nan')):.1f} overcommit={self.reader.overcommit} "
             f"burst_overshoot_max_pct={max(overshoot) if overshoot else float('nan'):.1f} "
             f"running_left={running_left} orphans={len(orphans)} lost={len(lost)} "
@@ -731,28 +737,34 @@ class Drill:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def read_txn_logs(directory: str) -> tuple[list[tuple[float, float]], list[float]]:
-    """The workers' ``try_admit`` lines (``<time> try_admit <ms> ms <admitted|refused> key=<key>``): every
-    transaction's (end time, milliseconds), and per trial's key (per worker; not the empty reservation that
-    names a trial while it is checked, phase ``asked``) the seconds from its first try to its admission, or to
-    its last try when never admitted. A line cut short by a SIGKILL is skipped."""
-    took: list[tuple[float, float]] = []
+def read_txn_logs(directory: str) -> tuple[list[tuple[float, float, float]], list[float]]:
+    """The workers' ``try_admit`` lines (``<time> try_admit <ms> ms <admitted|refused> cpu=<ms> key=<key>``;
+    versions before the CPU figure have no ``cpu=``): every transaction's (end time, milliseconds, CPU
+    milliseconds of the worker's thread, NaN when not given), and per trial's key (per worker; not the empty
+    reservation that names a trial while it is checked, phase ``asked``) the seconds from its first try to its
+    admission, or to its last try when never admitted. A line cut short by a SIGKILL is skipped."""
+    took: list[tuple[float, float, float]] = []
     waits: list[float] = []
     for path in glob.glob(os.path.join(directory, "txn-*.log")):
         tries: dict[str, list[float]] = {}  # key -> [first try, last try, admitted (0: never)]
         with open(path, errors="replace") as f:
             for line in f:
                 parts = line.rstrip("\n").split(" ", 5)
-                if len(parts) < 6 or parts[1] != "try_admit" or not parts[5].startswith("key="):
+                if len(parts) < 6 or parts[1] != "try_admit":
+                    continue
+                cpu, key = "nan", parts[5]
+                if key.startswith("cpu="):
+                    cpu, _, key = key[4:].partition(" ")
+                if not key.startswith("key="):
                     continue
                 try:
-                    at, ms = float(parts[0]), float(parts[2])
+                    at, ms, own = float(parts[0]), float(parts[2]), float(cpu)
                 except ValueError:
                     continue
-                took.append((at, ms))
-                if '"phase": "asked"' in parts[5]:
+                took.append((at, ms, own))
+                if '"phase": "asked"' in key:
                     continue
-                seen = tries.setdefault(parts[5], [at, at, 0.0])
+                seen = tries.setdefault(key, [at, at, 0.0])
                 seen[1] = at
                 if parts[4] == "admitted" and not seen[2]:
                     seen[2] = at

@@ -50,4 +50,6 @@ def test_fault_drill_ends_every_trial_without_overcommit_or_abort() -> None:
     assert int(figures["trials"]) > 0
     for name in ("overcommit", "running_left", "lost", "study_aborted"):
         assert figures[name] == "0", (name, run.stdout[-3000:])
+    # the ledger's transactions were logged and read, with the CPU each took in its worker's thread
+    assert 0 < float(figures["admit_txn_cpu_p99_ms"]) <= float(figures["admit_txn_p99_ms"]), last
     assert "trials of dead runners failed with the reason:" in run.stdout  # the killed worker's trials, if any

@@ -29,6 +29,7 @@ from optuna_memprune.ledger import (
     _queue,
     owner_alive,
     read_host,
+    start_of,
 )
 
 GiB = 1024**3
@@ -242,6 +243,20 @@ def test_zombies_dead_pids_and_other_start_times_count_as_gone(url: str) -> None
     if sys.platform.startswith("linux"):  # a wall-clock step moves psutil's create_time by whole seconds
         assert owner_alive(os.getpid(), me - 2) and owner_alive(os.getpid(), me + 1.005)
     assert owner_alive(os.getpid(), mine.owner_start)
+
+
+def test_a_process_start_is_psutils_create_time_to_the_bit() -> None:
+    """Owners' start times are compared across processes and versions: the one read of /proc/<pid>/stat that
+    ``start_of`` makes on Linux gives psutil's ``create_time`` exactly, for live processes, and None for a
+    gone one; a zombie is not alive."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    for pid in (os.getpid(), os.getppid(), 1, child.pid):
+        assert start_of(pid) == psutil.Process(pid).create_time(), pid
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # exited, not waited for yet
+        time.sleep(0.01)
+    assert not owner_alive(child.pid, psutil.Process(child.pid).create_time())
+    child.wait()
+    assert start_of(child.pid) is None and not owner_alive(child.pid, 0.0)
 
 
 def test_reaped_entries_are_kept_out_of_the_sums_until_settled(url: str) -> None:

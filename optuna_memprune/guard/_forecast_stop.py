@@ -30,7 +30,11 @@ _logger = logging.getLogger("optuna_memprune.guard")
 AUTO_PARAMS = ("n_timesteps", "total_timesteps")
 _MAX_POINTS = 1024  # readings one trial's forecast keeps (halved by dropping every other when full)
 _POLL_SHARE = 1 / 200  # the steps are read about 200 times over the trial's elapsed time ...
-_POLL_MAX_S = 10.0  # ... but at least this often (a storage read each; RDB: one query)
+_POLL_MAX_S = 10.0  # ... but at least this often (a storage read each; RDB: one query per table) ...
+#: ... and at most this often: a trial's read from an RDB storage is a query per table of it, 5-10 ms of CPU,
+#: and at one read per monitor reading (every 0.1 s) for the first 20 s of each trial it was the runners'
+#: largest use of CPU in the fault drill (64 runners, 2 cores; ``scripts/bench_faults.py``).
+_POLL_MIN_S = 0.5
 
 
 def check_horizon(horizon: Any, name: str = "horizon") -> Any:
@@ -142,7 +146,7 @@ class StepForecast:
             gives the trial's last step.
         read: returns ``(last step the objective reported or None, the trial's params)``; called from the
             monitor's thread about 200 times over the trial's elapsed time (at least every 10 s, at most
-            once a reading).
+            every 0.5 s and once a reading).
     """
 
     def __init__(self, limit: int, horizon: Any, read: Callable[[], tuple[int | None, Mapping[str, Any]]]) -> None:
@@ -177,7 +181,7 @@ class StepForecast:
             self._points = self._points[::2]
         if t < self._next_poll:
             return None
-        self._next_poll = t + min((t - self.start) * _POLL_SHARE, _POLL_MAX_S)
+        self._next_poll = t + min(max((t - self.start) * _POLL_SHARE, _POLL_MIN_S), _POLL_MAX_S)
         try:
             step, params = self._read()
         except Exception as exc:  # noqa: BLE001 - a storage hiccup: try again at the next poll

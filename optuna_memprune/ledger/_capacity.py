@@ -6,9 +6,9 @@ database, its transactions or process liveness.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -173,6 +173,16 @@ class Usage(NamedTuple):
     ram: int
     threads: int
     vram: tuple[int, ...]
+
+    @classmethod
+    def of(cls, entries: Iterable[Any], n_gpus: int) -> Usage:
+        """The sums of reservations (each with ``ram``, ``threads``, ``gpu`` and ``vram``), ``vram`` per GPU of
+        ``n_gpus``: an entry placed by a ledger that saw more GPUs is not counted there."""
+        entries, vram = list(entries), [0] * n_gpus
+        for e in entries:
+            if e.gpu is not None and 0 <= e.gpu < n_gpus:
+                vram[e.gpu] += e.vram
+        return cls(ram=sum(e.ram for e in entries), threads=sum(e.threads for e in entries), vram=tuple(vram))
 
 
 def describe(x: Request | Usage | HostCapacity) -> str:

@@ -79,6 +79,17 @@ waiting_table = sa.Table(
 )
 
 
+def _of_host(table: sa.Table) -> sa.Select[Any]:
+    return table.select().where(table.c.host == sa.bindparam("host")).order_by(table.c.id)
+
+
+# The statements every admission runs, built once (building one cost more CPU than running it on a local
+# server); each takes ``{"host": ...}``. A host's rows oldest first, and the lock on the host's row (on
+# SQLite, which renders no FOR UPDATE, ``BEGIN IMMEDIATE`` already holds the database's write lock).
+ENTRIES_OF, REAPED_OF, TICKETS_OF = _of_host(entries_table), _of_host(reaped_table), _of_host(waiting_table)
+LOCK_HOST = sa.select(hosts_table.c.host).where(hosts_table.c.host == sa.bindparam("host")).with_for_update()
+
+
 class LedgerError(MemPruneError):
     """The ledger's database cannot be opened: a corrupted file, a directory that cannot be written."""
 
@@ -207,7 +218,10 @@ def check_ledger_url(url: Any) -> None:
 def open_engine(url: str) -> sa.Engine:
     if sa.engine.make_url(url).get_backend_name() != "sqlite":
         # Statements after the host-row lock must see rows committed while we waited for it.
-        return sa.create_engine(url, isolation_level="READ COMMITTED", pool_pre_ping=True)
+        # No ``pool_pre_ping``: its ping is a round trip on every checkout, and a pooled connection the server
+        # dropped fails its first statement with a disconnect that invalidates the pool, which
+        # ``Ledger._transaction`` retries on a new connection.
+        return sa.create_engine(url, isolation_level="READ COMMITTED")
     engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
 
     # SQLAlchemy's recipe for real transactions with pysqlite: the driver's own BEGIN handling off, our

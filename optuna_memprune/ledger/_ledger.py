@@ -22,7 +22,11 @@ from ..paths import cache_dir
 from ..units import check_number, is_int
 from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
 from ._db import (
+    ENTRIES_OF,
+    LOCK_HOST,
+    REAPED_OF,
     SQLITE_BUSY_TIMEOUT_S,
+    TICKETS_OF,
     Entry,
     LedgerError,
     Reaped,
@@ -39,18 +43,20 @@ from ._db import (
     reaped_table,
     sqlite_path,
     ticket_of,
-    waiting_table,
 )
 from ._owners import owner_alive, start_of
 from ._queue import TICKET_TTL_S, misfit_of, refused_unlocked, take_turn, withdraw
 
 _logger = logging.getLogger("optuna_memprune.ledger")
-#: One DEBUG line per ``try_admit`` transaction, with its duration (``scripts/bench_faults.py`` reads them).
+#: One DEBUG line per ``try_admit`` transaction, with its duration and the CPU time of the thread that ran it
+#: (``scripts/bench_faults.py`` reads them).
 _txn_logger = logging.getLogger("optuna_memprune.ledger.txn")
 T = TypeVar("T")
 
 #: A reaped entry nobody settled (no process of its trial's storage ran since) is forgotten after this long.
 _REAPED_KEPT_S = 30 * 24 * 3600.0
+#: ... by the first admission of each ``Ledger`` object, then at most once this often.
+_FORGET_EVERY_S = 3600.0
 #: How long a transaction on a database server (not SQLite) is retried while the server cannot be reached
 #: (restarting, failing over), with backoff from 0.1 s to 2 s between attempts.
 RETRY_S = 60.0
@@ -143,6 +149,7 @@ class Ledger:
         self._sqlite = sa.engine.make_url(url).get_backend_name() == "sqlite"
         self._pid = os.getpid()
         self._reaped: list[Entry] = []
+        self._next_forget = 0.0  # when _reap next deletes reaped entries older than _REAPED_KEPT_S
         self._lock = threading.Lock()
         try:
             self._create_tables()
@@ -170,18 +177,19 @@ class Ledger:
             raise ValueError(f"owner_pid must be the pid of a running process, but got {owner_pid!r}.")
 
         def refused(conn: sa.Connection, _retried: bool) -> bool:
-            alive = all(owner_alive(e.owner_pid, e.owner_start) for e in self._entries(conn))
-            return refused_unlocked(
-                conn, self.host, self.capacity, request, self._usage(conn), (pid, start), key, alive
-            )
+            entries = self._entries(conn)
+            alive = all(owner_alive(e.owner_pid, e.owner_start) for e in entries)
+            used = Usage.of(entries, len(self.capacity.gpus))
+            return refused_unlocked(conn, self.host, self.capacity, request, used, (pid, start), key, alive)
 
         def admit(conn: sa.Connection, retried: bool) -> tuple[list[Entry], Entry | None]:
-            reaped = self._reap(conn)
+            reaped, entries = self._reap(conn)
             if retried:  # the lost attempt may have committed before its connection went away
-                mine = [e for e in self._entries(conn) if (e.owner_pid, e.owner_start, e.key) == (pid, start, key)]
+                mine = [e for e in entries if (e.owner_pid, e.owner_start, e.key) == (pid, start, key)]
                 if mine:
                     return reaped, mine[0]
-            gpu = take_turn(conn, self.host, self.capacity, request, self._usage(conn), (pid, start), key, wait=wait)
+            used = Usage.of(entries, len(self.capacity.gpus))
+            gpu = take_turn(conn, self.host, self.capacity, request, used, (pid, start), key, wait=wait)
             if gpu is False:
                 return reaped, None
             entry = Entry(
@@ -196,18 +204,22 @@ class Ledger:
                 threads=request.threads,
                 created=time.time(),
             )
-            inserted = conn.execute(entries_table.insert().values(**_values(entry))).inserted_primary_key
+            inserted = conn.execute(entries_table.insert(), _values(entry)).inserted_primary_key
             if inserted is None:  # SQLAlchemy gives the key of the row a single-row INSERT added; never None here
                 raise LedgerError("the ledger database gave no id for the entry it inserted")
             return reaped, dataclasses.replace(entry, id=inserted[0])
 
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.thread_time()
+
+        def log(outcome: str) -> None:  # wall and this thread's CPU milliseconds: waits for a CPU apart
+            took, own = (time.perf_counter() - began) * 1000, (time.thread_time() - cpu) * 1000
+            _txn_logger.debug("try_admit %.3f ms %s cpu=%.3f key=%s", took, outcome, own, key)
+
         if wait and self._transaction(refused, read=True):  # most tries of a waiter: no lock taken (_queue.py)
-            _txn_logger.debug("try_admit %.3f ms refused-unlocked key=%s", (time.perf_counter() - began) * 1000, key)
+            log("refused-unlocked")
             return None
         reaped, entry = self._transaction(admit)
-        took = (time.perf_counter() - began) * 1000
-        _txn_logger.debug("try_admit %.3f ms %s key=%s", took, "refused" if entry is None else "admitted", key)
+        log("refused" if entry is None else "admitted")
         if reaped:
             with self._lock:
                 self._reaped.extend(reaped)
@@ -279,13 +291,13 @@ class Ledger:
     def reap(self) -> list[Entry]:
         """Remove this host's entries whose owner process is gone and return them (not kept for take_reaped;
         kept in :meth:`reaped` until settled)."""
-        return self._transaction(lambda conn, _: self._reap(conn))
+        return self._transaction(lambda conn, _: self._reap(conn)[0])
 
     def reaped(self) -> list[Reaped]:
         """This host's reaped entries not yet settled, oldest first: the trials of dead owners that a
         process able to end them has not ended yet."""
-        select = reaped_table.select().where(reaped_table.c.host == self.host).order_by(reaped_table.c.id)
-        return self._transaction(lambda conn, _: [reaped_of(r) for r in conn.execute(select)], read=True)
+        rows = lambda conn, _: [reaped_of(r) for r in conn.execute(REAPED_OF, {"host": self.host})]  # noqa: E731
+        return self._transaction(rows, read=True)
 
     def settle(self, reaped: Reaped) -> bool:
         """Forget a reaped entry once its trial is ended; False when another process settled it first."""
@@ -308,12 +320,12 @@ class Ledger:
 
     def in_use(self) -> Usage:
         """The sums of this host's committed entries; ``vram`` has one figure per GPU of the capacity."""
-        return self._transaction(lambda conn, _: self._usage(conn), read=True)
+        return self._transaction(lambda conn, _: Usage.of(self._entries(conn), len(self.capacity.gpus)), read=True)
 
     def waiting(self) -> list[Ticket]:
         """This host's queue: its committed tickets, oldest (first in turn) first; gone owners' included."""
-        select = waiting_table.select().where(waiting_table.c.host == self.host).order_by(waiting_table.c.id)
-        return self._transaction(lambda conn, _: [ticket_of(r) for r in conn.execute(select)], read=True)
+        rows = lambda conn, _: [ticket_of(r) for r in conn.execute(TICKETS_OF, {"host": self.host})]  # noqa: E731
+        return self._transaction(rows, read=True)
 
     def close(self) -> None:
         """Close the database connections; the entries stay (release them first)."""
@@ -329,7 +341,13 @@ class Ledger:
             self._engine.dispose(close=False)
             self._pid = os.getpid()
         conn = self._engine.connect()
-        return conn.execution_options(memprune_read=True) if read else conn
+        if not read:
+            return conn
+        if self._sqlite:  # a deferred BEGIN (see open_engine): one snapshot, waiting for no writer
+            return conn.execution_options(memprune_read=True)
+        # On a server no BEGIN and COMMIT (two round trips a waiter's try): each statement reads its own
+        # snapshot, and what is decided from them is only a refusal (safe, _queue.refused_unlocked) or a figure.
+        return conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _transaction(self, work: Callable[[sa.Connection, bool], T], *, read: bool = False) -> T:
         """``work(conn, retried)`` in one transaction; on a database server, retried for up to ``RETRY_S``
@@ -361,21 +379,23 @@ class Ledger:
         except IntegrityError:  # another process inserted the host row first
             pass
 
-    def _lock_host(self, conn: sa.Connection) -> None:
-        # SQLite renders no FOR UPDATE: there BEGIN IMMEDIATE already holds the database's write lock.
-        conn.execute(sa.select(hosts_table.c.host).where(hosts_table.c.host == self.host).with_for_update())
-
-    def _reap(self, conn: sa.Connection) -> list[Entry]:
-        self._lock_host(conn)
-        dead = [e for e in self._entries(conn) if not owner_alive(e.owner_pid, e.owner_start)]
+    def _reap(self, conn: sa.Connection) -> tuple[list[Entry], list[Entry]]:
+        """Under the host's lock: delete the entries of dead owners; return them and the live ones."""
+        conn.execute(LOCK_HOST, {"host": self.host})
+        entries = self._entries(conn)
+        dead = [e for e in entries if not owner_alive(e.owner_pid, e.owner_start)]
         now = time.time()
         if dead:
             conn.execute(entries_table.delete().where(entries_table.c.id.in_([e.id for e in dead])))
             kept = [dict(_values(e), entry_id=e.id, reaped=now, reaped_by=os.getpid()) for e in dead]
             conn.execute(reaped_table.insert(), kept)
-        conn.execute(
-            reaped_table.delete().where(reaped_table.c.host == self.host, reaped_table.c.reaped < now - _REAPED_KEPT_S)
-        )
+        if now >= self._next_forget:  # a statement of its own: once an hour per object is plenty for 30 days
+            conn.execute(
+                reaped_table.delete().where(
+                    reaped_table.c.host == self.host, reaped_table.c.reaped < now - _REAPED_KEPT_S
+                )
+            )
+            self._next_forget = now + _FORGET_EVERY_S
         if dead:
             _logger.info(
                 "Reaped %d entries of dead processes on host %s: %s",
@@ -383,27 +403,11 @@ class Ledger:
                 self.host,
                 ", ".join(e.key for e in dead),
             )
-        return dead
+        gone = {e.id for e in dead}
+        return dead, [e for e in entries if e.id not in gone]
 
     def _entries(self, conn: sa.Connection) -> list[Entry]:
-        select = entries_table.select().where(entries_table.c.host == self.host).order_by(entries_table.c.id)
-        return [entry_of(r) for r in conn.execute(select)]
-
-    def _usage(self, conn: sa.Connection) -> Usage:
-        c = entries_table.c
-        totals = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(c.ram), 0), sa.func.coalesce(sa.func.sum(c.threads), 0)).where(
-                c.host == self.host
-            )
-        ).one()
-        vram = [0] * len(self.capacity.gpus)
-        per_gpu = conn.execute(
-            sa.select(c.gpu, sa.func.sum(c.vram)).where(c.host == self.host, c.gpu.is_not(None)).group_by(c.gpu)
-        )
-        for gpu, total in per_gpu:
-            if 0 <= gpu < len(vram):  # an entry placed by a ledger that saw more GPUs is not ours to count
-                vram[gpu] = int(total)
-        return Usage(ram=int(totals[0]), threads=int(totals[1]), vram=tuple(vram))
+        return [entry_of(r) for r in conn.execute(ENTRIES_OF, {"host": self.host})]
 
     def misfit(self, request: Request) -> str:
         """Why ``request`` can never fit this host, even with no other entry (``""`` when it can)."""
@@ -433,14 +437,11 @@ def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Ent
             tables = sa.inspect(conn).get_table_names()
             if entries_table.name not in tables:
                 return [], []
-            rows = conn.execute(entries_table.select().where(entries_table.c.host == host).order_by(entries_table.c.id))
+            rows = conn.execute(ENTRIES_OF, {"host": host})
             entries = [entry_of(r) for r in rows]
             reaped = []
             if reaped_table.name in tables:
-                rows = conn.execute(
-                    reaped_table.select().where(reaped_table.c.host == host).order_by(reaped_table.c.id)
-                )
-                reaped = [reaped_of(r) for r in rows]
+                reaped = [reaped_of(r) for r in conn.execute(REAPED_OF, {"host": host})]
             return entries, reaped
     except DBAPIError as exc:
         raise cannot_open(url, exc, default) from None

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from ..units import format_bytes
 from ._capacity import HostCapacity, Request, Usage
-from ._db import Ticket, ticket_of, waiting_table
+from ._db import TICKETS_OF, Ticket, ticket_of, waiting_table
 from ._owners import owner_alive
 
 _logger = logging.getLogger("optuna_memprune.ledger")
@@ -94,8 +94,7 @@ def refused_unlocked(
     write, goes on under the lock and decides there.
     """
     now = time.time()
-    rows = conn.execute(waiting_table.select().where(waiting_table.c.host == host).order_by(waiting_table.c.id))
-    tickets = [ticket_of(r) for r in rows]
+    tickets = [ticket_of(r) for r in conn.execute(TICKETS_OF, {"host": host})]
     if not owners_alive or any(gone(t, now) for t in tickets):
         return False
     pid = owner[0]
@@ -117,8 +116,7 @@ def in_turn(capacity: HostCapacity, request: Request, used: Usage, older: Sequen
 
 def live_tickets(conn: sa.Connection, host: str, now: float) -> list[Ticket]:
     """The host's tickets oldest first, after deleting those whose owner is gone or not seen for the TTL."""
-    rows = conn.execute(waiting_table.select().where(waiting_table.c.host == host).order_by(waiting_table.c.id))
-    tickets = [ticket_of(r) for r in rows]
+    tickets = [ticket_of(r) for r in conn.execute(TICKETS_OF, {"host": host})]
     dropped = [t for t in tickets if gone(t, now)]
     if dropped:
         conn.execute(waiting_table.delete().where(waiting_table.c.id.in_([t.id for t in dropped])))
