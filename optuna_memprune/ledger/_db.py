@@ -83,8 +83,8 @@ def _of_host(table: sa.Table) -> sa.Select[Any]:
     return table.select().where(table.c.host == sa.bindparam("host")).order_by(table.c.id)
 
 
-# The statements every admission runs, built once (building one cost more CPU than running it on a local
-# server); each takes ``{"host": ...}``. A host's rows oldest first, and the lock on the host's row (on
+# The statements every admission runs, built once (building one cost about as much CPU as running it on a
+# local server); each takes ``{"host": ...}``. A host's rows oldest first, and the lock on the host's row (on
 # SQLite, which renders no FOR UPDATE, ``BEGIN IMMEDIATE`` already holds the database's write lock).
 ENTRIES_OF, REAPED_OF, TICKETS_OF = _of_host(entries_table), _of_host(reaped_table), _of_host(waiting_table)
 LOCK_HOST = sa.select(hosts_table.c.host).where(hosts_table.c.host == sa.bindparam("host")).with_for_update()
