@@ -1,7 +1,7 @@
 """Terminal output with or without rich (the ``report`` extra): the few rich classes the CLI and the report
 use (``Table``, ``Text``, ``Group``) and a ``show`` that prints them.
 
-With rich installed, :func:`parts` gives rich's own classes and :func:`show` prints through a rich Console.
+With rich installed, ``parts`` gives rich's own classes and ``show`` prints through a rich Console.
 Without it, plain stand-ins give the same rows as aligned text (no colour, no wrapping), so a core install
 (``pip install optuna-memprune``) still prints every table.
 
@@ -33,7 +33,7 @@ class Table:
     """Plain stand-in for ``rich.table.Table``: a title, a header, aligned columns (a cell's lines stacked),
     an optional footer row.
 
-    Example:
+    Examples:
         >>> t = Table(title="decisions", show_footer=True)
         >>> t.add_column("decision", footer="all"); t.add_column("trials", justify="right", footer="12")
         >>> t.add_row("admitted", "9"); t.add_row("rejected", "3")
@@ -98,7 +98,7 @@ def parts() -> SimpleNamespace:
 
 
 def show(*renderables: Any, file: TextIO | None = None) -> None:
-    """Print renderables of :func:`parts` to ``file`` (default stdout): through rich where it is installed
+    """Print renderables of ``parts`` to ``file`` (default stdout): through rich where it is installed
     (a terminal's width; 200 columns and no colour into a pipe or a file), else as plain text."""
     out = sys.stdout if file is None else file
     try:

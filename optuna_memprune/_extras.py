@@ -34,7 +34,7 @@ class MissingExtra(MemPruneError, ImportError):
     """A call needs a module that an extra of the package installs and this install lacks; the message is
     one line naming the extra (``pip install "optuna-memprune[torch]"``).
 
-    Example:
+    Examples:
         >>> print(MissingExtra.of(ModuleNotFoundError(name="torch"), "estimate.torch_training"))
         estimate.torch_training needs torch, which is not installed: pip install "optuna-memprune[torch]"
     """

@@ -32,7 +32,7 @@ class Budget:
     ``ram`` below 32 MiB, ``vram`` below 2 MiB, fewer than 1 thread; so is a size beyond any machine
     (over 1 EiB) or more threads than Linux runs (2**22).
 
-    Example:
+    Examples:
         >>> Budget(ram="6GiB", vram="10GiB", threads=16).ram
         6442450944
         >>> Budget(ram=1)

@@ -149,8 +149,8 @@ def _probe(cand: Place) -> str | None:
 
 
 class TrialGroup:
-    """One trial's group, below this process's own: made by :meth:`create`, limited, joined by the trial's
-    process (:func:`join`), read, killed and removed by the runner."""
+    """One trial's group, below this process's own: made by ``create``, limited, joined by the trial's
+    process (``join``), read, killed and removed by the runner."""
 
     def __init__(self, where: Place, path: str) -> None:
         self.place, self.path = where, path
@@ -182,7 +182,7 @@ class TrialGroup:
         _set_limits(self.path, self.place.version, hard, high)
 
     def join_spec(self, hard: int | None, high: int | None) -> Join:
-        """What the trial's process passes to :func:`join`."""
+        """What the trial's process passes to ``join``."""
         return Join(self.path, self.place.version, hard if self.memory else None, high if self.memory else None)
 
     def add(self, pid: int) -> None:

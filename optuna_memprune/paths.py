@@ -34,7 +34,7 @@ def writable_dir(directory: Path | str | None = None) -> Path:
     """``directory`` (default: ``cache_dir()``), created if missing, once a file was really created in it (and
     removed); else ``CacheDirError`` with one line naming the directory, why, and what to do.
 
-    Example:
+    Examples:
         >>> open("a-file", "w").close()
         >>> writable_dir("a-file/cache")
         Traceback (most recent call last):

@@ -110,7 +110,7 @@ def oom_kills() -> int | None:
     """How many processes the kernel's OOM killer has killed since boot (``oom_kill`` in /proc/vmstat, Linux
     >= 4.13): one count for the whole host, kills at a cgroup's limit included. None where it cannot be read.
 
-    Example:
+    Examples:
         >>> before = oom_kills()
         >>> before is None or before >= 0
         True

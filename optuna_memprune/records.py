@@ -50,7 +50,7 @@ class Decision(str, Enum):
 
 
 class EnforcementMode(str, Enum):
-    """What held a runner's trial to its RAM budget (:class:`Enforcement`'s ``mode``)."""
+    """What held a runner's trial to its RAM budget (``Enforcement``'s ``mode``)."""
 
     CGROUP_LIMIT = "cgroup_limit"  # the kernel's limit on the trial's cgroup, with polling
     CGROUP_TREE_KILL = "cgroup_tree_kill"  # a cgroup without a memory limit: the tree killed whole, the budget polled
@@ -69,18 +69,18 @@ _POLLING, _POLLING_BECAUSE = "polling", "polling ("
 class Enforcement:
     """How the process-per-trial runner held a trial to its RAM budget (the record's ``enforcement``).
 
-    ``mode`` is :class:`EnforcementMode`; ``cgroup_version`` (1 or 2) the cgroup hierarchy of the trial's
+    ``mode`` is ``EnforcementMode``; ``cgroup_version`` (1 or 2) the cgroup hierarchy of the trial's
     group, with a cgroup mode only; ``reason``, with polling only, why a group made for the trial did not
     apply (``None``: no group was made, as with ``enforce="polling"``). ``str()`` gives the text the record
-    stores in ``memprune:enforcement`` and :meth:`parse` reads it back: ``"cgroup v1 limit"`` or
+    stores in ``memprune:enforcement`` and ``parse`` reads it back: ``"cgroup v1 limit"`` or
     ``"cgroup v2 limit"``, ``"cgroup v1 tree kill + polling"`` or ``"cgroup v2 tree kill + polling"``,
     ``"polling"``, or ``"polling (<reason>)"``.
 
     Raises:
-        ValueError: a mode that is none of :class:`EnforcementMode`'s, a cgroup mode without a version 1 or
+        ValueError: a mode that is none of ``EnforcementMode``'s, a cgroup mode without a version 1 or
             2 or with a reason, polling with a version, or a reason that is not a non-empty str.
 
-    Example:
+    Examples:
         >>> str(Enforcement(EnforcementMode.CGROUP_LIMIT, cgroup_version=2))
         'cgroup v2 limit'
         >>> Enforcement.parse("polling (no process of the trial ran in its cgroup)").reason
@@ -142,7 +142,7 @@ class TrialRecord:
     is a downsampled list of ``(t_s, rss, threads, vram)``, ``breakdown`` the footprint's ``to_dict()``,
     ``breach`` the reading that crossed the soft line or the budget. The process-per-trial runner adds
     ``margin`` (the learned factor its host reservation applied per resource), ``host``, ``gpu`` and
-    ``enforcement`` (an :class:`Enforcement`: the kernel's limit on the trial's cgroup, a cgroup's tree kill
+    ``enforcement`` (an ``Enforcement``: the kernel's limit on the trial's cgroup, a cgroup's tree kill
     with polling, or polling alone with the reason a group made for the trial did not apply; stored as its
     text, ``"cgroup v1 limit"``, ``"polling"``, ...).
     ``forecast`` is set on a trial stopped on the forecast (``FORECAST_STOPPED``): the step it reached, the
@@ -233,7 +233,7 @@ class TrialRecord:
     def attrs(self) -> dict[str, Any]:
         """The flat user attrs, names and encodings as written on the trial. An unknown or unlimited
         figure (``None``) is left out rather than written as null, so that every ``memprune:*`` column
-        optuna-dashboard shows holds numbers and sorts; :func:`read` gives ``None`` back for it."""
+        optuna-dashboard shows holds numbers and sorts; ``read`` gives ``None`` back for it."""
         out: dict[str, Any] = {"decision": self.decision.value, "reason": self.reason}
         for kind in ("pred", "peak", "start", "budget"):
             for r in RESOURCES:

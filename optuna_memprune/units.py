@@ -131,7 +131,7 @@ def check_int(
     The one check of counts across the package; the message names ``name``, what was expected and what was
     given (``expected`` replaces the description of the range). ``optional=True`` lets ``None`` through.
 
-    Example:
+    Examples:
         >>> check_int(4, "n_workers", minimum=1)
         4
         >>> check_int(0, "n_workers", minimum=1)
@@ -191,7 +191,7 @@ def check_number(
     ``open_min``/``open_max`` exclude the bound itself. Raises ``ValueError`` naming ``name``, the range (or
     ``expected``) and the value given; ``optional=True`` lets ``None`` through.
 
-    Example:
+    Examples:
         >>> check_number(0.9, "soft", minimum=0, maximum=1, open_min=True)
         0.9
         >>> check_number(float("nan"), "interval", minimum=0, open_min=True)
@@ -220,7 +220,7 @@ def check_bytes(
     """``parse_bytes(value)`` within ``[minimum, maximum]``, else ``ValueError`` naming ``name``, the bound,
     ``why_minimum`` (the reason for the floor, in words) and the value given.
 
-    Example:
+    Examples:
         >>> check_bytes("64MiB", "Budget.ram", minimum=32 * MiB)
         67108864
         >>> check_bytes("1e30TiB", "Budget.ram")

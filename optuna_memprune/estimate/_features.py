@@ -57,9 +57,9 @@ def words(name: str) -> list[str]:
 
 
 def role(name: str, values: Iterable[Any] = ()) -> Role:
-    """The role of param ``name`` whose trials held ``values`` (see :class:`Role`).
+    """The role of param ``name`` whose trials held ``values`` (see ``Role``).
 
-    Example:
+    Examples:
         >>> role("learning_rate"), role("batch_size"), role("n_units", [64]), role("warmup", [0.1])
         (<Role.NONE: 'none'>, <Role.SIZE: 'size'>, <Role.SIZE: 'size'>, <Role.OTHER: 'other'>)
     """
@@ -106,7 +106,7 @@ class Encoder:
     @classmethod
     def of(cls, settings: Any, rows: list[Any], y: np.ndarray) -> Encoder:
         """Every param the trials (``learn.Observation``) vary, with its role (``settings``:
-        ``learn.Learned``); numeric directions +1 unless declared or read from the data (:func:`direction`)."""
+        ``learn.Learned``); numeric directions +1 unless declared or read from the data (``direction``)."""
         enc = cls()
         for name in sorted({n for o in rows for n in o.params}):
             values = [o.params.get(name) for o in rows]

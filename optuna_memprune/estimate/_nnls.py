@@ -19,7 +19,7 @@ _CENSORED_WEIGHT = 10.0  # the weight of a censored trial the fit puts below wha
 def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
     """Non-negative least squares (Lawson and Hanson's active set): ``argmin |a w - b|, w >= 0``.
 
-    Example:
+    Examples:
         >>> nnls(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([2.0, -1.0])).tolist()
         [2.0, 0.0]
     """

@@ -19,7 +19,7 @@ Known limitations:
       varies with driver, CUDA version, module loading and the GPU (758 MiB on an H200 with CUDA 13), and
       torchnet takes the figures the calibration's ``cuda`` probe measured where a GPU is visible.
 
-Example:
+Examples:
     >>> peaks = replay([(0, 3 * MiB), (1, 700), (0, -1), (2, 2 * MiB)])
     >>> peaks.peak_reserved >= peaks.peak_allocated
     True

@@ -56,7 +56,7 @@ def check_int(
 
     ``message`` replaces the helper's own when the int is one part of a larger argument (a shape, a dict).
 
-    Example:
+    Examples:
         >>> check_int(0, "batch_size", minimum=1)
         Traceback (most recent call last):
         ...
@@ -98,7 +98,7 @@ def check_count(value: object, name: str, kind: str, *, minimum: int = 1, option
     """An int in ``[minimum, CEILINGS[kind].value]``, else ``EstimateError`` naming ``name``, the range and,
     above the ceiling, its reason. An integral float (``1e5``, how sizes are written) counts as an int.
 
-    Example:
+    Examples:
         >>> check_count(100_000, "buffer_size", "items")
         100000
         >>> check_count(10**99, "buffer_size", "items")

@@ -67,7 +67,7 @@ class Footprint:
     ``ram`` and ``vram`` are bytes, ``threads`` and ``processes`` counts; each is the sum over
     ``components``. Footprints compose with ``+`` (and ``sum()``).
 
-    Example:
+    Examples:
         >>> fp = Footprint.of(ram="2GiB", threads=4, name="my formula")
         >>> (fp + Footprint.of(ram="512MiB")).ram
         2684354560

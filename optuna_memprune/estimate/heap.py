@@ -15,7 +15,7 @@ Known limitations:
     - Under the default, peak RSS of identical runs differs by up to +-30% and creeps up over the first
       hundreds of steps: ``RETENTION`` is a median, the spread is left to the learned margin.
 
-Example:
+Examples:
     >>> high_water([(0, 1000), (0, -1), (1, 2000)], threshold=(128 * 1024, True))
     2016
 """

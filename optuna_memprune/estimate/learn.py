@@ -98,7 +98,7 @@ def learned(
         categorical: params whose values are labels even when they are numbers (one indicator each).
         log: params that also get a log-scale feature (a positive param spanning a decade gets one anyway).
 
-    Example:
+    Examples:
         >>> model = learned(miss_rate=0.2).fit([
         ...     Observation({"n": n}, {"ram": 100 + 10 * n}) for n in (1, 4, 7, 10)])
         >>> model.ready, model.bound({"n": 20})["ram"] >= 300, model.directions["n"]
@@ -108,7 +108,7 @@ def learned(
 
 
 class Learned:
-    """Checked settings of a learned footprint; :meth:`fit` turns observations into a :class:`Model`."""
+    """Checked settings of a learned footprint; ``fit`` turns observations into a ``Model``."""
 
     def __init__(
         self,
@@ -162,7 +162,7 @@ class _Fit:
 
 
 class Model:
-    """Observations fitted: :meth:`bound` (the upper bound) and :meth:`center` (the fit) per resource.
+    """Observations fitted: ``bound`` (the upper bound) and ``center`` (the fit) per resource.
 
     ``n`` counts the observations that ran to the end (uncensored); ``ready``: at least ``warmup``
     observations, ``MIN_DONE`` of them uncensored.
@@ -264,7 +264,7 @@ class Model:
         return out
 
     def dominated_by(self, params: Mapping[str, Any]) -> int | None:
-        """The number of a censored trial ``params`` dominate (see :meth:`floor`), if any."""
+        """The number of a censored trial ``params`` dominate (see ``floor``), if any."""
         return next((o.number for o in self.observations if o.censored and self._dominates(params, o.params)), None)
 
     def unseen(self, params: Mapping[str, Any]) -> list[str]:

@@ -55,7 +55,7 @@ def process(
 
     Args:
         stack: what the process imports: ``"python"``, ``"torch"``, a tuple of module names, or a
-            :class:`Stack` (``recipes.process`` also takes the recipes' stack names, ``"sb3"``, ...).
+            ``Stack`` (``recipes.process`` also takes the recipes' stack names, ``"sb3"``, ...).
             Measured once per environment (see ``memprune calibrate``).
         torch_threads: ``torch.set_num_threads`` of the trial; ``None`` means torch's default on this host.
         training: include the one-off cost of torch's first optimizer and backward (about 100 MB here).

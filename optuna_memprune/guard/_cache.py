@@ -27,7 +27,7 @@ class FootprintCache:
 
     Never pickled: a policy makes its own in each process.
 
-    Example:
+    Examples:
         >>> from optuna_memprune import Footprint
         >>> cache = FootprintCache(lambda p: Footprint.of(ram=p["n"]), None)
         >>> cache({"n": 3}) is cache({"n": 3}), len(cache), cache.get({"n": 4})
@@ -42,8 +42,8 @@ class FootprintCache:
 
     def __call__(self, params: dict[str, Any]) -> Footprint:
         """The footprint function's figures for ``params`` (cached). Raises what the function raises,
-        :class:`~optuna_memprune.guard._call.NotAFootprint` when it returns something else than a Footprint,
-        or :class:`~optuna_memprune.guard._call.FootprintTimeout` over the time limit."""
+        ``NotAFootprint`` when it returns something else than a Footprint,
+        or ``FootprintTimeout`` over the time limit."""
         key = _key(params)
         hit = self._get(key)
         if hit is not None:
@@ -77,7 +77,7 @@ class FootprintCache:
             self._not_params.add(name)
 
     def is_not_a_param(self, name: str) -> bool:
-        """Whether :meth:`not_a_param` was said of ``name``."""
+        """Whether ``not_a_param`` was said of ``name``."""
         with self._lock:
             return name in self._not_params
 

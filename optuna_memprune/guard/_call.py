@@ -47,7 +47,7 @@ class NotAFootprint(TypeError):
 
 
 class NoFootprint(Exception):
-    """Raised by a footprint that predicts nothing by design (:class:`MonitorOnly`): the trial runs
+    """Raised by a footprint that predicts nothing by design (``MonitorOnly``): the trial runs
     unchecked under the monitor with this message as its reason; no failure is counted or warned about."""
 
 
@@ -56,7 +56,7 @@ class MonitorOnly:
 
     Pickles (a module-level class holding a string), so a guard built on it survives ``pickle``.
 
-    Example:
+    Examples:
         >>> MonitorOnly("no footprint was given")({"x": 1})
         Traceback (most recent call last):
         ...
@@ -78,8 +78,8 @@ class LimitedCall:
     caller's thread).
 
     With a limit each call runs in a worker thread (one, ``memprune-footprint``, ended after ``IDLE_S``
-    without a call; :attr:`threads` says whether it runs); past the limit the caller gets
-    :class:`FootprintTimeout` and the call is abandoned (a thread cannot be stopped): its answer, when it
+    without a call; ``threads`` says whether it runs); past the limit the caller gets
+    ``FootprintTimeout`` and the call is abandoned (a thread cannot be stopped): its answer, when it
     comes, goes to the call's ``on_late``. While an abandoned call still runs, every call fails at once
     rather than queueing behind it. Until one call has answered, the limit is at least
     ``FIRST_CALL_TIMEOUT_S`` (a cold start). Time while a calibration probe runs as a child of this process

@@ -39,7 +39,7 @@ class ClampSearch:
         excess: ``Footprint -> {resource: amount over the line}``, empty when it fits.
         limits: the line per budgeted resource, which ``excess`` measures against.
 
-    Example:
+    Examples:
         >>> import optuna_memprune as omp
         >>> from optuna.distributions import IntDistribution
         >>> search = ClampSearch(lambda p: omp.Footprint.of(ram=p["n"]),

@@ -1,9 +1,9 @@
 """What one guard holds, and the package's only way to it: ``Guard``, the base of ``MemoryGuard``.
 
-A guard holds its :class:`~optuna_memprune.guard._policy.Policy` (the footprint, budget and choices, and the
+A guard holds its ``Policy`` (the footprint, budget and choices, and the
 rules the wrappers apply with them), its trials in this process, the misuse warnings it gave and the forecast
 stop's ``horizon``. None of these is the user's: the wrappers, the runner and ``memprune run`` reach them
-through :func:`policy_of`, :func:`trials_of` and :func:`warnings_of` (the runner and ``memprune run`` from
+through ``policy_of``, ``trials_of`` and ``warnings_of`` (the runner and ``memprune run`` from
 ``guard.backend``). They live here rather than in ``_guard.py`` because ``_guard.py`` imports the wrappers
 that use them.
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class Guard:
     """What one guard holds: its policy, its trials in this process, its warnings, the forecast's horizon.
 
-    The base of :class:`~optuna_memprune.MemoryGuard`, which checks the user's arguments and builds the
+    The base of ``MemoryGuard``, which checks the user's arguments and builds the
     policy. Pickles its configuration (the policy and the horizon) only: running trials and given warnings
     stay in their process, and an unpickled guard starts with none.
     """

@@ -43,7 +43,7 @@ def check_horizon(horizon: Any, name: str = "horizon") -> Any:
     objective reports with ``trial.report``), a param name (``str``) whose value is that step, or a callable
     ``params -> int``.
 
-    Example:
+    Examples:
         >>> check_horizon(1_000_000)
         1000000
         >>> check_horizon(0)
@@ -66,7 +66,7 @@ def resolve_horizon(horizon: Any, params: Mapping[str, Any], *, quiet: bool = Fa
     """The trial's last step for these params, or ``None`` (no forecast for it: none declared, or the
     param or callable gave no positive int, which is logged unless ``quiet``: a param not suggested yet).
 
-    Example:
+    Examples:
         >>> resolve_horizon(None, {"n_timesteps": 5e4, "lr": 0.1}), resolve_horizon("steps", {"steps": 10})
         (50000, 10)
     """
@@ -106,7 +106,7 @@ def _steps(value: Any) -> int | None:
 def describe(f: Forecast, limit: int) -> str:
     """The reason of a forecast stop.
 
-    Example:
+    Examples:
         >>> f = Forecast(120_000, 1_000_000, 2**30, 7208.0, 7000.0, int(7.9 * 2**30), 7 * 2**30, True, "", 60_000)
         >>> describe(f, 6 * 2**30)
         'stopped on the forecast: projected 7.90 GiB at step 1,000,000 > 6.00 GiB; at step 120,000 now
@@ -138,7 +138,7 @@ def as_record(f: Forecast, limit: int, elapsed_s: float) -> dict[str, Any]:
 
 class StepForecast:
     """One running trial's forecast: fed every reading, it reads the trial now and then (``read()``, a
-    storage read) and returns the :class:`~optuna_memprune.monitor.Forecast` that stops the trial, once.
+    storage read) and returns the ``Forecast`` that stops the trial, once.
 
     Args:
         limit: the budget's RAM, bytes.
@@ -165,11 +165,11 @@ class StepForecast:
         return (self._marks[-1][0] if self.fired is not None else time.monotonic()) - self.start
 
     def reason(self) -> str | None:
-        """The reason of the stop (:func:`describe`), ``None`` before one."""
+        """The reason of the stop (``describe``), ``None`` before one."""
         return None if self.fired is None else describe(self.fired, self.limit)
 
     def record(self) -> dict[str, Any]:
-        """The record's ``forecast`` field (:func:`as_record`), empty before a stop."""
+        """The record's ``forecast`` field (``as_record``), empty before a stop."""
         return {} if self.fired is None else as_record(self.fired, self.limit, self.elapsed_s)
 
     def on_reading(self, t: float, rss: int) -> Forecast | None:

@@ -114,7 +114,7 @@ class MemoryGuard(Guard):
         learn: ``True`` or the settings of ``optuna_memprune.estimate.learned(...)`` to learn from observed
             peaks; default: learn when ``footprint`` is ``None``, else use the footprint as it is.
 
-    Example:
+    Examples:
         >>> import optuna, optuna_memprune as omp
         >>> guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=p["n"] * 2**20), omp.Budget(ram="4GiB"),
         ...                         search_space={"n": optuna.distributions.IntDistribution(1, 8192)})
@@ -232,11 +232,11 @@ class MemoryGuard(Guard):
     # -- the wrappers -------------------------------------------------------------------------------
 
     def wrap_sampler(self, sampler: optuna.samplers.BaseSampler) -> GuardedSampler:
-        """``sampler`` with the pre-launch check; see :class:`GuardedSampler`."""
+        """``sampler`` with the pre-launch check; see ``GuardedSampler``."""
         return GuardedSampler(sampler, self)
 
     def wrap_pruner(self, pruner: optuna.pruners.BasePruner | None = None) -> GuardedPruner:
-        """``pruner`` (or none) that also answers True over the soft line; see :class:`GuardedPruner`."""
+        """``pruner`` (or none) that also answers True over the soft line; see ``GuardedPruner``."""
         return GuardedPruner(pruner, self)
 
     def wrap_objective(self, objective: Callable[[optuna.Trial], Any]) -> GuardedObjective:

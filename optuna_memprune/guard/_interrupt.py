@@ -14,7 +14,7 @@ import sys
 def importing(thread_id: int) -> bool:
     """Whether the thread runs an import now: a frame of importlib's bootstrap is on its stack.
 
-    Example:
+    Examples:
         >>> import threading
         >>> importing(threading.get_ident())
         False

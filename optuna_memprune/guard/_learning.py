@@ -92,10 +92,10 @@ class Learning:
     ) -> Footprint:
         """The footprint the guard uses for ``params``: the bound (``raw`` is ``None``) or ``raw`` corrected.
 
-        Before the warm-up without a footprint function: :class:`NoFootprint` (the trial runs unchecked),
+        Before the warm-up without a footprint function: ``NoFootprint`` (the trial runs unchecked),
         unless the params dominate a censored trial whose peak is over ``limits`` (then that peak: memory is
         monotone, so this one needs at least as much). ``explore=False`` (a clamp search's candidates): the
-        bound even where :meth:`explore` would let the trial run unchecked."""
+        bound even where ``explore`` would let the trial run unchecked."""
         model = self.model
         if raw is None:
             if not model.ready:
@@ -128,7 +128,7 @@ class Learning:
         return _corrected(raw, bound, note)
 
     def explore(self, params: Mapping[str, Any], limits: Mapping[str, int]) -> list[str]:
-        """The params to explore (:meth:`Model.unseen`) when the learned bound of ``params`` is over
+        """The params to explore (``Model.unseen``) when the learned bound of ``params`` is over
         ``limits`` but the fit is under them and no stopped trial they dominate reached them: rejected, such
         a trial would never be observed and the bound at the low end never corrected. Empty otherwise."""
         model = self.model
@@ -154,7 +154,7 @@ class Learning:
     ) -> dict[str, Any]:
         """What the record says of the learned prediction: mode, phase, trials, miss rate, the fit's own
         figures (``center``: the bound without its error term), the footprint function's (``raw``,
-        corrected mode; what the next fits learn from). Phase ``explore``: run unchecked by :meth:`explore`."""
+        corrected mode; what the next fits learn from). Phase ``explore``: run unchecked by ``explore``."""
         model = self.model
         out: dict[str, Any] = {
             "mode": self.mode,
@@ -193,7 +193,7 @@ def observation(
     a shared process) and no footprint function is corrected, the trial's own figure is its peak minus its
     start. A trial stopped, soft-pruned, out
     of memory or failed reached at least its peaks (censored); so did one pruned by the study's pruner,
-    unless its RSS had settled (:func:`plateaued`): then its peak is what it takes."""
+    unless its RSS had settled (``plateaued``): then its peak is what it takes."""
     from optuna.trial import TrialState
 
     record = records.read(user_attrs)

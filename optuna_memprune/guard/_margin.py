@@ -29,7 +29,7 @@ def margin(
     it is the larger of ``default`` and the largest ratio seen, so a reservation starts safe and
     tightens only as evidence accumulates; a ratio above ``default`` raises it at once.
 
-    Example:
+    Examples:
         >>> margin([(1.1, 1.0)] * 2), round(margin([(1.02, 1.0)] * 9 + [(0.9, 1.0)]), 3)
         (1.25, 1.02)
     """

@@ -45,10 +45,10 @@ class GuardedObjective:
     For each trial it first has the guarded sampler check the trial's assignment (``trial.relative_params``
     runs the lookahead before any of the objective's code). A rejected trial gets every param of the known
     space suggested from the checked assignment, its record, and ends PRUNED without calling the objective.
-    Otherwise the guard's :class:`~optuna_memprune.monitor.Monitor` of this process (one per guard, shared
+    Otherwise the guard's ``Monitor`` of this process (one per guard, shared
     by its running trials, started with the first and stopped once idle) reads it every
     ``monitor_interval`` seconds while the objective runs. A reading over the soft line makes the guarded
-    pruner answer True; a reading over the budget raises :class:`MemoryBudgetExceeded` in the trial's
+    pruner answer True; a reading over the budget raises ``MemoryBudgetExceeded`` in the trial's
     thread at its next Python bytecode, which ends the trial PRUNED with the reading. The record is written
     before Optuna stores the trial's final state, and heap memory the trial freed is given back to the OS
     (glibc ``malloc_trim``) so the next trial's readings start from what is really in use.
@@ -77,7 +77,7 @@ class GuardedObjective:
           torch on CUDA, torch's cache is emptied. With torch on CUDA, ``torch.cuda.max_memory_reserved()``
           (reset at the trial's start) counts in the trial's VRAM peak.
 
-    Example:
+    Examples:
         >>> import optuna, optuna_memprune as omp
         >>> guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram="1GiB"), omp.Budget(ram="64GiB"))
         >>> study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))

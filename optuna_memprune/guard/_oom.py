@@ -39,7 +39,7 @@ class OutOfMemory:
     ``resource`` is ``"ram"`` or ``"vram"``; ``what`` starts the record's reason; ``requested`` is the size
     of the allocation that failed and ``in_use`` what the process held then, in bytes, where known.
 
-    Example:
+    Examples:
         >>> oom = out_of_memory(MemoryError("Unable to allocate 3.00 GiB for an array with shape (3221225472,)"))
         >>> oom.resource, oom.requested == 3 * 2**30, oom.what[:46]
         ('ram', True, 'ran out of memory: MemoryError: Unable to allo')
@@ -93,7 +93,7 @@ def out_of_memory(exc: BaseException | None, text: str | None = None) -> OutOfMe
     Where only the exception's ``text`` came back (``"TypeName: message"``, an exception that did not
     unpickle), the same rules apply to its name and message.
 
-    Example:
+    Examples:
         >>> out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")).resource
         'vram'
         >>> out_of_memory(None, "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB").requested
@@ -169,7 +169,7 @@ def _array_bytes(exc: MemoryError) -> int | None:
 
 def killed_by_oom_killer(exitcode: int | None, oom_kills_at_launch: int | None) -> OutOfMemory | None:
     """A process that died from SIGKILL while the host's OOM-kill count rose (since ``oom_kills_at_launch``,
-    from :func:`optuna_memprune.procfs.oom_kills`): the kernel's OOM killer acted, and most likely on it.
+    from ``optuna_memprune.procfs.oom_kills``): the kernel's OOM killer acted, and most likely on it.
     None otherwise (another signal, no count to compare, or no OOM kill meanwhile)."""
     if exitcode != -signal.SIGKILL or oom_kills_at_launch is None:
         return None
@@ -209,7 +209,7 @@ def reset_cuda_peak() -> None:
 
 
 def with_cuda_peak(peaks: dict[str, int | None]) -> dict[str, int | None]:
-    """``peaks`` with ``vram`` raised to torch's peak reserved CUDA memory since :func:`reset_cuda_peak`
+    """``peaks`` with ``vram`` raised to torch's peak reserved CUDA memory since ``reset_cuda_peak``
     (where torch runs CUDA in this process; unchanged elsewhere)."""
     reserved = _cuda_call("max_memory_reserved")
     if reserved is None:

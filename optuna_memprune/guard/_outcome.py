@@ -46,7 +46,7 @@ def trial_outcome(
     the budget but was not stopped says so, with ``ended_first`` as the reason it was not. The breach is
     the soft reading of a soft-pruned trial, else the budget's crossing or the soft one.
 
-    Example:
+    Examples:
         >>> import optuna_memprune as omp
         >>> from optuna_memprune.guard._policy import Policy
         >>> from optuna_memprune.monitor import Reading

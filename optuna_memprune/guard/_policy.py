@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class Policy:
     """A guard's footprint function, budget and choices, and the rules every wrapper applies with them.
 
-    Built by :class:`~optuna_memprune.MemoryGuard` from checked arguments; the wrappers and the runner call
+    Built by ``MemoryGuard`` from checked arguments; the wrappers and the runner call
     its methods. Pickles its configuration only (the cache and locks stay in their process).
 
     Args:
@@ -161,7 +161,7 @@ class Policy:
     def line(self, base: Mapping[str, int] | None = None, fraction: float | None = None) -> dict[str, int]:
         """The soft line per budgeted resource above ``base`` (the usage a learned increment adds to, measured
         at the trial's start): ``base`` plus ``soft`` of the budget above it, the margin being for what is
-        predicted. Without a base: :attr:`limits`. (Lightning's imports held 452 MiB of a 520 MiB budget:
+        predicted. Without a base: ``limits``. (Lightning's imports held 452 MiB of a 520 MiB budget:
         90% of the budget left 16 MiB to trials needing up to 60, and soft-pruned each; bench_clients.)"""
         base, f = base or {}, self._soft if fraction is None else fraction
         return {r: soft_line(v, f, base.get(r, 0)) for r, v in self._budget.resources.items()}
@@ -191,13 +191,13 @@ class Policy:
         self, params: dict[str, Any], *, explore: bool = True, base: Mapping[str, int] | None = None
     ) -> Footprint:
         """The footprint of ``params`` (cached). Raises what the user's function raises, TypeError when it
-        returns something else than a Footprint, or :class:`FootprintTimeout` over ``footprint_timeout``.
+        returns something else than a Footprint, or ``FootprintTimeout`` over ``footprint_timeout``.
 
         How the limit applies (a worker thread, abandoned past it; a cold start; calibration not counted):
-        :class:`~optuna_memprune.guard._call.LimitedCall`. A late answer still fills the cache
-        (:class:`~optuna_memprune.guard._cache.FootprintCache`).
+        ``LimitedCall``. A late answer still fills the cache
+        (``FootprintCache``).
         ``explore=False``: a learned footprint's bound even where the trial would run unchecked to explore
-        (a clamp search's candidates). ``base``: the usage a learned increment adds to (:meth:`room`).
+        (a clamp search's candidates). ``base``: the usage a learned increment adds to (``room``).
         """
         if self._learning is not None:
             raw = None if self._footprint is None else self._footprints(params)
@@ -300,7 +300,7 @@ class Policy:
     ) -> bool:
         """Whether ``reading`` crosses ``fraction`` of the budget in any budgeted resource, each line raised
         by ``allowance`` (what earlier trials left in a shared process, ``guard/_start.py``); with ``base``
-        (the usage a learned increment adds to), ``fraction`` of the budget above it (:meth:`line`)."""
+        (the usage a learned increment adds to), ``fraction`` of the budget above it (``line``)."""
         a, lines = allowance or {}, self.line(base, fraction)
         values = {"ram": reading.rss, "threads": reading.threads, "vram": reading.vram}
         for r, line in lines.items():

@@ -29,13 +29,13 @@ class GuardedPruner(BasePruner):
 
     Note:
         Optuna hands the sampler a bracket-filtered study only when ``study.pruner`` *is* a
-        :class:`~optuna.pruners.HyperbandPruner`; wrapping one silently turns that off, so it warns.
+        ``HyperbandPruner``; wrapping one silently turns that off, so it warns.
 
     Args:
         wrapped_pruner: the pruner to delegate to, or ``None``.
-        guard: the :class:`MemoryGuard` whose trials this pruner watches.
+        guard: the ``MemoryGuard`` whose trials this pruner watches.
 
-    Example:
+    Examples:
         >>> import optuna, optuna_memprune as omp
         >>> guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram="1GiB"), omp.Budget(ram="4GiB"))
         >>> pruner = guard.wrap_pruner(optuna.pruners.MedianPruner())

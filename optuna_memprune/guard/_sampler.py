@@ -49,9 +49,9 @@ class GuardedSampler(BaseSampler):
 
     Args:
         base_sampler: the sampler that proposes the params.
-        guard: the :class:`MemoryGuard` holding the footprint, budget and policy.
+        guard: the ``MemoryGuard`` holding the footprint, budget and policy.
 
-    Example:
+    Examples:
         >>> import optuna, optuna_memprune as omp
         >>> guard = omp.MemoryGuard(lambda p: omp.Footprint.of(ram=p["n"] * 2**20), omp.Budget(ram="1GiB"))
         >>> sampler = guard.wrap_sampler(optuna.samplers.TPESampler(seed=0))

@@ -3,18 +3,18 @@
 In a shared process (``study.optimize(guard.wrap_objective(f))``) a trial's readings are the process's: they
 include what earlier trials left behind (garbage not yet collected, free heap glibc keeps mapped, torch's
 cached CUDA blocks, libraries an earlier trial imported). Before a trial's start level is read, what can be
-given back is given back (:func:`give_back`); :class:`ProcessLevels` then reads the level and says how far
+given back is given back (``give_back``); ``ProcessLevels`` then reads the level and says how far
 it stands above the first trial's start (what earlier trials left).
 
 Owns the give-back (garbage collection, glibc ``malloc_trim``, torch's ``empty_cache`` where CUDA is
 initialised), the levels of one guard's trials in this process, and the two rules on them, applied with the
 policy's budget and soft line:
 
-- :func:`charged`: admission compares usage now (all of it) plus the predicted increment with the soft line,
+- ``charged``: admission compares usage now (all of it) plus the predicted increment with the soft line,
   where the prediction is an increment (a learned footprint). A footprint function predicts a whole process
   (the calibrated baseline included, which the first trial's start level already holds): it is compared
   alone, as in a fresh process.
-- :func:`allowance`: a trial is never stopped or rejected for memory earlier trials left behind. Where what
+- ``allowance``: a trial is never stopped or rejected for memory earlier trials left behind. Where what
   was left makes the budget unreachable (the start level plus the least a trial of this process needed to
   run to the end is over the soft line), the trial is held to its budget on its own memory instead: what
   was left is taken off what admission charges, and its soft line and budget are raised by it. The guard
@@ -57,7 +57,7 @@ def give_back() -> None:
     already runs torch on CUDA (torch is never imported for it).
 
     ``gc.collect()`` costs tens of milliseconds in a process that imported torch (94 ms measured here, with
-    optuna and torch loaded, on a loaded 2-core machine): :class:`ProcessLevels` calls this only before the
+    optuna and torch loaded, on a loaded 2-core machine): ``ProcessLevels`` calls this only before the
     first trial and after a trial that left something (``ProcessLevels.ended``).
     """
     gc.collect()
@@ -133,12 +133,12 @@ class Start(NamedTuple):
 class ProcessLevels:
     """The start levels of one guard's in-process trials, per process. Thread-safe.
 
-    :meth:`start` gives back (the first time, and after a trial that :meth:`ended` holding more), then
+    ``start`` gives back (the first time, and after a trial that ``ended`` holding more), then
     reads the process. The first level read is the process before any trial (its baseline); a level read
     while no other trial of the guard runs is the idle level, and what it stands above the baseline is what
     earlier trials left. A level read while other trials run counts their memory too, and is no idle level.
 
-    Example:
+    Examples:
         >>> levels = ProcessLevels()
         >>> first = levels.start(alone=True)
         >>> first.level["ram"] > 0 and first.left == {"ram": 0, "threads": 0} and first.least == {}
@@ -174,7 +174,7 @@ class ProcessLevels:
         return Start(level, left, least)
 
     def ended(self, start: dict[str, int | None] | None, own: dict[str, int] | None = None) -> None:
-        """A trial that started at ``start`` (:meth:`start`'s level) ended; ``own``: its increments, where it
+        """A trial that started at ``start`` (``start``'s level) ended; ``own``: its increments, where it
         ran to the end alone (the smallest become ``Start.least``). Where the process now holds more than
         ``GIVE_BACK_ABOVE`` over ``start``, or torch holds cached CUDA blocks, the next start gives back
         first: a trial that left nothing costs the next one no collection."""
@@ -190,7 +190,7 @@ def allowance(policy: Policy, start: Start) -> dict[str, int]:
     """What earlier trials left, per resource where it makes the budget unreachable: it is over
     ``LEFT_NOISE`` of the budget, and the start level plus ``start.least`` is over the soft line above that
     level (``Policy.line``: no trial that ran to the end here would fit beside it). Such a trial's soft line
-    and budget are raised by it and admission does not charge it (:func:`charged`): the trial is held to its
+    and budget are raised by it and admission does not charge it (``charged``): the trial is held to its
     budget on its own memory, never stopped or rejected for what it found. Empty where the budget is still
     reachable."""
     out = {}
@@ -207,7 +207,7 @@ def allowance(policy: Policy, start: Start) -> dict[str, int]:
 def charged(policy: Policy, state: TrialGuardState) -> dict[str, int] | None:
     """What admission adds to a trial's prediction, per budgeted resource: in a shared process, where the
     prediction is an increment (``policy.increments``), the process's usage at the trial's start, less what
-    :func:`allowance` set aside. ``None`` where the trial has its own process (no start level) or where the
+    ``allowance`` set aside. ``None`` where the trial has its own process (no start level) or where the
     prediction is a whole process's peak (a footprint function's)."""
     if state.start is None or not policy.increments:
         return None
@@ -219,7 +219,7 @@ def charged(policy: Policy, state: TrialGuardState) -> dict[str, int] | None:
 
 
 def describe_allowance(policy: Policy, state: TrialGuardState) -> str:
-    """The words (warning and record) on a trial whose lines :func:`allowance` raised."""
+    """The words (warning and record) on a trial whose lines ``allowance`` raised."""
     parts = []
     for r, left in state.allowance.items():
         show = str if r == "threads" else format_bytes

@@ -20,8 +20,8 @@ from ..units import check_int, check_number, format_bytes, parse_bytes
 class HostCapacity:
     """What the running trials of one host may reserve in all: bytes and counts, ``None`` = unlimited.
 
-    ``gpus[i]`` is the memory of GPU index ``i`` (NVML's index; see :class:`Ledger` on CUDA's order).
-    ``source`` says where an ``"auto"`` RAM figure came from (:func:`available_ram`); ``""`` when given.
+    ``gpus[i]`` is the memory of GPU index ``i`` (NVML's index; see ``Ledger`` on CUDA's order).
+    ``source`` says where an ``"auto"`` RAM figure came from (``available_ram``); ``""`` when given.
     """
 
     ram: int | None
@@ -40,11 +40,11 @@ class HostCapacity:
 
 @dataclass(frozen=True)
 class HostBudget:
-    """The host's resources for parallel trials, as a user gives them; :meth:`resolve` makes them concrete.
+    """The host's resources for parallel trials, as a user gives them; ``resolve`` makes them concrete.
 
     Args:
         ram: Host RAM for trials: bytes, a size such as ``"48GiB"``, ``"auto"`` (default: what
-            :func:`available_ram` says when resolved: psutil's available memory, or the room left under
+            ``available_ram`` says when resolved: psutil's available memory, or the room left under
             this process's cgroup limit where that is less) or ``None`` (unlimited).
         gpus: Memory per GPU index: a sequence of sizes (``["8GiB", "16GiB"]``), ``"auto"`` (default: NVML's
             totals; no GPUs where NVML is missing) or ``None``/``[]`` (no GPUs).
@@ -52,14 +52,14 @@ class HostBudget:
         threads: Total threads of the running trials, or ``None`` (default: unlimited).
 
     Notes:
-        - ``"auto"`` RAM is *available* memory at the moment of :meth:`resolve` (psutil's ``available``,
+        - ``"auto"`` RAM is *available* memory at the moment of ``resolve`` (psutil's ``available``,
           not ``free``: page cache counts as usable). Resolve before the trials start: memory the trials
           already hold is not available, so resolving later counts it twice.
         - A container's, a Slurm job's or a systemd slice's memory limit is a cgroup limit that psutil does
           not see: where the tightest limit of this process's cgroup ancestry is below physical memory,
           ``"auto"`` is at most that limit less the group's usage, and ``HostCapacity.source`` says so.
 
-    Example:
+    Examples:
         >>> HostBudget(ram="10GiB", gpus=["8GiB"], headroom=0.5).resolve().gpus
         (4294967296,)
     """

@@ -115,7 +115,7 @@ class Entry:
 
 
 class Reaped(NamedTuple):
-    """An entry whose owner died, reaped from the host's reservations and kept until :meth:`Ledger.settle`.
+    """An entry whose owner died, reaped from the host's reservations and kept until ``Ledger.settle``.
 
     ``id`` is the row's own id (not the entry's); ``reaped`` is ``time.time()`` when it was reaped and
     ``reaped_by`` the pid of the process whose transaction reaped it.

@@ -65,7 +65,7 @@ RETRY_S = 60.0
 class Ledger:
     """The reservations of the running trials of one host, kept in a database shared by its processes.
 
-    A trial runs only while it holds an :class:`Entry`. :meth:`try_admit` (and :meth:`admit`, which waits)
+    A trial runs only while it holds an ``Entry``. ``try_admit`` (and ``admit``, which waits)
     inserts one in a single transaction that first reaps the host's entries whose owner process is gone,
     then sums the rest and inserts only if RAM, threads and (for ``vram > 0``) one GPU's memory still fit
     this ledger's capacity, in its turn: first come, first served with conservative backfill. A request that
@@ -80,23 +80,23 @@ class Ledger:
     row behind.
 
     Args:
-        budget: A :class:`HostBudget` (resolved once, here) or a :class:`HostCapacity`.
+        budget: A ``HostBudget`` (resolved once, here) or a ``HostCapacity``.
         url: SQLAlchemy URL of the ledger database. Default: SQLite file ``ledger-<host>.sqlite`` in the
             cache directory (``$MEMPRUNE_CACHE_DIR``, else ``~/.cache/optuna-memprune``).
         host: Host id; default ``socket.gethostname()``. Every query filters by it: pseudo-hosts may share
             one database and never see (or reap) each other's entries.
 
     Notes:
-        - Reaped entries are the trials of dead processes, which the caller must end. :meth:`reap` returns
-          what it removed; what :meth:`try_admit` and :meth:`admit` removed is kept on this object until
-          :meth:`take_reaped` returns it. Whichever process's transaction reaps an entry gets it, not
+        - Reaped entries are the trials of dead processes, which the caller must end. ``reap`` returns
+          what it removed; what ``try_admit`` and ``admit`` removed is kept on this object until
+          ``take_reaped`` returns it. Whichever process's transaction reaps an entry gets it, not
           necessarily the one that admitted it, nor one that can end its trial; so every reaped entry is
-          also kept in the database (:meth:`reaped`, no longer counted in the sums) until a process that
-          ended its trial calls :meth:`settle`, or for 30 days.
-        - :meth:`entries` and :meth:`in_use` read the committed rows, dead owners included until reaped;
-          :meth:`waiting` the queue's tickets.
+          also kept in the database (``reaped``, no longer counted in the sums) until a process that
+          ended its trial calls ``settle``, or for 30 days.
+        - ``entries`` and ``in_use`` read the committed rows, dead owners included until reaped;
+          ``waiting`` the queue's tickets.
         - A database that cannot be opened (a corrupted file, a directory that cannot be written) raises
-          :class:`LedgerError` with one line naming the file and what to do.
+          ``LedgerError`` with one line naming the file and what to do.
         - Processes of one host that use different capacities all check the same sums against their own.
         - On a database server (PostgreSQL, ...), a transaction that loses its connection or cannot get one
           (the server restarting) is retried for up to ``RETRY_S`` (60 s), each retry logged; an admission
@@ -108,7 +108,7 @@ class Ledger:
         - Liveness is judged by pid, so every process of one ``host`` must share one pid namespace
           (containers with their own pids need their own ``host`` and capacity).
 
-    Example:
+    Examples:
         >>> ledger = Ledger(HostBudget(ram="48GiB", gpus=["24GiB"], threads=32))
         >>> entry = ledger.admit(Request(ram=6 * 2**30, vram=10 * 2**30, threads=4), key="trial-7", timeout=600)
         >>> entry.gpu
@@ -165,7 +165,7 @@ class Ledger:
         The owner is ``owner_pid`` (default: this process); its entry is reaped once that process is gone.
         Placement: the GPU with the least free memory that still fits (best fit; lowest index on ties).
         On None it keeps (or takes) its place in the host's queue as (owner, ``key``): try again with that key
-        within ``TICKET_TTL_S``, or :meth:`withdraw` it; ``wait=False`` keeps none (one it had is removed).
+        within ``TICKET_TTL_S``, or ``withdraw`` it; ``wait=False`` keeps none (one it had is removed).
         """
         if not isinstance(request, Request):
             raise TypeError(f"request must be a Request, but got {request!r}.")
@@ -234,7 +234,7 @@ class Ledger:
         poll: float = 0.2,
         owner_pid: int | None = None,
     ) -> Entry:
-        """Wait until ``request`` fits, then reserve it (see :meth:`try_admit`) and return the entry.
+        """Wait until ``request`` fits, then reserve it (see ``try_admit``) and return the entry.
 
         Args:
             timeout: Seconds to wait at most (default: no limit); then ``TimeoutError``, its ticket withdrawn.
@@ -290,7 +290,7 @@ class Ledger:
 
     def reap(self) -> list[Entry]:
         """Remove this host's entries whose owner process is gone and return them (not kept for take_reaped;
-        kept in :meth:`reaped` until settled)."""
+        kept in ``reaped`` until settled)."""
         return self._transaction(lambda conn, _: self._reap(conn)[0])
 
     def reaped(self) -> list[Reaped]:
@@ -307,7 +307,7 @@ class Ledger:
         return self._transaction(lambda conn, _: conn.execute(delete).rowcount > 0)
 
     def take_reaped(self) -> list[Entry]:
-        """Return, and forget, the entries that :meth:`try_admit` and :meth:`admit` of this object reaped."""
+        """Return, and forget, the entries that ``try_admit`` and ``admit`` of this object reaped."""
         with self._lock:
             out, self._reaped = self._reaped, []
         return out
@@ -423,7 +423,7 @@ def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Ent
     """A host's entries and unsettled reaped entries, read without creating anything: ``([], [])`` when the
     database (default: this host's file in the cache dir) or its tables do not exist.
 
-    Raises :class:`LedgerError` when the database cannot be read.
+    Raises ``LedgerError`` when the database cannot be read.
     """
     host = socket.gethostname() if host is None else host
     default = url is None

@@ -40,7 +40,7 @@ def take_turn(
     *,
     wait: bool,
 ) -> int | None | bool:
-    """Where ``request`` of ``key`` goes now in its turn (see :func:`place`), False when it must wait.
+    """Where ``request`` of ``key`` goes now in its turn (see ``place``), False when it must wait.
 
     The caller's ticket (host, owner pid, key) is found, or, when the request does not fit, taken at the end of
     the queue (kept and refreshed on every try while ``wait``; removed when not). Admitted only if the request
@@ -83,7 +83,7 @@ def refused_unlocked(
     key: str,
     owners_alive: bool,
 ) -> bool:
-    """Whether a read without the host's lock shows that :func:`take_turn` would refuse ``request`` and write
+    """Whether a read without the host's lock shows that ``take_turn`` would refuse ``request`` and write
     nothing: no dead owner to reap (``owners_alive``), no ticket to drop, the caller's ticket there with the same
     figures and seen within a quarter of the TTL, and no room for it in its turn.
 
@@ -107,7 +107,7 @@ def refused_unlocked(
 
 
 def in_turn(capacity: HostCapacity, request: Request, used: Usage, older: Sequence[Ticket]) -> int | None | bool:
-    """Where ``request`` goes beside ``used`` with the room of the ``older`` tickets set aside (see :func:`place`)."""
+    """Where ``request`` goes beside ``used`` with the room of the ``older`` tickets set aside (see ``place``)."""
     gpu = place(capacity, request, used)
     if gpu is not False and older:
         gpu = place(capacity, request, set_aside(capacity, used, older), skip_unused=True)

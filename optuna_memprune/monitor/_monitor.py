@@ -85,7 +85,7 @@ class Monitor:
     """Samples a process tree's memory and threads from a daemon thread.
 
     ``start()`` takes the first reading in the caller's thread (so a missing root raises
-    :class:`ProcessGone` there, and ``peak``/``latest`` are set on return), then a daemon thread reads
+    ``ProcessGone`` there, and ``peak``/``latest`` are set on return), then a daemon thread reads
     every ``interval`` seconds and calls ``on_reading`` with each reading, the first included. When the
     root process exits the thread records it (``gone`` becomes True) and ends quietly.
 
@@ -96,12 +96,12 @@ class Monitor:
             (``_PSS_CPU_SHARE``): a PSS pass of 6 ms (a 200 MiB tree, measured here) is repeated every
             0.6 s; readings in between carry the last figure.
         gpu: ``"auto"`` (default: the process's shared NVML reader, none without a GPU), ``None`` (no GPU
-            readings) or a :class:`GpuReader`. Resolved at ``start()``.
-        on_reading: Called from the monitor thread with every :class:`Reading`. Exceptions it raises are
+            readings) or a ``GpuReader``. Resolved at ``start()``.
+        on_reading: Called from the monitor thread with every ``Reading``. Exceptions it raises are
             logged to ``optuna_memprune.monitor`` (the first with its traceback) and counted in
             ``callback_errors``; they never stop the thread. It may call ``stop()``.
-        max_timeline: Points kept for :meth:`timeline`, >= 4, or 0 to keep none. Default 512. When full,
-            the stored timeline is halved by :func:`downsample`, so long runs keep their extremes at a
+        max_timeline: Points kept for ``timeline``, >= 4, or 0 to keep none. Default 512. When full,
+            the stored timeline is halved by ``downsample``, so long runs keep their extremes at a
             coarser resolution. A monitor that outlives what it watches (a process's own monitor kept
             across trials) should keep none: small objects that live on pin the allocator's arenas of the
             memory a trial freed.
@@ -113,7 +113,7 @@ class Monitor:
 
         When the tree is this process (``pid=None``), ``threads`` includes the monitor's own thread.
 
-    Example:
+    Examples:
         >>> with Monitor(interval=0.05, gpu=None) as mon:  # this process and its children
         ...     block = bytearray(b"1") * (256 << 20)
         ...     time.sleep(0.2)
@@ -165,7 +165,7 @@ class Monitor:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> Monitor:
-        """Take the first reading and start the thread. Raises :class:`ProcessGone` if the root is gone."""
+        """Take the first reading and start the thread. Raises ``ProcessGone`` if the root is gone."""
         if self._thread is not None:
             raise RuntimeError("Monitor.start() was already called; make a new Monitor to watch again.")
         gpu = resolve_gpu(self._gpu_arg)
@@ -289,7 +289,7 @@ class Monitor:
 
     def timeline(self, max_points: int = 200) -> list[tuple[float, int, int, int | None]]:
         """``(t, rss, threads, vram)`` points, ``t`` in seconds since the first reading rounded to ms,
-        downsampled to at most ``max_points`` (>= 2) keeping each column's maxima (see :func:`downsample`)."""
+        downsampled to at most ``max_points`` (>= 2) keeping each column's maxima (see ``downsample``)."""
         check_int(max_points, "max_points", minimum=2)
         with self._lock:
             points = list(self._points)

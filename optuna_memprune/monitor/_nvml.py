@@ -20,7 +20,7 @@ _PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphics
 
 
 class GpuSource(Protocol):
-    """What a reading asks of its GPU reader: a :class:`GpuReader`, or any object with its ``used_by``."""
+    """What a reading asks of its GPU reader: a ``GpuReader``, or any object with its ``used_by``."""
 
     def used_by(self, pids: Iterable[int]) -> int:
         """The bytes of GPU memory used by ``pids``."""
@@ -28,11 +28,11 @@ class GpuSource(Protocol):
 
 
 class GpuReader:
-    """Reads GPU memory per process from NVML. Make one with :func:`gpu_reader`.
+    """Reads GPU memory per process from NVML. Make one with ``gpu_reader``.
 
     Notes:
         - NVML reports pids in the host's pid namespace. Inside a container with its own pid namespace
-          the pids differ from ``os.getpid()``, :meth:`used_by` then finds nothing and answers 0.
+          the pids differ from ``os.getpid()``, ``used_by`` then finds nothing and answers 0.
         - ``usedGpuMemory`` is what the driver attributes to the process: its CUDA context plus what its
           allocator reserved (PyTorch's caching allocator keeps freed blocks), not what tensors use.
           Drivers that cannot tell (Windows WDDM) give ``None``, counted as 0.
@@ -99,13 +99,13 @@ class GpuReader:
 
 
 def gpu_reader(module: Any = None) -> GpuReader | None:
-    """Return a :class:`GpuReader`, or ``None`` when there is no usable NVIDIA GPU.
+    """Return a ``GpuReader``, or ``None`` when there is no usable NVIDIA GPU.
 
     ``None`` when ``pynvml`` (package nvidia-ml-py) is not installed, when ``nvmlInit`` fails (no driver,
     no GPU: the usual case on CPU machines) or when NVML sees no device. ``module`` replaces ``pynvml``
     (tests pass a fake NVML); each call initialises NVML once more, so keep the reader you get.
 
-    Example:
+    Examples:
         >>> reader = gpu_reader()
         >>> vram = reader.used_by({os.getpid()}) if reader is not None else None
     """
@@ -137,7 +137,7 @@ _auto: tuple[int, GpuReader | None] | None = None  # (pid that made it, reader):
 
 
 def auto_gpu_reader() -> GpuReader | None:
-    """Return this process's shared reader, made by :func:`gpu_reader` on first use (``gpu="auto"``)."""
+    """Return this process's shared reader, made by ``gpu_reader`` on first use (``gpu="auto"``)."""
     global _auto
     with _auto_lock:
         if _auto is None or _auto[0] != os.getpid():

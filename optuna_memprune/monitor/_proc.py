@@ -306,7 +306,7 @@ class _ProcTree:
 
 
 class _PsutilTree:
-    """Portable backend through psutil (any OS psutil supports; Linux uses :class:`_ProcTree`).
+    """Portable backend through psutil (any OS psutil supports; Linux uses ``_ProcTree``).
 
     Slower (``children()`` scans every process of the system each pass). ``hwm`` is the OS's peak where
     psutil gives one (Windows ``peak_wset``), else the highest RSS this reader has seen: a sampled lower
@@ -394,7 +394,7 @@ class _PsutilTree:
 
 
 def open_tree(pid: int | None = None, *, backend: str | None = None) -> ProcessTree:
-    """Return a reader of the tree rooted at ``pid`` (this process when None); raises :class:`ProcessGone`.
+    """Return a reader of the tree rooted at ``pid`` (this process when None); raises ``ProcessGone``.
 
     ``backend`` is ``"proc"`` (Linux) or ``"psutil"``; None picks ``"proc"`` where /proc has what it needs.
     """
@@ -419,13 +419,13 @@ def read_tree(pid: int | None = None, *, pss: bool = False, gpu: Any = None) -> 
         pss: Also sum PSS from ``/proc/<pid>/smaps_rollup``. Costly: the kernel walks the page tables, about
             2 ms per 100 MiB of RSS measured here (0.25 ms for a bare interpreter). Default False.
         gpu: ``None`` (default, no GPU reading), ``"auto"`` (this process's shared NVML reader, None when
-            there is no GPU) or a :class:`GpuReader`.
+            there is no GPU) or a ``GpuReader``.
 
     Raises:
         ProcessGone: The root process does not exist (or has exited and is a zombie).
         MonitorError: The root process may not be inspected.
 
-    Example:
+    Examples:
         >>> r = read_tree()  # this Python process and its children
         >>> r.processes >= 1 and r.hwm >= r.rss > 0
         True

@@ -71,7 +71,7 @@ def steps_of(points: Sequence[tuple[float, int]], marks: Sequence[tuple[float, i
     """``(step, rss)`` of the readings ``(t, rss)`` taken between the first and the last step mark ``(t,
     step)``, each reading's step interpolated linearly in time between the marks around it.
 
-    Example:
+    Examples:
         >>> steps_of([(0.5, 10), (1.5, 20), (3.0, 30)], [(0.0, 0), (2.0, 100)])
         [(25.0, 10), (75.0, 20)]
     """
@@ -121,7 +121,7 @@ def forecast(
     """Project RSS to step ``horizon`` and say whether it will cross ``limit`` with high confidence.
 
     ``points`` are readings ``(t, rss)``, ``marks`` the steps reached ``(t, step)`` (any clock, the same for
-    both). Readings are placed on the step axis (:func:`steps_of`); the fit is Theil-Sen over the readings
+    both). Readings are placed on the step axis (``steps_of``); the fit is Theil-Sen over the readings
     of the last ``WINDOW`` of the steps observed, with Sen's lower bound on the slope at ``confidence``. The
     run is called over only when all hold: at least ``min_progress`` of the run observed; the slope's lower
     bound positive (from the medians of ``BINS`` spans of the window); the RSS rising from span to span,
@@ -137,7 +137,7 @@ def forecast(
     Returns ``None`` while there is nothing to fit (fewer than two marks, the horizon reached or passed, too
     few readings in the window).
 
-    Example:
+    Examples:
         >>> marks = [(t, 1000 * t) for t in range(21)]                # 1,000 steps a second
         >>> points = [(t / 10, 100 + 5 * t) for t in range(201)]       # +50 bytes a second, so 0.05 per step
         >>> f = forecast(points, marks, horizon=100_000, limit=4_000)

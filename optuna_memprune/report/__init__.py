@@ -3,7 +3,7 @@
 Reads the trial record through ``records`` only and prints nothing (the CLI prints). Not imported
 by ``import optuna_memprune``; matplotlib and optuna-dashboard load only where they are used.
 
-Example:
+Examples:
     >>> from optuna_memprune import report
     >>> data = report.build(report.load("sqlite:///studies/demo.db", "demo"))  # doctest: +SKIP
     >>> open("demo.html", "w").write(report.render_html(data))                  # doctest: +SKIP

@@ -47,7 +47,7 @@ def save_notes(study: optuna.Study) -> int:
 
     Needs ``optuna-dashboard``. The note replaces any note the trial had (the dashboard keeps one per trial).
 
-    Example:
+    Examples:
         >>> from optuna_memprune import report
         >>> report.save_notes(optuna.load_study(study_name="demo", storage=url))  # doctest: +SKIP
     """

@@ -124,7 +124,7 @@ def prepare(
     fits in, ``workers`` below 1, a footprint that cannot be imported, ``clamp_fixed`` for a program that
     is no rl-zoo3 search guarded by its recipe, or a name it cannot lower, ``ray`` that names no cluster.
 
-    Example:
+    Examples:
         >>> options, label = prepare(["python", "train.py"], ram="4GiB", footprint="none")
         >>> options.program.target, options.ram, label
         ('train.py', 4294967296, 'none: trials run unchecked under the monitor alone')

@@ -46,7 +46,7 @@ class Program:
 def python_command(argv: Sequence[str]) -> Program:
     """The program ``argv`` runs, when it is Python; ValueError naming what was given otherwise.
 
-    Example:
+    Examples:
         >>> python_command(["python", "-u", "-m", "rl_zoo3.train", "--algo", "dqn"]).recipe_args
         ('--algo', 'dqn')
         >>> python_command(["ls", "-l"])

@@ -44,7 +44,7 @@ def jobs(n_jobs: Any, workers: int) -> int:
     """How many trials run at once: ``--workers`` where it is above 1, else Optuna's ``n_jobs`` (-1: the
     CPU count), at least 1.
 
-    Example:
+    Examples:
         >>> jobs(1, 3), jobs(2, 1), jobs(1, 1)
         (3, 2, 1)
     """

@@ -118,7 +118,7 @@ class TrialCgroup:
         return self.hard is not None and self.group.ran()
 
     def verdict(self, peak_ram: int | None) -> tuple[int | None, str | None]:
-        """After the trial's process tree ended (before :meth:`remove`): the trial's peak RAM, the largest
+        """After the trial's process tree ended (before ``remove``): the trial's peak RAM, the largest
         of the polled one and the group's exact peak plus what the process held when it joined, and the
         reason when the kernel killed in the group at its limit (else None).
 

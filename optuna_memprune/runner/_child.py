@@ -104,7 +104,7 @@ class _Signalled(optuna.pruners.BasePruner):
 
 
 def child_main(payload: Payload, conn: Any) -> None:
-    """The trial's process: run the objective, then send its :class:`ChildResult` to the parent."""
+    """The trial's process: run the objective, then send its ``ChildResult`` to the parent."""
     _join(payload.cgroup)
     _die_with_parent()
     _own_session()

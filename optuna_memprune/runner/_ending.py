@@ -113,7 +113,7 @@ def judge(child: TrialProcess, catch: tuple[type[BaseException], ...]) -> Ending
 def finished_record(
     policy: Policy, child: Watched, end: Ending, ran: dict[str, Any], host: str | None
 ) -> records.TrialRecord:
-    """The record of a trial whose process ended (``end``, from :func:`judge`): how it ended in the guard's
+    """The record of a trial whose process ended (``end``, from ``judge``): how it ended in the guard's
     words, its peaks (what it needed, after out of memory), the watchdog's timeline and breach, the margin
     its reservation applied, the host, GPU, enforcement and forecast; ``ran``: the params in the storage."""
     params = without_prediction(child.state, ran)

@@ -97,8 +97,8 @@ def optimize(
             (``MemoryError``, torch's ``OutOfMemoryError``, the kernel's OOM killer) is neither: the trial
             ends PRUNED as infeasible (decision ``out_of_memory``) and the study goes on.
         callbacks: ``callback(study, frozen_trial)`` after each trial, in the parent.
-        host: this host's budget (:class:`~optuna_memprune.ledger.HostBudget`, default ``HostBudget()``:
-            all of the memory available now, less 10%) or a :class:`~optuna_memprune.ledger.Ledger`
+        host: this host's budget (``HostBudget``, default ``HostBudget()``:
+            all of the memory available now, less 10%) or a ``Ledger``
             (another host id or ledger database).
         on_host_full: ``"wait"`` (default) until the reservation fits, or ``"reject"`` the trial.
         show_progress_bar: show a progress bar (default: when stderr is a terminal).

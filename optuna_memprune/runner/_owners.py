@@ -40,7 +40,7 @@ _UNNAMED_EVERY_S = 5.0
 
 
 def runner_mark(host: str) -> dict[str, object]:
-    """What :data:`RUNNER` holds for a trial this process asks on ``host``."""
+    """What ``RUNNER`` holds for a trial this process asks on ``host``."""
     from ..ledger import start_of
 
     return {"host": host, "pid": os.getpid(), "start": start_of(os.getpid())}
@@ -107,7 +107,7 @@ class DeadRunners:
     an entry another live runner reaped in the last 30 s is left to that runner.
 
     Without a ledger (the Ray backend's driver, ``host`` naming this machine) it fails the RUNNING trials
-    whose mark (:data:`RUNNER`) names a dead runner of this host, every ``_UNNAMED_EVERY_S``."""
+    whose mark (``RUNNER``) names a dead runner of this host, every ``_UNNAMED_EVERY_S``."""
 
     def __init__(self, study: optuna.Study, ledger: Ledger | None, budget: Budget, host: str | None = None) -> None:
         self._study, self._ledger, self._budget = study, ledger, budget
@@ -156,9 +156,9 @@ class DeadRunners:
             self._ledger.settle(reaped)
 
     def _end_unnamed(self) -> None:
-        """Fail the RUNNING trials a runner of this host asked (:data:`RUNNER`) and died before it named them
+        """Fail the RUNNING trials a runner of this host asked (``RUNNER``) and died before it named them
         on the ledger: killed between the ask and the ledger's write, or while the ledger could not be
-        written. A trial an entry names is left to :meth:`end_trials`' reaping."""
+        written. A trial an entry names is left to ``end_trials``' reaping."""
         host = self._host
         running = retry(
             "reading the running trials", lambda: self._study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -236,7 +236,7 @@ class DeadRunners:
 
 
 def _alive(pid: object, start: object) -> bool:
-    """Whether the runner a :data:`RUNNER` mark names still runs (unknown marks count as alive)."""
+    """Whether the runner a ``RUNNER`` mark names still runs (unknown marks count as alive)."""
     from ..ledger import owner_alive
 
     if not isinstance(pid, int) or isinstance(pid, bool):

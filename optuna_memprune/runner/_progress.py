@@ -35,7 +35,7 @@ class Status(NamedTuple):
 
 class Progress:
     """``with Progress(status, total) as bar: runner.run(bar.update)``: one live line, refreshed 4 times a
-    second; ``status()`` is asked for the present :class:`Status` only when the line is redrawn. Without
+    second; ``status()`` is asked for the present ``Status`` only when the line is redrawn. Without
     rich, a plain line on stderr every ``_PLAIN_EVERY_S`` seconds and at the end."""
 
     def __init__(self, status: Callable[[], Status], total: int | None) -> None:
@@ -91,7 +91,7 @@ class Progress:
 def describe(status: Status) -> str:
     """``running 2 · done 5 · rejected 1 · pruned 3 · failed 0 · host RAM 3.10 GiB / 20.00 GiB``.
 
-    Example:
+    Examples:
         >>> describe(Status(running=1, done=2, rejected=0, pruned=1, failed=0, host_ram=2**30, host_capacity=2**32))
         'running 1 · done 2 · rejected 0 · pruned 1 · failed 0 · host RAM 1.00 GiB / 4.00 GiB'
     """

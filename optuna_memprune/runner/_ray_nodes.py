@@ -3,7 +3,7 @@
 alive nodes and their totals, the first misfit, and the memory of the cluster's GPUs (read once by NVML on
 each GPU node).
 
-Figures only, but for :func:`alive_nodes` and :func:`gpu_memory`, which ask Ray; knows nothing of trials,
+Figures only, but for ``alive_nodes`` and ``gpu_memory``, which ask Ray; knows nothing of trials,
 the study or the record.
 """
 

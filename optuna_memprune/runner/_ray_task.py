@@ -2,7 +2,7 @@
 from the task's worker and running ``_child``'s code (the objective on a trial loaded from the study's
 storage), watched by the runner's watchdog (``_watchdog.TrialProcess``: the soft-line signal, the stop at the
 budget, the forecast stop), judged as the runner judges it (``_ending.judge``) and sent back to the driver as
-a :class:`TaskEnd`, which the driver's record reads as the runner's reads a ``TrialProcess``.
+a ``TaskEnd``, which the driver's record reads as the runner's reads a ``TrialProcess``.
 
 Runs in a Ray worker only (reused across trials: each trial's process is forked anew and ends with it); knows
 nothing of the driver's loop, of Ray's resources or of the record's fields (the driver writes the record and the
@@ -61,7 +61,7 @@ class TaskSpec:
 class TaskEnd:
     """What a trial's Ray task sends back: how its process ended (``ending``) and what the record reads of
     its watch, with the names of a ``TrialProcess`` (``_ending.Watched``). A task Ray lost sends nothing; the
-    driver makes one with :meth:`lost`."""
+    driver makes one with ``lost``."""
 
     ending: Ending
     state: TrialGuardState
@@ -96,7 +96,7 @@ class TaskEnd:
 
 
 def run_trial(spec: TaskSpec) -> TaskEnd:
-    """The trial's Ray task: start its process, watch it to its end, judge it; the :class:`TaskEnd`."""
+    """The trial's Ray task: start its process, watch it to its end, judge it; the ``TaskEnd``."""
     import ray
 
     if os.path.isdir(spec.cwd):

@@ -74,11 +74,11 @@ class Reservations:
         return {r: learned_margin(p[r] for p in self._pairs.values() if r in p) for r in RESOURCES}
 
     def figures(self, prediction: Footprint | None, margins: dict[str, float]) -> dict[str, int]:
-        """What a trial reserves of each resource wherever it runs (:func:`figures`)."""
+        """What a trial reserves of each resource wherever it runs (``figures``)."""
         return figures(self._budget, prediction, margins)
 
     def request(self, prediction: Footprint | None, margins: dict[str, float]) -> Request:
-        """What a trial reserves on this host's ledger: its :meth:`figures`, no GPU memory on a host without
+        """What a trial reserves on this host's ledger: its ``figures``, no GPU memory on a host without
         GPUs, and an unchecked trial's capped at the host's capacity."""
         from ..ledger import Request
 

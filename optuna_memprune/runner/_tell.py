@@ -40,7 +40,7 @@ class Teller:
         self.heartbeats = _internals.heartbeat_enabled(study)
 
     def ask(self, mark: dict[str, object]) -> optuna.Trial:
-        """A new trial, marked with its runner (:data:`~._owners.RUNNER`) in the same write; the stale trials
+        """A new trial, marked with its runner (``RUNNER``) in the same write; the stale trials
         of a storage with heartbeats are failed first, as ``Study.optimize`` does."""
         study = self.study
         if self.heartbeats:

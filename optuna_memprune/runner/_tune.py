@@ -38,12 +38,12 @@ def tune_with_resources(trainable: Any, guard: MemoryGuard, *, gpu_memory_bytes:
     1), and ``gpu`` = the predicted VRAM as a fraction of a GPU's memory (``gpu_memory_bytes``, or the
     smallest GPU of the cluster, read once by NVML; 0 without VRAM or on a cluster without GPUs). A config
     predicted over the budget's soft line asks 1 CPU and is refused at its start: the trainable raises
-    :class:`OverBudget` naming what is over, and Tune ends that trial ERROR. Where the footprint fails for a
+    ``OverBudget`` naming what is over, and Tune ends that trial ERROR. Where the footprint fails for a
     config, the trial asks the whole budget (it runs unchecked, as in a study).
 
     Args:
         trainable: a Tune function trainable (``def train(config): ...``) or a ``tune.Trainable`` class.
-        guard: a :class:`~optuna_memprune.MemoryGuard` with a footprint (a learned footprint learns from an
+        guard: a ``MemoryGuard`` with a footprint (a learned footprint learns from an
             Optuna study's trials, which Tune does not have: ``ValueError``); it must pickle (Tune sends the
             trainable to its workers).
         gpu_memory_bytes: one GPU's memory, when the cluster's is not to be read (a positive int).
@@ -54,7 +54,7 @@ def tune_with_resources(trainable: Any, guard: MemoryGuard, *, gpu_memory_bytes:
         - Tune's searchers, schedulers and stopping are unchanged. What runs is not watched: a Tune trial has no
           Optuna trial to prune or record (``optimize(backend="ray")`` watches and records each trial).
 
-    Example:
+    Examples:
         >>> from ray import tune  # doctest: +SKIP
         >>> guard = omp.MemoryGuard(footprint, omp.Budget(ram="8GiB"))  # doctest: +SKIP
         >>> tuner = tune.Tuner(omp.tune_with_resources(train, guard), param_space=space)  # doctest: +SKIP
@@ -118,7 +118,7 @@ def _predict(policy: Policy, config: dict[str, Any]) -> tuple[Footprint | None, 
 
 
 def _refusing(trainable: Any, guard: MemoryGuard) -> Any:
-    """``trainable`` that first raises :class:`OverBudget` for a config predicted over the budget."""
+    """``trainable`` that first raises ``OverBudget`` for a config predicted over the budget."""
 
     def check(config: dict[str, Any]) -> None:
         _, why = _predict(policy_of(guard), config)

@@ -121,7 +121,7 @@ def measure_object_overheads() -> dict[str, Any]:
     """Measure, in this interpreter, the bytes Python and numpy request per object of a deque buffer.
 
     Uses ``tracemalloc`` (numpy reports its data allocations to it, in its own domain) and identity
-    checks. The figures are request sizes, before the allocators round them: :func:`deque_buffer` applies
+    checks. The figures are request sizes, before the allocators round them: ``deque_buffer`` applies
     pymalloc's and glibc's rules on top. Safe beside other threads (only this module's allocations are
     counted, under a lock); tracemalloc is started and stopped only if it was not already tracing.
 
@@ -134,7 +134,7 @@ def measure_object_overheads() -> dict[str, Any]:
         ``deque_block``, ``deque_block_items``, ``deque_first_block_items``, plus ``python`` and ``numpy``
         versions.
 
-    Example:
+    Examples:
         >>> overheads = measure_object_overheads()
         >>> overheads["deque_block_items"], overheads["small_int_max"]
         (64, 256)
@@ -281,7 +281,7 @@ def deque_fill_curve(
 ) -> FillCurve:
     """RSS of a ``collections.deque(maxlen=...)`` of transition tuples as a function of appends.
 
-    Args as :func:`deque_buffer`.
+    Args as ``deque_buffer``.
     """
     maxlen = check_count(maxlen, "maxlen")
     ov = _check_overheads(overheads)
@@ -312,7 +312,7 @@ def deque_buffer(
     its items: ``(shape, dtype)`` for an ndarray that owns its data, ``int`` for a small (shared) int,
     ``float`` for a Python float, ``bool``, a numpy scalar type such as ``np.int64`` (what
     ``action_space.sample()`` returns), or ``None`` for a reference to an object counted elsewhere. Each
-    object's bytes come from ``overheads`` (:func:`measure_object_overheads`; None: measured once in this
+    object's bytes come from ``overheads`` (``measure_object_overheads``; None: measured once in this
     process), rounded as pymalloc and glibc malloc round them, plus the deque's own blocks.
 
     Note: with ``obs`` and ``next_obs`` as separate arrays the deque holds every frame twice, as SB3's
@@ -326,10 +326,10 @@ def deque_buffer(
         transition: The items of one transition tuple (see above).
         maxlen: The deque's ``maxlen``; >= 1.
         steps: Transitions appended so far; None means full.
-        overheads: A dict from :func:`measure_object_overheads` (run by the calibration in a subprocess).
+        overheads: A dict from ``measure_object_overheads`` (run by the calibration in a subprocess).
         name: The component's name.
 
-    Example:
+    Examples:
         >>> obs = ((4, 84, 84), "uint8")
         >>> fp = deque_buffer([obs, int, float, obs, bool], maxlen=20_000)
         >>> 1.12e9 < fp.ram < 1.14e9

@@ -60,7 +60,7 @@ class FillCurve:
     Plain data: ``parts`` say how each array grows; ``ram(steps)`` evaluates them, ``full`` is the RSS once
     every part is full and ``steps_for(ram)`` inverts the curve for a monitor's forecast.
 
-    Example:
+    Examples:
         >>> curve = replay_fill_curve((4, 84, 84), "uint8", (), "int64", buffer_size=20_000)
         >>> curve.ram(0), curve.steps_to_full
         (0, 20000)
@@ -162,7 +162,7 @@ def replay_curve(
     huge_pages: bool,
     name: str,
 ) -> FillCurve:
-    """The fill curve of the layout :func:`replay_parts` returned (one Growth per array)."""
+    """The fill curve of the layout ``replay_parts`` returned (one Growth per array)."""
     parts = []
     for field in fields:
         # optimize_memory_usage: add() also writes next_obs into the following row of `observations`.
@@ -193,7 +193,7 @@ def replay_fill_curve(
 
     ``np.zeros`` maps pages lazily: after ``steps`` transitions each array holds ``ceil(steps / n_envs)``
     rows (one more of ``observations`` with ``optimize_memory_usage``), contiguous along axis 0, rounded up
-    to pages. Args as :func:`replay_buffer`.
+    to pages. Args as ``replay_buffer``.
 
     Where transparent huge pages are on ("always" or "madvise"), numpy advises ``MADV_HUGEPAGE`` for
     arrays of 4 MiB or more, so such an array fills in 2 MiB steps: pass ``huge_pages=True`` there to

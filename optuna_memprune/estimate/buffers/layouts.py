@@ -162,7 +162,7 @@ def sb3_replay_layout(
         optimize_memory_usage: SB3's single-array variant; needs ``handle_timeout_termination=False``.
         handle_timeout_termination: SB3's flag; SB3 refuses it together with ``optimize_memory_usage``.
 
-    Example:
+    Examples:
         >>> [f.name for f in sb3_replay_layout((4, 84, 84), "uint8", (), "int64", buffer_size=100)]
         ['observations', 'next_observations', 'actions', 'rewards', 'dones', 'timeouts']
     """
@@ -199,15 +199,15 @@ def sb3_dict_replay_layout(
     """The arrays of SB3's ``DictReplayBuffer``: one observations and one next_observations array per key.
 
     Fields are named ``observations['key']`` and ``next_observations['key']`` (SB3 keeps them in dicts);
-    the rest is as :func:`sb3_replay_layout`. SB3 does not support ``optimize_memory_usage`` here.
+    the rest is as ``sb3_replay_layout``. SB3 does not support ``optimize_memory_usage`` here.
 
     Args:
         obs_spaces: ``{key: (shape, dtype)}`` of the Dict observation space's sub-spaces, in order.
         action_shape, action_dtype, buffer_size, n_envs, handle_timeout_termination: As
-            :func:`sb3_replay_layout`.
+            ``sb3_replay_layout``.
         optimize_memory_usage: Must be False (SB3 asserts it).
 
-    Example:
+    Examples:
         >>> layout = sb3_dict_replay_layout({"img": ((3, 64, 64), "uint8"), "vec": ((5,), "float32")},
         ...                                 (2,), "float32", buffer_size=10)
         >>> [f.name for f in layout][:2]
@@ -258,7 +258,7 @@ def sb3_rollout_layout(
     action dtype as given (no float64 -> float32 cast here, unlike the replay buffer), and six float32
     ``(n_steps, n_envs)`` arrays: rewards, returns, episode_starts, values, log_probs, advantages.
 
-    Example:
+    Examples:
         >>> layout_nbytes(sb3_rollout_layout((4,), "float32", (), "int64", n_steps=2048))
         98304
     """
@@ -289,7 +289,7 @@ def frame_stack(obs_shape: Sequence[int], n_stack: int, *, channels_last: bool |
     images that way and stacks every other space on the last axis: pass ``channels_last=True`` for a 3-D
     observation that is not such an image.
 
-    Example:
+    Examples:
         >>> frame_stack(ATARI_FRAME_SHAPE, 4)
         (84, 84, 4)
         >>> frame_stack((1, 84, 84), 4)

@@ -97,7 +97,7 @@ def replay_buffer(
         huge_pages: True where transparent huge pages apply to numpy's large arrays (2 MiB fill steps).
         name: The component's name.
 
-    Example:
+    Examples:
         >>> fp = replay_buffer((4, 84, 84), "uint8", (), "int64", buffer_size=1_000_000)
         >>> round(fp.ram / 1e9, 2)
         56.47
@@ -182,7 +182,7 @@ def rollout_buffer(
         device: ``"cpu"`` or ``"cuda[:N]"``: where the minibatch torch tensors live.
         name: The components' name.
 
-    Example:
+    Examples:
         >>> fp = rollout_buffer((4, 84, 84), "uint8", (), "int64", n_steps=128, n_envs=8, batch_size=256)
         >>> print(" + ".join(c.name for c in fp.components))
         rollout buffer + rollout buffer get() copies
@@ -220,7 +220,7 @@ def array(
 ) -> Footprint:
     """One numpy array: RSS of the ``touched`` fraction of its bytes, rounded up to pages.
 
-    Example:
+    Examples:
         >>> array((1000, 1000), "float32").ram
         4001792
     """

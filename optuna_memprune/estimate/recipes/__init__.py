@@ -59,7 +59,7 @@ def process(
     """The baseline of the trial's process, as measured on this host (``processes.process``), where
     ``stack`` may also name a recipe's stack: ``"sb3"``, ``"sb3-atari"``, ``"rlzoo3"``, ``"rlzoo3-atari"``.
 
-    Example:
+    Examples:
         >>> fp = process("sb3-atari", torch_threads=2)   # doctest: +SKIP
     """
     if isinstance(stack, str):

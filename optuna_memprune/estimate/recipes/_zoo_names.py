@@ -83,7 +83,7 @@ def fixed_hyperparams(algo: str, env_id: str, path: str | Path | None = None) ->
     ``atari`` for an Atari env, else ``default`` (``read_hyperparameters``); ``path`` is another yml file
     (``--conf-file``). Values as yml gives them (``policy_kwargs`` still text).
 
-    Example:
+    Examples:
         >>> fixed_hyperparams("dqn", "PongNoFrameskip-v4")["buffer_size"]   # doctest: +SKIP
         100000
     """
@@ -116,7 +116,7 @@ def zoo_to_sb3(algo: str, sampled: Mapping[str, Any]) -> dict[str, Any]:
     ``activation_fn``, ``n_quantiles``) make a new ``policy_kwargs``, as the zoo's sampler output replaces the
     yml's.
 
-    Example:
+    Examples:
         >>> zoo_to_sb3("ppo", {"batch_size_pow": 6, "n_steps_pow": 9, "net_arch": "tiny", "activation_fn": "relu"})
         {'batch_size': 64, 'n_steps': 512,
          'policy_kwargs': {'net_arch': {'pi': [64], 'vf': [64]}, 'activation_fn': 'relu'}}

@@ -22,7 +22,7 @@ def read_value(text: str, what: str) -> Any:
     other code (calls of anything but ``dict``, operators, comprehensions) is an ``EstimateError`` naming
     ``what``: nothing is evaluated.
 
-    Example:
+    Examples:
         >>> read_value("dict(log_std_init=-2, net_arch=dict(pi=[256], vf=[256]), activation_fn=nn.ReLU)", "x")
         {'log_std_init': -2, 'net_arch': {'pi': [256], 'vf': [256]}, 'activation_fn': 'nn.ReLU'}
         >>> read_value("__import__('os').system('true')", "policy_kwargs")
@@ -42,7 +42,7 @@ def read_value(text: str, what: str) -> Any:
 def read_kwargs(value: Any, what: str) -> dict[str, Any]:
     """A dict of keyword arguments from a mapping or from its text (``read_value``); None is ``{}``.
 
-    Example:
+    Examples:
         >>> read_kwargs("dict(net_arch=[400, 300], n_critics=1)", "policy_kwargs")
         {'net_arch': [400, 300], 'n_critics': 1}
     """

@@ -77,7 +77,7 @@ def rlzoo3(
     ``env_wrapper`` go to the envs, ``policy_kwargs`` text is read without running it, and the rest goes to
     ``sb3.sb3``. Unknown names are an ``EstimateError`` listing the known ones.
 
-    Example:
+    Examples:
         >>> fp = rlzoo3("dqn", "PongNoFrameskip-v4", {"batch_size_pow": 5, "net_arch": "small"})  # doctest: +SKIP
     """
     algo = check_algo(algo)
@@ -143,7 +143,7 @@ def largest_fitting(
     fits ``budget`` (bytes or ``"4GiB"``); its present value if that fits, None if not even 1 does. Bisection
     over ``rlzoo3(...)`` (``options`` are its keyword arguments).
 
-    Example:
+    Examples:
         >>> largest_fitting("dqn", "PongNoFrameskip-v4", "4GiB")   # doctest: +SKIP
         67253
     """
@@ -317,7 +317,7 @@ def with_params(argv: list[str], params: Mapping[str, Any]) -> list[str]:
     """``argv`` with ``params`` added to its ``-params`` (as one last ``-params``, which ``rl_zoo3.train``'s
     parser takes over an earlier one).
 
-    Example:
+    Examples:
         >>> with_params(["--algo", "dqn", "-params", "gamma:0.9"], {"buffer_size": 5000})
         ['--algo', 'dqn', '-params', 'gamma:0.9', '-params', 'gamma:0.9', 'buffer_size:5000']
     """

@@ -327,7 +327,7 @@ def sb3(
     policy step runs on the whole rollout with its gradient graph kept (Hessian-vector products): it is
     traced as one training step at that batch, which leaves the double-backward graph out.
 
-    Example:
+    Examples:
         >>> fp = sb3("dqn", "ALE/Pong-v5", {"buffer_size": 100_000, "batch_size": 32}, frame_stack=4)
         >>> print(fp.table())   # doctest: +SKIP
     """

@@ -145,7 +145,7 @@ def torch_training(
         - The first trace in a process pays torch's one-off warm-up (its Python meta kernels import
           ``torch._dynamo``, 1-2 s on a small machine).
 
-    Example:
+    Examples:
         >>> import torch.nn as nn
         >>> fp = torch_training(lambda: nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 2)),
         ...                     (8,), batch_size=32)
@@ -184,12 +184,12 @@ def torch_inference(
 ) -> Footprint:
     """Peak memory of one forward pass under ``no_grad`` (acting, evaluation), traced on the meta device.
 
-    Arguments as for :func:`torch_training`. The components are ``<name> weights`` and ``<name>
+    Arguments as for ``torch_training``. The components are ``<name> weights`` and ``<name>
     activations`` (everything above the weights at the peak: under ``no_grad`` nothing is kept for backward,
     so it is all transient), and for ``device="cpu"`` the host's ``kernel workspaces`` and ``allocator
     overhead`` where they are not zero.
 
-    Example:
+    Examples:
         >>> import torch.nn as nn
         >>> torch_inference(lambda: nn.Linear(8, 2), (8,), batch_size=1).components[0].name
         'network weights'

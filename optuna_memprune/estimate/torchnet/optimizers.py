@@ -10,7 +10,7 @@ class or an instance. Two cannot run on the meta device and are refused with the
 ``step`` tests tensor values to decide how often to re-run the closure) and ``SparseAdam`` (sparse gradients
 only).
 
-Example:
+Examples:
     >>> resolve_optimizer("adagrad")[:2]
     ('adagrad', 'Adagrad')
     >>> resolve_optimizer(("sgd", {"momentum": 0}))[2]
