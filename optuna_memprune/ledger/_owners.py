@@ -40,9 +40,16 @@ def _boot_time() -> float:
     return _boot[1]
 
 
-def _stat_start(pid: int) -> tuple[float, bool] | None:
-    """psutil's ``create_time`` of ``pid`` and whether it is a zombie (or dead), from one read of its
-    ``/proc/<pid>/stat``; None when there is no such process. Raises PermissionError where /proc hides it."""
+def _identity(pid: int) -> tuple[float, bool] | None:
+    """psutil's ``create_time`` of ``pid`` and whether it is a zombie (or dead); None when there is no such
+    process. On Linux from one read of its ``/proc/<pid>/stat``. Raises ``PermissionError`` or psutil's
+    ``AccessDenied`` where the process is hidden from this one."""
+    if not _LINUX:
+        try:
+            proc = psutil.Process(pid)
+            return proc.create_time(), proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:  # ZombieProcess included
+            return None
     try:
         fields = procfs.stat_fields(procfs.read(f"/proc/{pid}/stat"))
     except (FileNotFoundError, ProcessLookupError):
@@ -59,20 +66,12 @@ def owner_alive(pid: int, start: float) -> bool:
     the boot time psutil adds to every start.
     """
     try:
-        if _LINUX:
-            found = _stat_start(pid)
-            if found is None or found[1]:
-                return False
-            diff = found[0] - start
-        else:
-            proc = psutil.Process(pid)
-            diff = proc.create_time() - start
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return False
-    except psutil.NoSuchProcess:  # ZombieProcess included
-        return False
+        found = _identity(pid)
     except (psutil.AccessDenied, PermissionError):  # it exists; we cannot look closer
         return True
+    if found is None or found[1]:
+        return False
+    diff = found[0] - start
     if abs(diff) <= _START_TOLERANCE_S:
         return True
     steps = round(diff)
@@ -84,9 +83,7 @@ def start_of(pid: Any) -> float | None:
     if not is_int(pid) or pid <= 0:
         return None
     try:
-        if _LINUX:
-            found = _stat_start(pid)
-            return None if found is None else found[0]
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, PermissionError):
+        found = _identity(pid)
+    except (psutil.AccessDenied, PermissionError):
         return None
+    return None if found is None else found[0]
