@@ -7,6 +7,7 @@ nothing of footprints, budgets or records. tests/test_layers.py allows private n
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -150,10 +151,21 @@ def set_trial_attrs(
     to a database server. On an ``RDBStorage``, alone or under Optuna's ``_CachedStorage`` (whose
     ``_backend`` it is: attr writes go straight to it), every attr is set by the storage's own per-attr upsert
     (``RDBStorage._set_trial_attr_without_commit``) in one session (``_create_scoped_session``) and committed
-    once, all or none; any other storage gets one call per attr.
+    once, all or none. On an ``InMemoryStorage`` the trial is copied and stored once under the storage's lock,
+    as its per-attr setters do for each attr (20 copies were 0.15 ms of a trial's 0.8 ms of guard). Any other
+    storage gets one call per attr.
     """
-    from optuna.storages import RDBStorage
+    from optuna.storages import InMemoryStorage, RDBStorage
 
+    if type(storage) is InMemoryStorage:
+        with storage._lock:
+            frozen = storage._get_trial(trial_id)
+            storage.check_trial_is_updatable(trial_id, frozen.state)
+            frozen = copy.copy(frozen)
+            frozen.user_attrs = {**frozen.user_attrs, **user_attrs}
+            frozen.system_attrs = {**frozen.system_attrs, **system_attrs}
+            storage._set_trial(trial_id, frozen)
+        return
     backend = getattr(storage, "_backend", storage)
     if not isinstance(backend, RDBStorage):
         for key, value in user_attrs.items():

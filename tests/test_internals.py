@@ -33,6 +33,24 @@ def test_storage_location_names_an_rdb_url_or_a_journal_file(tmp_path) -> None:
     assert _internals.storage_location(optuna.create_study()) is None  # in memory: nothing stable to name
 
 
+def test_set_trial_attrs_writes_every_attr_once_and_refuses_a_finished_trial(tmp_path) -> None:
+    import pytest
+
+    for storage in (optuna.storages.InMemoryStorage(), f"sqlite:///{tmp_path / 's.db'}"):
+        study = optuna.create_study(storage=storage)
+        trial = study.ask()
+        trial.set_user_attr("kept", 1)
+        tid = _internals.trial_id(trial)
+        _internals.set_trial_attrs(study._storage, tid, {"a": 1, "b": "x"}, {"constraints:c": 0.5})
+        frozen = study._storage.get_trial(tid)
+        assert frozen.user_attrs == {"kept": 1, "a": 1, "b": "x"}
+        assert frozen.system_attrs["constraints:c"] == 0.5
+        study.tell(trial, 1.0)
+        with pytest.raises(RuntimeError, match="finished"):
+            _internals.set_trial_attrs(study._storage, tid, {"a": 2}, {})
+        assert study._storage.get_trial(tid).user_attrs["a"] == 1
+
+
 def test_in_distribution_checks_range_step_and_choices() -> None:
     assert _internals.in_distribution(IntDistribution(0, 10, step=2), 4)
     assert not _internals.in_distribution(IntDistribution(0, 10, step=2), 5)

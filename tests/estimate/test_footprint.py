@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -16,9 +17,13 @@ def test_footprint_adds_and_sums_components():
 
 
 def test_footprint_round_trips_through_json():
-    fp = Footprint.of(ram="1GB", vram="2GB", threads=3) + Footprint((Component("w", Kind.WEIGHTS, ram=5),))
+    fp = Footprint.of(ram="1GB", vram="2GB", threads=3) + Footprint(
+        (Component("w", Kind.WEIGHTS, ram=5, vram=6, threads=7, processes=8, note="n"),)
+    )
     again = Footprint.from_dict(json.loads(json.dumps(fp.to_dict())))
     assert again == fp
+    # every field of a component is written, in the dataclass's order (a new field must not be left out)
+    assert list(fp.to_dict()["components"][1]) == [f.name for f in dataclasses.fields(Component)]
 
 
 def test_table_lists_every_component_and_the_total():
