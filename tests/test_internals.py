@@ -51,6 +51,23 @@ def test_set_trial_attrs_writes_every_attr_once_and_refuses_a_finished_trial(tmp
         assert study._storage.get_trial(tid).user_attrs["a"] == 1
 
 
+def test_the_storage_a_trial_process_gets_skips_the_schema_check_and_keeps_the_cache(tmp_path) -> None:
+    import pickle
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    parent = _internals.storage_of(study)
+    trial = study.ask()
+    child = pickle.loads(pickle.dumps(_internals.storage_for_child(parent)))
+    assert child._backend.skip_compatibility_check and not parent._backend.skip_compatibility_check
+    assert parent._backend.engine is not None and parent._lock is not None  # the parent's own is untouched
+    # the child's cache knows the trial and the study's distributions: a suggest is stored through it
+    optuna.Trial(optuna.Study(study.study_name, child), _internals.trial_id(trial)).suggest_float("x", 0, 1)
+    assert "x" in study._storage.get_trial(_internals.trial_id(trial)).params
+    memory = optuna.storages.InMemoryStorage()
+    assert _internals.storage_for_child(memory) is memory
+
+
 def test_in_distribution_checks_range_step_and_choices() -> None:
     assert _internals.in_distribution(IntDistribution(0, 10, step=2), 4)
     assert not _internals.in_distribution(IntDistribution(0, 10, step=2), 5)

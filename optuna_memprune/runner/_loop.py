@@ -251,7 +251,7 @@ class Runner:
         cgroup = self.enforcement.open(trial.number)
         payload = Payload(
             objective=self.objective,
-            storage=_internals.storage_of(self.study),
+            storage=_internals.storage_for_child(_internals.storage_of(self.study)),
             study_name=self.study.study_name,
             trial_id=state.trial_id,
             assignment=dict(state.assignment),

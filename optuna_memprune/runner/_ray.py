@@ -264,7 +264,9 @@ class RayRunner:
             return
         spec = TaskSpec(
             objective=self.objective,
-            storage=pickle.dumps(self.teller.storage),  # now: its cache must know this trial
+            storage=pickle.dumps(
+                _internals.storage_for_child(self.teller.storage)
+            ),  # now: its cache must know this trial
             study_name=self.study.study_name,
             trial_id=state.trial_id,
             state=state,
