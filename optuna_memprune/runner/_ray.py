@@ -264,9 +264,8 @@ class RayRunner:
             return
         spec = TaskSpec(
             objective=self.objective,
-            storage=pickle.dumps(
-                _internals.storage_for_child(self.teller.storage)
-            ),  # now: its cache must know this trial
+            # pickled now: its cache must know this trial
+            storage=pickle.dumps(_internals.storage_for_child(self.teller.storage)),
             study_name=self.study.study_name,
             trial_id=state.trial_id,
             state=state,
