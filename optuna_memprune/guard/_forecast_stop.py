@@ -31,10 +31,13 @@ AUTO_PARAMS = ("n_timesteps", "total_timesteps")
 _MAX_POINTS = 1024  # readings one trial's forecast keeps (halved by dropping every other when full)
 _POLL_SHARE = 1 / 200  # the steps are read about 200 times over the trial's elapsed time ...
 _POLL_MAX_S = 10.0  # ... but at least this often ...
-#: ... and at most this often: a trial's read from an RDB storage is a query per table of it, 5-10 ms of CPU,
-#: and at one read per monitor reading (every 0.1 s) for the first 20 s of each trial it was the runners'
-#: largest use of CPU in the fault drill (64 runners, 2 cores; ``scripts/bench_faults.py``).
-_POLL_MIN_S = 0.5
+#: ... and no sooner than this many times the last read's CPU after it (reads take at most 2% of a core): a
+#: trial's read from an RDB storage is a query per table of it, 5-10 ms of CPU, and at one read per monitor
+#: reading (every 0.1 s) for the first 20 s of each trial it was the runners' largest use of CPU in the fault
+#: drill (64 runners, 2 cores; ``scripts/bench_faults.py``); an in-memory read costs microseconds and is made
+#: at every reading. A fixed floor of 0.5 s instead held every forecast stop of ``scripts/bench_forecast.py``
+#: (breaches 1.9 s in) to 1.0 s: ``stop_time_ratio`` 0.13 -> 0.54 against its target of 0.25.
+_POLL_COST_X = 50
 
 
 def check_horizon(horizon: Any, name: str = "horizon") -> Any:
@@ -146,7 +149,7 @@ class StepForecast:
             gives the trial's last step.
         read: returns ``(last step the objective reported or None, the trial's params)``; called from the
             monitor's thread about 200 times over the trial's elapsed time (at least every 10 s, at most
-            every 0.5 s and once a reading).
+            once a reading and no sooner than 50 times the last read's CPU after it).
     """
 
     def __init__(self, limit: int, horizon: Any, read: Callable[[], tuple[int | None, Mapping[str, Any]]]) -> None:
@@ -181,13 +184,16 @@ class StepForecast:
             self._points = self._points[::2]
         if t < self._next_poll:
             return None
-        self._next_poll = t + min(max((t - self.start) * _POLL_SHARE, _POLL_MIN_S), _POLL_MAX_S)
+        cpu = time.thread_time()
         try:
             step, params = self._read()
         except Exception as exc:  # noqa: BLE001 - a storage hiccup: try again at the next poll
             self.failed += 1
             _logger.debug("reading the trial's step failed: %s", exc)
             return None
+        finally:
+            cost = (time.thread_time() - cpu) * _POLL_COST_X
+            self._next_poll = t + min(max((t - self.start) * _POLL_SHARE, cost), _POLL_MAX_S)
         if self.horizon is None and self._horizon_arg is not False:
             self.horizon = resolve_horizon(self._horizon_arg, params, quiet=True)
             if self.horizon is None and isinstance(self._horizon_arg, str) and self._horizon_arg in params:

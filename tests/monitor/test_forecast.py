@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 
 import pytest
 
@@ -125,6 +126,27 @@ def test_the_guard_side_reads_the_step_now_and_then_and_fires_once() -> None:
     assert sf.reason().startswith("stopped on the forecast: projected ")
     record = sf.record()
     assert record["horizon"] == HORIZON and record["limit"] == LIMIT and record["projected"] > LIMIT
+
+
+def test_the_trial_is_read_no_sooner_than_fifty_times_the_last_reads_cpu() -> None:
+    def reads(burn_s: float) -> int:
+        calls = []
+
+        def read():
+            calls.append(1)
+            end = time.thread_time() + burn_s
+            while time.thread_time() < end:
+                pass
+            return None, {}
+
+        sf = StepForecast(LIMIT, HORIZON, read)
+        sf.start = sf._next_poll = 0.0
+        for i in range(10):  # a reading every 0.1 s for 1 s
+            sf.on_reading(0.1 * i, 100 * MiB)
+        return len(calls)
+
+    assert reads(0.0) == 10  # an in-memory read: microseconds, at every reading
+    assert 2 <= reads(0.004) <= 5  # 4 ms of CPU (a database's): the next read 0.2 s or more later
 
 
 def test_horizon_is_checked_and_resolved_per_trial() -> None:
