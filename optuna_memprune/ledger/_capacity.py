@@ -175,12 +175,12 @@ class Usage(NamedTuple):
     vram: tuple[int, ...]
 
     @classmethod
-    def of(cls, entries: Iterable[Any], n_gpus: int) -> Usage:
+    def of(cls, entries: Iterable[Any], capacity: HostCapacity) -> Usage:
         """The sums of reservations (each with ``ram``, ``threads``, ``gpu`` and ``vram``), ``vram`` per GPU of
-        ``n_gpus``: an entry placed by a ledger that saw more GPUs is not counted there."""
-        entries, vram = list(entries), [0] * n_gpus
+        ``capacity``: an entry placed by a ledger that saw more GPUs is not counted there."""
+        entries, vram = list(entries), [0] * len(capacity.gpus)
         for e in entries:
-            if e.gpu is not None and 0 <= e.gpu < n_gpus:
+            if e.gpu is not None and 0 <= e.gpu < len(vram):
                 vram[e.gpu] += e.vram
         return cls(ram=sum(e.ram for e in entries), threads=sum(e.threads for e in entries), vram=tuple(vram))
 

@@ -179,7 +179,7 @@ class Ledger:
         def refused(conn: sa.Connection, _retried: bool) -> bool:
             entries = self._entries(conn)
             alive = all(owner_alive(e.owner_pid, e.owner_start) for e in entries)
-            used = Usage.of(entries, len(self.capacity.gpus))
+            used = Usage.of(entries, self.capacity)
             return refused_unlocked(conn, self.host, self.capacity, request, used, (pid, start), key, alive)
 
         def admit(conn: sa.Connection, retried: bool) -> tuple[list[Entry], Entry | None]:
@@ -188,7 +188,7 @@ class Ledger:
                 mine = [e for e in entries if (e.owner_pid, e.owner_start, e.key) == (pid, start, key)]
                 if mine:
                     return reaped, mine[0]
-            used = Usage.of(entries, len(self.capacity.gpus))
+            used = Usage.of(entries, self.capacity)
             gpu = take_turn(conn, self.host, self.capacity, request, used, (pid, start), key, wait=wait)
             if gpu is False:
                 return reaped, None
@@ -320,7 +320,7 @@ class Ledger:
 
     def in_use(self) -> Usage:
         """The sums of this host's committed entries; ``vram`` has one figure per GPU of the capacity."""
-        return self._transaction(lambda conn, _: Usage.of(self._entries(conn), len(self.capacity.gpus)), read=True)
+        return self._transaction(lambda conn, _: Usage.of(self._entries(conn), self.capacity), read=True)
 
     def waiting(self) -> list[Ticket]:
         """This host's queue: its committed tickets, oldest (first in turn) first; gone owners' included."""
