@@ -9,6 +9,7 @@ stopped (the objective's interrupt, the runner's signal) nor of how the fit is m
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,11 @@ _POLL_MAX_S = 10.0  # ... but at least this often ...
 #: at every reading. A fixed floor of 0.5 s instead held every forecast stop of ``scripts/bench_forecast.py``
 #: (breaches 1.9 s in) to 1.0 s: ``stop_time_ratio`` 0.13 -> 0.54 against its target of 0.25.
 _POLL_COST_X = 50
+#: While no horizon is known (``horizon=None`` and no step-count param suggested yet), a read serves only to
+#: find one, which appears only when the objective suggests that param: the next read waits this many times
+#: the last one's CPU (at most ``_POLL_MAX_S``): still every reading in memory, 5 to 10 s on a database,
+#: where a trial without a step-count param (most studies) was read every 0.25-0.5 s for its whole life.
+_POLL_COST_UNKNOWN_X = 1000
 
 
 def check_horizon(horizon: Any, name: str = "horizon") -> Any:
@@ -149,12 +155,22 @@ class StepForecast:
             gives the trial's last step.
         read: returns ``(last step the objective reported or None, the trial's params)``; called from the
             monitor's thread about 200 times over the trial's elapsed time (at least every 10 s, at most
-            once a reading and no sooner than 50 times the last read's CPU after it).
+            once a reading and no sooner than 50 times the last read's CPU after it; while no horizon is
+            known, no sooner than 1000 times it).
+        params: the params known at launch (the checked assignment), which may give the horizon at once.
     """
 
-    def __init__(self, limit: int, horizon: Any, read: Callable[[], tuple[int | None, Mapping[str, Any]]]) -> None:
+    def __init__(
+        self,
+        limit: int,
+        horizon: Any,
+        read: Callable[[], tuple[int | None, Mapping[str, Any]]],
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
         self.limit, self._horizon_arg, self._read = int(limit), horizon, read
         self.horizon: int | None = horizon if is_int(horizon) else None
+        if self.horizon is None and horizon is not False and params:
+            self.horizon = resolve_horizon(horizon, params, quiet=True)
         self.start = time.monotonic()
         self._points: list[tuple[float, int]] = []
         self._marks: list[tuple[float, int]] = []
@@ -192,12 +208,15 @@ class StepForecast:
             _logger.debug("reading the trial's step failed: %s", exc)
             return None
         finally:
-            cost = (time.thread_time() - cpu) * _POLL_COST_X
-            self._next_poll = t + min(max((t - self.start) * _POLL_SHARE, cost), _POLL_MAX_S)
+            cpu = time.thread_time() - cpu
+            self._next_poll = t + min(max((t - self.start) * _POLL_SHARE, cpu * _POLL_COST_X), _POLL_MAX_S)
         if self.horizon is None and self._horizon_arg is not False:
             self.horizon = resolve_horizon(self._horizon_arg, params, quiet=True)
             if self.horizon is None and isinstance(self._horizon_arg, str) and self._horizon_arg in params:
                 self._horizon_arg = False  # the param is there and no step count (said once): no forecast
+                self._next_poll = math.inf  # nothing left to read for
+            if self.horizon is None:  # only a param suggested later can give one: look again much later
+                self._next_poll = max(self._next_poll, t + min(cpu * _POLL_COST_UNKNOWN_X, _POLL_MAX_S))
         # a mark per new step (its time: when it was first seen); readings are placed between marks
         if self.horizon is None or step is None or (self._marks and step <= self._marks[-1][1]):
             return None
@@ -223,4 +242,4 @@ def trial_forecast(guard: Guard, storage: BaseStorage, state: TrialGuardState) -
         frozen = storage.get_trial(state.trial_id)
         return frozen.last_step, {**state.assignment, **frozen.params}
 
-    return StepForecast(limit, horizon, read)
+    return StepForecast(limit, horizon, read, state.assignment)
