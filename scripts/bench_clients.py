@@ -189,6 +189,14 @@ def _ram(figure: Any) -> float | None:
     return None if figure is None else float(figure)
 
 
+def predicted(record: Any) -> bool:
+    """Whether the trial was admitted, clamped or rejected on a prediction at launch: its decision says so,
+    or it ended over the budget (stopped) with the prediction it was launched on in its record (a trial run
+    unchecked has none). Counting decisions alone, a first predicted trial that crossed the budget was
+    counted in the warm-up, and its crossing was not counted after it."""
+    return record.decision in PREDICTED or record.pred_ram is not None
+
+
 def _seconds(trial: optuna.trial.FrozenTrial) -> float:
     if trial.datetime_start is None or trial.datetime_complete is None:
         return 0.0
@@ -198,11 +206,12 @@ def _seconds(trial: optuna.trial.FrozenTrial) -> float:
 def score(run: Run, trials: Iterable[optuna.trial.FrozenTrial]) -> list[tuple[int, dict[str, Any], float]]:
     """Fill ``run``'s figures from the guarded run's trials; returns the rejected ``(number, params, soft
     line)`` to rerun alone. The warm-up is the number of trials before the first predicted one (admitted,
-    clamped or rejected; all of them when none was); every later trial not rejected is a launch after it."""
+    clamped or rejected at launch, ``predicted``; all of them when none was); every later trial not rejected
+    is a launch after it."""
     trials = sorted(trials, key=lambda t: t.number)
     run.trials = len(trials)
     first = next(
-        (i for i, t in enumerate(trials) if (r := records.read(t.user_attrs)) is not None and r.decision in PREDICTED),
+        (i for i, t in enumerate(trials) if (r := records.read(t.user_attrs)) is not None and predicted(r)),
         len(trials),
     )
     run.warmup = first

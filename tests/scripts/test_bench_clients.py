@@ -123,6 +123,24 @@ def test_score_counts_warmup_errors_bounds_launches_rejections_clamps_losses_and
     assert run.decisions == {"unchecked": 2, "stopped": 2, "admitted": 1, "rejected": 1, "clamped": 1}
 
 
+def test_a_first_predicted_trial_that_crossed_ends_the_warmup_and_counts_over() -> None:
+    # Its record's decision is ``stopped``, but it was launched on a bound (its prediction is in the record):
+    # counted by decision alone it stayed in the warm-up (2 here) and its crossing was never counted.
+    budget = 1000 * MiB
+    over = TrialRecord(Decision.STOPPED, pred_ram=900 * MiB, peak_ram=1001 * MiB, budget_ram=budget)
+    fits = TrialRecord(Decision.ADMITTED, pred_ram=600 * MiB, peak_ram=500 * MiB, budget_ram=budget)
+    run = bench.Run("p", 1, budget, asked=3)
+    bench.score(
+        run,
+        [
+            trial(0, TrialRecord(Decision.STOPPED, peak_ram=1001 * MiB, budget_ram=budget), TrialState.PRUNED),
+            trial(1, over, TrialState.PRUNED),
+            trial(2, fits),
+        ],
+    )
+    assert run.warmup == 1 and (run.launched_after, run.over_after) == (2, 1)
+
+
 def test_a_study_never_predicted_is_all_warmup_and_own_peaks_subtract_the_start() -> None:
     run = bench.Run("p", 2, 100 * MiB, asked=2)
     assert bench.score(run, [trial(i, TrialRecord(Decision.UNCHECKED, peak_ram=MiB)) for i in range(2)]) == []
