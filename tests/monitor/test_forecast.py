@@ -128,52 +128,38 @@ def test_the_guard_side_reads_the_step_now_and_then_and_fires_once() -> None:
     assert record["horizon"] == HORIZON and record["limit"] == LIMIT and record["projected"] > LIMIT
 
 
+def _reads(horizon: object, burn_s: float, params: dict, at_launch: dict | None = None) -> tuple[int, int | None]:
+    """A trial read by ``StepForecast`` at a reading every 0.1 s for 1 s, each read burning ``burn_s`` of CPU
+    and giving ``params``: how many reads were made, and the horizon found."""
+    calls = []
+
+    def read():
+        calls.append(1)
+        end = time.thread_time() + burn_s
+        while time.thread_time() < end:
+            pass
+        return None, params
+
+    sf = StepForecast(LIMIT, horizon, read, at_launch)
+    sf.start = sf._next_poll = 0.0
+    for i in range(10):
+        sf.on_reading(0.1 * i, 100 * MiB)
+    return len(calls), sf.horizon
+
+
 def test_the_trial_is_read_no_sooner_than_fifty_times_the_last_reads_cpu() -> None:
-    def reads(burn_s: float) -> int:
-        calls = []
-
-        def read():
-            calls.append(1)
-            end = time.thread_time() + burn_s
-            while time.thread_time() < end:
-                pass
-            return None, {}
-
-        sf = StepForecast(LIMIT, HORIZON, read)
-        sf.start = sf._next_poll = 0.0
-        for i in range(10):  # a reading every 0.1 s for 1 s
-            sf.on_reading(0.1 * i, 100 * MiB)
-        return len(calls)
-
-    assert reads(0.0) == 10  # an in-memory read: microseconds, at every reading
-    assert 2 <= reads(0.004) <= 5  # 4 ms of CPU (a database's): the next read 0.2 s or more later
+    assert _reads(HORIZON, 0.0, {})[0] == 10  # an in-memory read: microseconds, at every reading
+    assert 2 <= _reads(HORIZON, 0.004, {})[0] <= 5  # 4 ms of CPU (a database's): the next read 0.2 s or more later
 
 
 def test_a_trial_with_no_horizon_yet_is_read_for_one_much_later() -> None:
     """``horizon=None`` and no step-count param: a read only looks for one (a param the objective may
     suggest later), so a costly read waits 1000 times its CPU; a horizon in the params known at launch is
     taken at once and the trial is read at the usual pace."""
-
-    def reads(burn_s: float, params: dict, at_launch: dict | None = None) -> tuple[int, int | None]:
-        calls = []
-
-        def read():
-            calls.append(1)
-            end = time.thread_time() + burn_s
-            while time.thread_time() < end:
-                pass
-            return None, params
-
-        sf = StepForecast(LIMIT, None, read, at_launch)
-        sf.start = sf._next_poll = 0.0
-        for i in range(10):  # a reading every 0.1 s for 1 s
-            sf.on_reading(0.1 * i, 100 * MiB)
-        return len(calls), sf.horizon
-
-    assert reads(0.004, {"lr": 0.1}) == (1, None)  # 4 ms of CPU: the next look 4 s later
-    assert reads(0.0, {"lr": 0.1}) == (10, None)  # in memory: still at every reading
+    assert _reads(None, 0.004, {"lr": 0.1}) == (1, None)  # 4 ms of CPU: the next look 4 s later
+    assert _reads(None, 0.0, {"lr": 0.1}) == (10, None)  # in memory: still at every reading
     for at_launch in (None, {"n_timesteps": 1000}):  # found by the first read, or known at launch
-        found, horizon = reads(0.004, {"lr": 0.1, "n_timesteps": 1000}, at_launch)
+        found, horizon = _reads(None, 0.004, {"lr": 0.1, "n_timesteps": 1000}, at_launch)
         assert horizon == 1000 and 2 <= found <= 5  # then read for its steps at the usual pace
     # horizon="steps", a param that is there but no step count: no forecast, nothing more to read
     sf = StepForecast(LIMIT, "steps", lambda: (None, {"steps": "all"}))
