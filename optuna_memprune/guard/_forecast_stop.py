@@ -215,7 +215,7 @@ class StepForecast:
             if self.horizon is None and isinstance(self._horizon_arg, str) and self._horizon_arg in params:
                 self._horizon_arg = False  # the param is there and no step count (said once): no forecast
                 self._next_poll = math.inf  # nothing left to read for
-            if self.horizon is None:  # only a param suggested later can give one: look again much later
+            elif self.horizon is None:  # only a param suggested later can give one: look again much later
                 self._next_poll = max(self._next_poll, t + min(cpu * _POLL_COST_UNKNOWN_X, _POLL_MAX_S))
         # a mark per new step (its time: when it was first seen); readings are placed between marks
         if self.horizon is None or step is None or (self._marks and step <= self._marks[-1][1]):
