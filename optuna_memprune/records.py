@@ -33,7 +33,11 @@ _OPTUNA_CONSTRAINT_ATTR = "constraints:"
 
 def _dumps(value: Any) -> str:
     """Compact JSON, keys in their order: how every JSON-valued attr is written."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=False)
+    return _ENCODER.encode(value)
+
+
+# One encoder: ``json.dumps`` with separators makes a new one per call (3 us of a record's 10-20 here).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=False)
 
 
 class Decision(str, Enum):

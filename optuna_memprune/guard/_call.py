@@ -1,8 +1,12 @@
-"""The user's footprint function called under a time limit: in a worker thread abandoned (never stopped)
-past the limit, with a cold-start allowance, and with time spent calibrating this host not counted. The
-worker is kept between calls that come close together (a study's trials, a clamp search's candidates): a
-thread started per call cost 0.4-0.7 ms on a loaded 2-core machine, handing a call to a waiting thread
-15-60 us back to back and 0.27 ms after 15 ms of other work in the caller (mostly waking the other CPU).
+"""The user's footprint function called under a time limit, with a cold-start allowance, and with time
+spent calibrating this host not counted: in the main thread (a study's usual ``optimize(n_jobs=1)``) the
+call runs there, interrupted past the limit by a SIGALRM timer; elsewhere, and in the main thread after one
+call was interrupted (or while the program uses SIGALRM itself), in a worker thread abandoned (never
+stopped) past the limit. The worker is kept between calls that come close together (a study's trials, a
+clamp search's candidates): a thread started per call cost 0.4-0.7 ms on a loaded 2-core machine, handing a
+call to a waiting thread 15-60 us back to back and 0.27 ms after 15 ms of other work in the caller (mostly
+waking the other CPU); in the caller's thread with the timer it costs about 0.01 ms (``bench_overhead``:
+the guard's time per trial 0.34 ms with the worker, 0.25 ms with no limit at all).
 
 Owns the limit's rules and the words of its errors; knows nothing of budgets, caches or Optuna.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -77,15 +82,19 @@ class LimitedCall:
     """Calls ``function(params)`` one at a time, each within ``limit`` seconds (``None``: no limit, in the
     caller's thread).
 
-    With a limit each call runs in a worker thread (one, ``memprune-footprint``, ended after ``IDLE_S``
-    without a call; ``threads`` says whether it runs); past the limit the caller gets
-    ``FootprintTimeout`` and the call is abandoned (a thread cannot be stopped): its answer, when it
-    comes, goes to the call's ``on_late``. While an abandoned call still runs, every call fails at once
-    rather than queueing behind it. Until one call has answered, the limit is at least
-    ``FIRST_CALL_TIMEOUT_S`` (a cold start). Time while a calibration probe runs as a child of this process
-    (a recipe's first prediction measures the host: seconds to a minute, each probe under its own limit) is
-    not counted, up to ``CALIBRATION_GRACE_S``. A thread that holds the GIL in one long C call delays the
-    caller until the call releases it.
+    With a limit, a call made in the main thread once one call has answered runs there under a SIGALRM
+    timer (where SIGALRM is free: its default action, not blocked, no timer set): past the limit the
+    timer's handler raises ``FootprintTimeout`` in the call at its next bytecode (a sleep or a lock wait is
+    interrupted too), and from then on calls go to the worker, so that a slow call (a network traced for the
+    first time) is abandoned and completes rather than being cut short again. Every other call runs in a
+    worker thread (one, ``memprune-footprint``, ended after ``IDLE_S`` without a call; ``threads`` says
+    whether it runs); past the limit the caller gets ``FootprintTimeout`` and the call is abandoned (a
+    thread cannot be stopped): its answer, when it comes, goes to the call's ``on_late``. While an abandoned
+    call still runs, every call fails at once rather than queueing behind it. Until one call has answered,
+    the limit is at least ``FIRST_CALL_TIMEOUT_S`` (a cold start, in the worker). Time while a calibration
+    probe runs as a child of this process (a recipe's first prediction measures the host: seconds to a
+    minute, each probe under its own limit) is not counted, up to ``CALIBRATION_GRACE_S``. One long C call
+    (holding the GIL, in the worker) delays the caller until the call returns.
     """
 
     def __init__(self, function: Callable[[dict[str, Any]], Any], limit: float | None) -> None:
@@ -93,6 +102,7 @@ class LimitedCall:
         self._lock = threading.Lock()  # user footprints (torch tracing) need not be thread-safe
         self._late: _Run | None = None  # a call abandoned past its limit, maybe still running
         self._answered = False  # a call answered: the cold start is over
+        self._inline = True  # main-thread calls run there under the timer, until one is interrupted
         self._worker = _Worker()
 
     @property
@@ -113,6 +123,8 @@ class LimitedCall:
             late = self._late
             if late is not None and not late.done.is_set():
                 raise FootprintTimeout(f"{took} (an earlier call that took longer than {late.limit:g} s still runs)")
+            if not first and self._inline and _alarm_free():
+                return self._call_here(params, limit, took)
             run = _Run(self._function, params, limit, lambda done: self._answer(done, on_late))
             self._worker.submit(run)
             if not _wait(run, limit):
@@ -125,6 +137,38 @@ class LimitedCall:
         if run.error is not None:
             raise run.error
         return run.result
+
+    def _call_here(self, params: dict[str, Any], limit: float, took: str) -> Any:
+        """The call in this (the main) thread, interrupted by ``FootprintTimeout`` past ``limit``."""
+        clock = _Clock(limit)
+
+        def on_alarm(signum: int, frame: Any) -> None:
+            # At every tick past the limit while the function runs: one that caught the interrupt and went
+            # on (a retry loop) is interrupted again. Never once the function returned (``running``).
+            if clock.running and clock.tick():
+                clock.fired = True
+                raise FootprintTimeout(took)
+
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, min(_POLL_S, limit), _POLL_S)
+            try:
+                result = self._function(params)
+            finally:
+                clock.running = False
+        except FootprintTimeout:
+            if clock.fired:  # this call's own limit (not one the function passed on): later calls go to the worker
+                self._inline = False
+            raise
+        finally:
+            clock.running = False  # first: the ticks are _POLL_S apart, and from here on none raises
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        if clock.fired:  # the function caught the interrupt and answered after its limit
+            self._inline = False
+            raise FootprintTimeout(took)
+        self._answered = True
+        return result
 
     def _answer(self, run: _Run, on_late: Callable[[Any], None]) -> None:
         self._answered = True  # even an error: the cold start is over
@@ -221,19 +265,45 @@ class _Latch:
         return self._set
 
 
-def _wait(run: _Run, limit: float) -> bool:
-    """Wait until ``run`` is done or has used ``limit`` seconds; seconds while a calibration probe runs are
-    free (up to ``CALIBRATION_GRACE_S``). Whether it is done."""
-    charged, start = 0.0, time.monotonic()
-    while True:
-        t0 = time.monotonic()
-        if run.done.wait(max(0.0, min(_POLL_S, limit - charged))):
-            return True
+class _Clock:
+    """A call's time against its limit, looked at every ``_POLL_S`` at most: seconds while a calibration
+    probe runs are free (up to ``CALIBRATION_GRACE_S``)."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit, self.charged = limit, 0.0
+        self.start = self._last = time.monotonic()
+        self.running, self.fired = True, False  # for the timer's handler
+
+    def tick(self) -> bool:
+        """Charge the time since the last tick (unless a probe runs); whether the limit is used up."""
         now = time.monotonic()
         if not _calibrating():
-            charged += now - t0
-        if charged >= limit or now - start >= limit + CALIBRATION_GRACE_S:
+            self.charged += now - self._last
+        self._last = now
+        return self.charged >= self.limit or now - self.start >= self.limit + CALIBRATION_GRACE_S
+
+
+def _wait(run: _Run, limit: float) -> bool:
+    """Wait until ``run`` is done or has used ``limit`` seconds (``_Clock``). Whether it is done."""
+    clock = _Clock(limit)
+    while True:
+        if run.done.wait(max(0.0, min(_POLL_S, limit - clock.charged))):
+            return True
+        if clock.tick():
             return run.done.is_set()
+
+
+def _alarm_free() -> bool:
+    """Whether a call may run in this thread under a SIGALRM timer: the main thread, where the program
+    neither handles nor blocks SIGALRM and no timer is set (``signal.alarm``, ``setitimer``, a test runner's
+    time limit)."""
+    return (
+        threading.current_thread() is threading.main_thread()
+        and hasattr(signal, "setitimer")
+        and signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        and signal.SIGALRM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    )
 
 
 def _calibrating() -> bool:

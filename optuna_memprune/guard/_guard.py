@@ -62,11 +62,15 @@ class MemoryGuard(Guard):
           record says why, and once ``3`` trials in a row failed the same way a warning says so (once).
           ``on_footprint_error="raise"`` raises the footprint's error instead (the trial ends FAIL and the
           error leaves ``optimize``).
-        - The time limit runs the footprint in a worker thread and abandons it when the limit passes (a
-          thread cannot be stopped): its late answer still fills the cache, and until it returns every
-          prediction fails at once rather than queueing behind it. Until the footprint has answered once,
-          a call may take 60 s (a cold start imports torch and traces a network); time spent calibrating
-          this host (a recipe's first prediction, seconds to a minute) is not counted.
+        - The time limit: in the main thread (``study.optimize`` with ``n_jobs=1``), where the program does
+          not use SIGALRM itself, the footprint runs in that thread and a SIGALRM timer interrupts it when
+          the limit passes (``FootprintTimeout`` at its next bytecode; a sleep or a lock wait is cut short
+          too). After such an interruption, in other threads, and where the program handles SIGALRM or has
+          a timer set, it runs in a worker thread abandoned when the limit passes (a thread cannot be
+          stopped): its late answer still fills the cache, and until it returns every prediction fails at
+          once rather than queueing behind it. Until the footprint has answered once, a call may take 15 s
+          (a cold start imports torch and traces a network; in the worker); time spent calibrating this
+          host (a recipe's first prediction, seconds to a minute) is not counted.
         - Without ``search_space=`` the guard learns the space from the study's trials: the first trial, and
           the first trial of each conditional branch (a param no earlier trial suggested), run unchecked,
           with "param 'x' was first seen in this trial" as the reason. Declare the whole space, branches
@@ -102,7 +106,7 @@ class MemoryGuard(Guard):
         soft: the soft line as a fraction of the budget, in (0, 1] (default 0.9); 1.0 admits predictions up
             to the budget itself.
         footprint_timeout: seconds one footprint call may take, > 0, or ``None`` for no limit (default 5;
-            the first call at least 60).
+            the first call at least 15).
         on_footprint_error: ``"warn"`` (default: the trial runs unchecked, and repeated failures warn) or
             ``"raise"``.
         horizon: a trial's last step, for the forecast stop: a trial that reports steps (``trial.report``)

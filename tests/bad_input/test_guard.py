@@ -6,6 +6,7 @@ state and reason of every trial of a real study on a SQLite file (nothing left R
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -152,12 +153,33 @@ def test_footprint_timeout_must_be_positive_seconds_or_none(value) -> None:
     assert policy_of(MemoryGuard(lambda p: omp.Footprint(), omp.Budget(ram="1GiB"))).footprint_timeout == 5.0
 
 
+def _in_a_thread(call):  # type: ignore[no-untyped-def]
+    """``call()`` in a thread of its own (not the main thread), its answer or error here."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - raised again below
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
 def test_a_footprint_slower_than_its_limit_runs_the_trial_unchecked_without_piling_up_threads(tmp_path) -> None:
+    # pytest-timeout's SIGALRM timer runs: as in a program that uses SIGALRM itself, every call goes to the
+    # footprint's worker thread, abandoned past the limit.
     base = _base()
     release, stuck = threading.Event(), threading.Event()
     calls = []
 
     def footprint(params: dict) -> omp.Footprint:
+        assert threading.current_thread().name == "memprune-footprint"
         calls.append(params)
         if len(calls) == 2:  # the first trial's call hangs (as one waiting on a lock or a network would)
             stuck.set()
@@ -204,6 +226,74 @@ def test_a_footprint_slower_than_its_limit_runs_the_trial_unchecked_without_pili
     assert policy_of(guard).predict(dict(study.trials[0].params)).ram == base + study.trials[0].params["x"] * MiB
     assert len(calls) == before  # the hung call's late answer filled the cache
     assert omp.read_record(study.trials[0].user_attrs).pred_ram is None  # never re-predicted while hung
+
+
+@pytest.mark.parametrize("catches", [False, True], ids=["sleeps", "catches"])
+@pytest.mark.timeout(120, method="thread")  # SIGALRM left free, as in most programs
+def test_in_the_main_thread_a_footprint_runs_there_and_is_interrupted_at_its_limit(tmp_path, catches) -> None:
+    # A study's usual optimize(n_jobs=1): the call runs in the main thread (no worker thread to wake), and a
+    # SIGALRM timer interrupts it past the limit; from then on calls go to the worker, which a slow call
+    # would complete in.
+    base = _base()
+    where, finished = [], []
+
+    def footprint(params: dict) -> omp.Footprint:
+        where.append(threading.current_thread().name)
+        for _attempt in range(3 if catches and params["x"] == 2 else 1 if params["x"] == 2 else 0):
+            try:
+                time.sleep(30)
+                finished.append(params["x"])
+            except Exception:  # noqa: BLE001 - a retry loop that swallows each interrupt still answers late
+                if not catches:
+                    raise
+        return omp.Footprint.of(ram=base + params["x"] * MiB)
+
+    guard = MemoryGuard(
+        footprint, omp.Budget(ram=base + 2**30), search_space={"x": IntDistribution(1, 9)}, footprint_timeout=0.5
+    )
+    policy_of(guard).predict({"x": 5})  # the cold start, in the worker
+    study = _study(tmp_path, guard)
+    for x in (1, 2, 3):
+        study.enqueue_trial({"x": x})
+    start = time.monotonic()
+    study.optimize(guard.wrap_objective(lambda t: float(t.suggest_int("x", 1, 9))), n_trials=3)
+    assert time.monotonic() - start < 20  # a hang guard, not a timing: the sleep was cut at the limit
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    assert [(r.decision, r.reason) for r in _records(study)][1] == (
+        Decision.UNCHECKED,
+        "the footprint took longer than 0.5 s; the trial runs unchecked under the monitor",
+    )
+    assert [r.decision for r in _records(study)][::2] == [Decision.ADMITTED] * 2
+    assert where == ["memprune-footprint", "MainThread", "MainThread", "memprune-footprint"]
+    assert finished == []
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@pytest.mark.timeout(120, method="thread")  # SIGALRM left free: the program's own handler below takes it
+def test_a_program_that_handles_sigalrm_keeps_its_handler_and_footprint_calls_go_to_the_worker() -> None:
+    where = []
+    guard = MemoryGuard(
+        lambda p: where.append(threading.current_thread().name) or omp.Footprint(), omp.Budget(ram="64GiB")
+    )
+
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    policy_of(guard).predict({"x": 0})
+    previous = signal.signal(signal.SIGALRM, mine)
+    try:
+        policy_of(guard).predict({"x": 1})
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.setitimer(signal.ITIMER_REAL, 60)  # a timer of the program's own (signal.alarm)
+        policy_of(guard).predict({"x": 2})
+        assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 60
+        signal.signal(signal.SIGALRM, mine)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert signal.signal(signal.SIGALRM, previous) is mine
+    policy_of(guard).predict({"x": 3})
+    assert where == ["memprune-footprint"] * 3 + ["MainThread"]
 
 
 # -- item 5: footprints that fail silently, VRAM nobody measures, monitor intervals ------------------------
@@ -432,24 +522,31 @@ def test_a_name_the_footprint_asks_for_but_no_trial_suggests_is_a_footprint_erro
     assert records[2].reason == "the footprint function failed: KeyError: 'widht'"
 
 
-def test_time_spent_calibrating_the_host_does_not_count_against_the_footprints_limit(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "where", ["worker", pytest.param("main thread", marks=pytest.mark.timeout(300, method="thread"))]
+)
+def test_time_spent_calibrating_the_host_does_not_count_against_the_footprints_limit(
+    tmp_path, monkeypatch, where
+) -> None:
     # A recipe's first prediction measures the host in probe processes: the limit must not turn that into
-    # unchecked trials. A footprint slow on its own still times out at the same limit.
+    # unchecked trials, whether the call runs in the footprint's worker (called from another thread here) or
+    # in the main thread under the SIGALRM timer. A footprint slow on its own still times out at the same limit.
     monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "cache"))  # a cold cache: this call calibrates
+    call = _in_a_thread if where == "worker" else lambda f: f()
 
     def footprint(params: dict) -> omp.Footprint:
         return omp.estimate.process("torch", training=False) if params["x"] else omp.Footprint()
 
     calibrating = MemoryGuard(footprint, omp.Budget(ram="64GiB"), footprint_timeout=0.5)
     policy_of(calibrating).predict({"x": 0})  # answered once: no cold-start allowance from here on
-    assert policy_of(calibrating).predict({"x": 1}).ram > 0  # its probes import torch: seconds, not 0.5 s
+    assert call(lambda: policy_of(calibrating).predict({"x": 1})).ram > 0  # its probes import torch: seconds
     assert list((tmp_path / "cache").glob("calibration-*.json"))
     slow = MemoryGuard(
         lambda p: time.sleep(2 * p["x"]) or omp.Footprint(), omp.Budget(ram="64GiB"), footprint_timeout=0.5
     )
     policy_of(slow).predict({"x": 0})
     with pytest.raises(TimeoutError, match=r"^the footprint took longer than 0\.5 s$"):
-        policy_of(slow).predict({"x": 1})
+        call(lambda: policy_of(slow).predict({"x": 1}))
 
 
 def test_a_footprints_first_call_may_take_longer_than_its_limit_for_a_cold_start(tmp_path: Path) -> None:

@@ -26,6 +26,29 @@ def test_status_of_this_process_agrees_with_psutil() -> None:
     assert procfs.status(os.getpid())["Threads"] == st["Threads"]
 
 
+def test_read_own_reads_each_time_afresh_and_a_forked_child_reads_its_own() -> None:
+    page = os.sysconf("SC_PAGE_SIZE")
+    before = int(procfs.read_own("statm").split()[1]) * page
+    block = bytearray(64 * MiB)
+    block[::page] = b"x" * len(block[::page])  # touched: resident
+    after = int(procfs.read_own("statm").split()[1]) * page
+    assert after - before >= 60 * MiB, (before / MiB, after / MiB)
+    assert int(procfs.stat_fields(procfs.read_own("stat"))[17]) == psutil.Process().num_threads()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own stat, not the parent's through the inherited descriptor
+        try:
+            os.write(write, procfs.read_own("stat").split()[0])
+        finally:
+            os._exit(0)
+    os.close(write)
+    assert os.read(read, 64) == str(pid).encode()
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert procfs.read_own("stat").split()[0] == str(os.getpid()).encode()
+    del block
+
+
 def test_status_of_a_gone_process_is_none() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
