@@ -84,8 +84,9 @@ class LimitedCall:
 
     With a limit, a call made in the main thread once one call has answered runs there under a SIGALRM
     timer (where SIGALRM is free: its default action, not blocked, no timer set): past the limit the
-    timer's handler raises ``FootprintTimeout`` in the call at its next bytecode (a sleep or a lock wait is
-    interrupted too), and from then on calls go to the worker, so that a slow call (a network traced for the
+    timer's handler raises ``_Expired`` (a ``BaseException``, which ``except Exception`` lets through) in the
+    call at its next bytecode (a sleep or a lock wait is interrupted too), the caller gets
+    ``FootprintTimeout``, and from then on calls go to the worker, so that a slow call (a network traced for the
     first time) is abandoned and completes rather than being cut short again. Every other call runs in a
     worker thread (one, ``memprune-footprint``, ended after ``IDLE_S`` without a call; ``threads`` says
     whether it runs); past the limit the caller gets ``FootprintTimeout`` and the call is abandoned (a
@@ -144,10 +145,10 @@ class LimitedCall:
 
         def on_alarm(signum: int, frame: Any) -> None:
             # At every tick past the limit while the function runs: one that caught the interrupt and went
-            # on (a retry loop) is interrupted again. Never once the function returned (``running``).
+            # on (a bare ``except:`` in a retry loop) is interrupted again. Never once it returned (``running``).
             if clock.running and clock.tick():
                 clock.fired = True
-                raise FootprintTimeout(took)
+                raise _Expired
 
         previous = signal.signal(signal.SIGALRM, on_alarm)
         try:
@@ -156,9 +157,13 @@ class LimitedCall:
                 result = self._function(params)
             finally:
                 clock.running = False
-        except FootprintTimeout:
-            if clock.fired:  # this call's own limit (not one the function passed on): later calls go to the worker
+        except _Expired:
+            self._inline = False  # later calls go to the worker, where a slow one completes
+            raise FootprintTimeout(took) from None
+        except Exception:
+            if clock.fired:  # it caught the interrupt, then failed: past its limit all the same
                 self._inline = False
+                raise FootprintTimeout(took) from None
             raise
         finally:
             clock.running = False  # first: the ticks are _POLL_S apart, and from here on none raises
@@ -263,6 +268,13 @@ class _Latch:
         if not self._set and self._lock.acquire(timeout=timeout):
             self._lock.release()  # another wait returns at once too
         return self._set
+
+
+class _Expired(BaseException):
+    """Raised by the timer into a call in the main thread past its limit; ``LimitedCall`` turns it into
+    ``FootprintTimeout``. Not an ``Exception``: the ``except Exception`` of the code it lands in (a
+    recipe's fallback, a footprint's own) lets it through instead of taking it for that code's error and
+    caching what it falls back to."""
 
 
 class _Clock:

@@ -193,8 +193,8 @@ class Policy:
         """The footprint of ``params`` (cached). Raises what the user's function raises, TypeError when it
         returns something else than a Footprint, or ``FootprintTimeout`` over ``footprint_timeout``.
 
-        How the limit applies (a worker thread, abandoned past it; a cold start; calibration not counted):
-        ``LimitedCall``. A late answer still fills the cache
+        How the limit applies (in the main thread under a SIGALRM timer, else a worker thread abandoned past
+        it; a cold start; calibration not counted): ``LimitedCall``. A late answer still fills the cache
         (``FootprintCache``).
         ``explore=False``: a learned footprint's bound even where the trial would run unchecked to explore
         (a clamp search's candidates). ``base``: the usage a learned increment adds to (``room``).
