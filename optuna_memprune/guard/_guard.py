@@ -65,12 +65,13 @@ class MemoryGuard(Guard):
         - The time limit: in the main thread (``study.optimize`` with ``n_jobs=1``), where the program does
           not use SIGALRM itself, the footprint runs in that thread and a SIGALRM timer interrupts it when
           the limit passes (at its next bytecode, with an exception ``except Exception`` lets through; a
-          sleep or a lock wait is cut short too). After such an interruption, in other threads, and where the program handles SIGALRM or has
-          a timer set, it runs in a worker thread abandoned when the limit passes (a thread cannot be
-          stopped): its late answer still fills the cache, and until it returns every prediction fails at
-          once rather than queueing behind it. Until the footprint has answered once, a call may take 15 s
-          (a cold start imports torch and traces a network; in the worker); time spent calibrating this
-          host (a recipe's first prediction, seconds to a minute) is not counted.
+          sleep or a lock wait is cut short too). After such an interruption, in other threads, and where
+          the program handles SIGALRM or has a timer set, it runs in a worker thread abandoned when the
+          limit passes (a thread cannot be stopped): its late answer still fills the cache, and until it
+          returns every prediction fails at once rather than queueing behind it. Until the footprint has
+          answered once, a call may take 15 s (a cold start imports torch and traces a network; in the
+          worker); time spent calibrating this host (a recipe's first prediction, seconds to a minute) is
+          not counted.
         - Without ``search_space=`` the guard learns the space from the study's trials: the first trial, and
           the first trial of each conditional branch (a param no earlier trial suggested), run unchecked,
           with "param 'x' was first seen in this trial" as the reason. Declare the whole space, branches
