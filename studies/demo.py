@@ -32,7 +32,7 @@ from torch import nn  # noqa: E402
 
 import optuna_memprune as omp  # noqa: E402
 from optuna_memprune.estimate import array, process, torch_training  # noqa: E402
-from optuna_memprune.guard import Decision, MemoryGuard, read_record  # noqa: E402
+from optuna_memprune.guard import Decision, MemoryGuard, TrialRecord, read_record  # noqa: E402
 
 THREADS = 2
 FRAME = (32, 32)          # one uint8 frame; frame_stack of them make an observation
@@ -146,6 +146,20 @@ def _line(trial: optuna.trial.FrozenTrial) -> str:
             f"peak {mib(record.peak_ram)} MiB  acc {value}  {moved}")
 
 
+def _launched_as(record: TrialRecord) -> str:
+    """What the guard did at launch. A trial's end (soft-pruned, stopped) replaces its launch reason, so a
+    trial that ran unchecked (the first: the space is not known before it) is told apart by its prediction:
+    none, or over the soft line, where an admitted trial's is under it."""
+    if record.decision is Decision.REJECTED:
+        return "rejected"
+    if record.clamped_from:
+        return "clamped"
+    line = record.soft * record.budget_ram
+    if "not known before launch" in record.reason or record.pred_ram is None or record.pred_ram > line:
+        return "unchecked"
+    return "admitted"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=30)
@@ -180,9 +194,7 @@ def main() -> None:
     for trial in study.trials:
         record = read_record(trial.user_attrs)
         ends[f"{trial.state.name} {record.decision.value}"] += 1
-        launch["unchecked" if "not known before launch" in record.reason else
-               "rejected" if record.decision is Decision.REJECTED else
-               "clamped" if record.clamped_from else "admitted"] += 1
+        launch[_launched_as(record)] += 1
     print("\nat launch: " + ", ".join(f"{k} {v}" for k, v in sorted(launch.items())))
     print("at the end: " + ", ".join(f"{k} {v}" for k, v in sorted(ends.items()))
           + "  (PRUNED admitted/clamped = the median pruner)")
