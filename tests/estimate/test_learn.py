@@ -312,3 +312,31 @@ def test_a_trial_whose_own_increment_is_zero_is_fitted_without_a_division_by_zer
         model.ready and model.bound({"width": 2048, "lr": 1e-3})["ram"] > model.center({"width": 64, "lr": 1e-3})["ram"]
     )
     assert math.isfinite(model.quantile("threads")[0])
+
+
+def test_stopped_trials_keep_the_sizes_in_the_fit_when_those_that_ran_to_the_end_added_almost_nothing() -> None:
+    # Lightning in process on a 2-core machine (bench_clients): the trials that ran to the end reused what
+    # earlier trials had freed in the process (increments 0.13 and 0.20 MiB); four stopped ones reached
+    # 48-204 MiB. Weighted by 1 / increment, the two tiny trials outweighed the stopped ones 1500 to 1: the
+    # fit held no param, flat at 0.2 MiB, the stopped trials' misses from it put the bound at 147 MiB for every
+    # assignment, and the guard rejected every later trial (4 of 5 replayed alone ran under the soft line).
+    rows = [  # width, layers, batch_size, increment in MiB, stopped
+        (666, 5, 42, 51.87, True),
+        (6694, 3, 71, 171.12, True),
+        (742, 6, 9, 47.73, True),
+        (7274, 5, 28, 203.62, True),
+        (61, 4, 11, 0.13, False),
+        (574, 3, 16, 0.20, False),
+    ]
+    obs = [
+        Observation({"width": w, "layers": n, "batch_size": b, "lr": 1e-3}, {"ram": mib * MiB}, censored=c, number=i)
+        for i, (w, n, b, mib, c) in enumerate(rows)
+    ]
+    model = learned().fit(obs)
+    assert model.ready and set(model.params()) >= {"width", "layers"}
+    small, large = (
+        {"width": 114, "layers": 1, "batch_size": 42, "lr": 1e-3},
+        {"width": 2806, "layers": 3, "batch_size": 21, "lr": 1e-3},
+    )
+    assert model.bound(small)["ram"] < 10 * MiB < model.bound(large)["ram"]
+    assert model.bound({**large, "width": 7274, "layers": 5, "batch_size": 28})["ram"] >= 203.62 * MiB  # the floor
