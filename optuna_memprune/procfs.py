@@ -46,7 +46,12 @@ def read_own(name: str) -> bytes:
         fd = _own.setdefault(name, opened)  # one kept where two threads opened it at once
         if fd != opened:
             os.close(opened)
-    return os.pread(fd, READ_SIZE, 0)
+    try:
+        return os.pread(fd, READ_SIZE, 0)
+    except OSError:
+        if _own.get(name) == fd:  # closed under us (a program closing every descriptor): opened again next time
+            del _own[name]
+        raise
 
 
 def _forget_own() -> None:

@@ -5,8 +5,8 @@ call was interrupted (or while the program uses SIGALRM itself), in a worker thr
 stopped) past the limit. The worker is kept between calls that come close together (a study's trials, a
 clamp search's candidates): a thread started per call cost 0.4-0.7 ms on a loaded 2-core machine, handing a
 call to a waiting thread 15-60 us back to back and 0.27 ms after 15 ms of other work in the caller (mostly
-waking the other CPU); in the caller's thread with the timer it costs about 0.01 ms (``bench_overhead``:
-the guard's time per trial 0.34 ms with the worker, 0.25 ms with no limit at all).
+waking the other CPU); in the caller's thread the timer's set-up costs about 0.02 ms (``bench_overhead``:
+the guard's time per trial 0.34-0.38 ms with the worker, 0.25-0.26 ms with the timer).
 
 Owns the limit's rules and the words of its errors; knows nothing of budgets, caches or Optuna.
 """

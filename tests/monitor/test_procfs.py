@@ -46,6 +46,12 @@ def test_read_own_reads_each_time_afresh_and_a_forked_child_reads_its_own() -> N
     os.waitpid(pid, 0)
     os.close(read)
     assert procfs.read_own("stat").split()[0] == str(os.getpid()).encode()
+    # a descriptor closed under it (a program closing every descriptor): one read fails, the next opens again
+    kept, procfs._own["stat"] = procfs._own["stat"], 999_999  # no descriptor has that number
+    os.close(kept)
+    with pytest.raises(OSError):
+        procfs.read_own("stat")
+    assert procfs.read_own("stat").split()[0] == str(os.getpid()).encode()
     del block
 
 
