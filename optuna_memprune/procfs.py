@@ -32,7 +32,24 @@ def read(path: str) -> bytes:
         os.close(fd)
 
 
-_own: dict[str, int] = {}  # descriptors of this process's own files, by name (``read_own``)
+_own: dict[str, int] = {}  # descriptors of this process's own files, by name (``read_own``, ``reset_peak``)
+
+
+def _kept(name: str, flags: int) -> int:
+    """The kept descriptor of ``/proc/<this process>/<name>``, opened on first use."""
+    fd = _own.get(name)
+    if fd is None:
+        opened = os.open(f"/proc/{os.getpid()}/{name}", flags)
+        fd = _own.setdefault(name, opened)  # one kept where two threads opened it at once
+        if fd != opened:
+            os.close(opened)
+    return fd
+
+
+def _forget(name: str, fd: int) -> None:
+    """A kept descriptor failed: closed under it (a program closing every descriptor); opened again next time."""
+    if _own.get(name) == fd:
+        del _own[name]
 
 
 def read_own(name: str) -> bytes:
@@ -40,17 +57,11 @@ def read_own(name: str) -> bytes:
     descriptor kept open: one ``pread`` (each read generates the file afresh), 1-3 us a read against 4-7 us to
     open, read and close it here, and more after other work evicted the path's lookup from the caches. A
     forked child opens its own."""
-    fd = _own.get(name)
-    if fd is None:
-        opened = os.open(f"/proc/{os.getpid()}/{name}", os.O_RDONLY)
-        fd = _own.setdefault(name, opened)  # one kept where two threads opened it at once
-        if fd != opened:
-            os.close(opened)
+    fd = _kept(name, os.O_RDONLY)
     try:
         return os.pread(fd, READ_SIZE, 0)
     except OSError:
-        if _own.get(name) == fd:  # closed under us (a program closing every descriptor): opened again next time
-            del _own[name]
+        _forget(name, fd)
         raise
 
 
@@ -134,9 +145,14 @@ def descendants(root: int) -> list[int]:
 
 
 def reset_peak() -> None:
-    """Reset this process's VmHWM to its present RSS (``clear_refs`` 5, Linux >= 4.0); OSError where not."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    """Reset this process's VmHWM (and so ``getrusage``'s ``ru_maxrss``) to its present RSS (``clear_refs``
+    5, Linux >= 4.0; a kept descriptor); OSError where not."""
+    fd = _kept("clear_refs", os.O_WRONLY)
+    try:
+        os.write(fd, b"5")
+    except OSError:
+        _forget("clear_refs", fd)
+        raise
 
 
 def oom_kills() -> int | None:

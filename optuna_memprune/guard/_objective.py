@@ -28,7 +28,7 @@ from ._core import check_guard, policy_of, trials_of, warnings_of
 from ._forecast_stop import trial_forecast
 from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cuda_peak
 from ._outcome import Outcome, trial_outcome
-from ._start import allowance, describe_allowance, trim_heap
+from ._start import allowance, describe_allowance, reset_rss_peak, trim_heap
 from ._trials import TrialGuardState
 from ._watch import Interrupt, Live, MemoryBudgetExceeded, watch_of
 
@@ -76,6 +76,10 @@ class GuardedObjective:
           resource that ran out, whatever ``catch`` says; its frames' locals are dropped and, where it runs
           torch on CUDA, torch's cache is emptied. With torch on CUDA, ``torch.cuda.max_memory_reserved()``
           (reset at the trial's start) counts in the trial's VRAM peak.
+        - A trial alone in the process resets the process's peak RSS (VmHWM, ``getrusage``'s ``ru_maxrss``,
+          where Linux allows) at its start, so that the peak read at its end is its own, even in a trial
+          shorter than one reading that stays under an earlier trial's peak; a program that reads its own
+          ``ru_maxrss`` sees the last trial's peak.
 
     Examples:
         >>> import optuna, optuna_memprune as omp
@@ -127,6 +131,7 @@ class GuardedObjective:
         policy, trials = policy_of(guard), trials_of(guard)
         if trials.enter_run(state) == 1:
             reset_cuda_peak()  # where the objective runs torch on CUDA: its peak is this trial's
+            reset_rss_peak()  # the process's peak RSS too (Live reads it from here on)
         else:
             warnings_of(guard).once(
                 "n_jobs",

@@ -84,6 +84,17 @@ def _malloc_trim() -> Callable[[int], int] | None:
 _MALLOC_TRIM = _malloc_trim()
 
 
+def reset_rss_peak() -> None:
+    """Reset this process's peak RSS (VmHWM, ``getrusage``'s ``ru_maxrss``) to its RSS now, where Linux
+    allows it (``procfs.reset_peak``): the peak a trial alone in the process reads at its end is then its
+    own, even for a trial shorter than one monitor reading that stays under an earlier trial's peak (such
+    trials had no peak, so no observation, and a learned guard's warm-up waited on them). A no-op elsewhere."""
+    try:
+        procfs.reset_peak()
+    except OSError:
+        pass
+
+
 def rss() -> int | None:
     """This process's RSS in bytes (one ``/proc/self/statm`` read), ``None`` where there is no /proc."""
     try:

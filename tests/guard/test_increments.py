@@ -25,6 +25,7 @@ from optuna_memprune.guard._learning import Learning
 from optuna_memprune.guard._policy import Policy
 from optuna_memprune.guard._start import ProcessLevels, Start, allowance, charged, give_back
 from optuna_memprune.guard._trials import TrialGuardState
+from optuna_memprune.guard._watch import watch_of
 from optuna_memprune.records import TrialRecord, read, write
 
 MiB = 2**20
@@ -290,3 +291,31 @@ def test_the_start_fields_round_trip_and_old_records_read() -> None:
     }
     again = read(old)
     assert (again.start_ram, again.start_threads, again.leftover, again.need) == (None, None, {}, {})
+
+
+def test_a_short_trial_under_an_earlier_trials_peak_is_recorded_with_its_own_peak() -> None:
+    # A trial shorter than one monitor reading that stays under an earlier trial's peak left no peak (the
+    # process's VmHWM did not move), so no observation: a learned guard's warm-up waited on such trials for a
+    # whole study (scripts/core/learned_study.py on a fast machine: 13 of 20 unchecked). The process's peak
+    # is now reset at the start of a trial alone in it.
+    guard = MemoryGuard(None, omp.Budget(ram=_rss() + 2048 * MiB), monitor_interval=10)  # no reading in a trial
+
+    def objective(trial: optuna.Trial) -> float:
+        block = np.ones(trial.suggest_int("mb", 8, 300) * MiB, dtype=np.uint8)  # written: resident
+        return float(block[::4096].sum())
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study.enqueue_trial({"mb": 300})
+    study.enqueue_trial({"mb": 60})
+    try:
+        study.optimize(guard.wrap_objective(objective), n_trials=2)
+    finally:  # its monitor would read on for a few idle readings of 10 s: stopped here, not left to later tests
+        watch = watch_of(guard)
+        with watch._lock:
+            monitor, watch._monitor = watch._monitor, None
+        if monitor is not None:
+            monitor.stop()
+    large, small = (read_record(t.user_attrs) for t in study.trials)
+    assert large.peak_ram - large.start_ram >= 290 * MiB
+    assert small.peak_ram is not None, "no peak recorded for the short trial"
+    assert 55 * MiB <= small.peak_ram - small.start_ram <= 75 * MiB, (small.peak_ram - small.start_ram) / MiB
