@@ -157,20 +157,15 @@ class LimitedCall:
                 result = self._function(params)
             finally:
                 clock.running = False
-        except _Expired:
-            self._inline = False  # later calls go to the worker, where a slow one completes
-            raise FootprintTimeout(took) from None
-        except Exception:
-            if clock.fired:  # it caught the interrupt, then failed: past its limit all the same
-                self._inline = False
-                raise FootprintTimeout(took) from None
-            raise
+        except (_Expired, Exception):
+            if not clock.fired:  # the function's own error, within its limit
+                raise
         finally:
             clock.running = False  # first: the ticks are _POLL_S apart, and from here on none raises
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-        if clock.fired:  # the function caught the interrupt and answered after its limit
-            self._inline = False
+        if clock.fired:  # interrupted, or it caught the interrupt and failed or answered after its limit
+            self._inline = False  # later calls go to the worker, where a slow one completes
             raise FootprintTimeout(took)
         self._answered = True
         return result

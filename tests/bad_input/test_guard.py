@@ -70,12 +70,12 @@ def _footprint_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "memprune-footprint"]
 
 
-def _no_footprint_threads() -> None:
-    """Wait for the footprint workers an earlier test of this process left (an abandoned call, a worker's
-    idle second) to end: a test that counts them counts its own."""
-    deadline = time.monotonic() + 30
+def _no_footprint_threads(within: float = 30, whose: str = "an earlier test's footprint worker") -> None:
+    """Wait up to ``within`` seconds for every footprint worker of this process to end (an abandoned call, a
+    worker's idle second): a test that counts them first waits out those an earlier test left."""
+    deadline = time.monotonic() + within
     while _footprint_threads():
-        assert time.monotonic() < deadline, "an earlier test's footprint worker did not end"
+        assert time.monotonic() < deadline, f"{whose} did not end"
         time.sleep(0.01)
 
 
@@ -207,10 +207,7 @@ def test_a_footprint_slower_than_its_limit_runs_the_trial_unchecked_without_pili
         threads_seen.append(len(_footprint_threads()))
         if trial.number == 1:  # the hung call returns now; its answer still fills the cache
             release.set()
-            deadline = time.monotonic() + 10
-            while _footprint_threads():
-                assert time.monotonic() < deadline, "the footprint's worker thread did not end"
-                time.sleep(0.01)
+            _no_footprint_threads(10, "the footprint's worker thread")
         return float(trial.suggest_int("x", 1, 9))
 
     start = time.monotonic()
