@@ -738,8 +738,9 @@ class Drill:
 
 
 def read_txn_logs(directory: str) -> tuple[list[tuple[float, float, float]], list[float]]:
-    """The workers' ``try_admit`` lines (``<time> try_admit <ms> ms <admitted|refused> cpu=<ms> key=<key>``;
-    versions before the CPU figure have no ``cpu=``): every transaction's (end time, milliseconds, CPU
+    """The workers' ``try_admit`` lines (``<time> try_admit <ms> ms <admitted|refused|refused-unlocked> cpu=<ms>
+    conflicts=<n> key=<key>``; versions before the CPU figure have no ``cpu=``, before the read-then-commit
+    admission no ``conflicts=``): every transaction's (end time, milliseconds, CPU
     milliseconds of the worker's thread, NaN when not given), and per trial's key (per worker; not the empty
     reservation that names a trial while it is checked, phase ``asked``) the seconds from its first try to its
     admission, or to its last try when never admitted. A line cut short by a SIGKILL is skipped."""
@@ -753,8 +754,10 @@ def read_txn_logs(directory: str) -> tuple[list[tuple[float, float, float]], lis
                 if len(parts) < 6 or parts[1] != "try_admit":
                     continue
                 cpu, key = "nan", parts[5]
-                if key.startswith("cpu="):
-                    cpu, _, key = key[4:].partition(" ")
+                while not key.startswith("key=") and "=" in key.partition(" ")[0]:  # cpu=, conflicts=
+                    field, _, key = key.partition(" ")
+                    if field.startswith("cpu="):
+                        cpu = field[4:]
                 if not key.startswith("key="):
                     continue
                 try:

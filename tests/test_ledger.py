@@ -472,6 +472,69 @@ def test_a_waiters_repeated_refusal_takes_no_lock_and_a_try_that_may_be_admitted
         holder.dispose()
 
 
+def test_a_plan_decided_on_a_read_that_another_commit_moved_writes_nothing(url: str) -> None:
+    from optuna_memprune.ledger._commit import commit, read_state
+
+    ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
+    with ledger._engine.connect() as conn:
+        state = read_state(conn, "h")
+    owner = (os.getpid(), start_of(os.getpid()))
+    plan, entry = _queue.decide(state, ledger.capacity, Request(ram=6), owner, "late", wait=True)
+    assert entry is not None and plan.entry == entry  # on that read, it fits
+    assert ledger.try_admit(Request(ram=6), "first") is not None  # another commit in between
+    with ledger._engine.begin() as conn:
+        assert commit(conn, "h", plan) is None  # the version moved: not written, so no over-commit
+    assert [e.key for e in ledger.entries()] == ["first"]
+    with ledger._engine.connect() as conn:
+        assert read_state(conn, "h").version == state.version + 1
+    assert ledger.try_admit(Request(ram=6), "late") is None and [t.key for t in ledger.waiting()] == ["late"]
+
+
+def test_a_try_whose_commit_found_the_host_moved_decides_again_then_under_the_lock(
+    url: str, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
+    other = Ledger(HostCapacity(ram=10), url=url, host="h")
+    real = _queue.decide
+    racers: list[Entry | None] = []
+
+    def decide_then_race(state, capacity, request, owner, key, **kwargs):  # a commit between its read and its own
+        out = real(state, capacity, request, owner, key, **kwargs)
+        if key == "mine" and len(racers) < 4:  # not under the lock: it would wait for this very try
+            racers.append(other.try_admit(Request(ram=1), f"racer-{len(racers)}"))
+        return out
+
+    monkeypatch.setattr("optuna_memprune.ledger._ledger.decide", decide_then_race)
+    with caplog.at_level("DEBUG", logger="optuna_memprune.ledger.txn"):
+        mine = ledger.try_admit(Request(ram=6), "mine")
+    # four commits found the host moved (a racer admitted after each read); the fifth try read under the lock
+    assert mine is not None and len(racers) == 4 and all(r is not None for r in racers)
+    assert "admitted cpu=" in caplog.text and "conflicts=4 key=mine" in caplog.text
+    assert sorted(e.key for e in ledger.entries()) == ["mine", *(f"racer-{i}" for i in range(4))]
+    assert ledger.in_use().ram == 10
+    monkeypatch.setattr("optuna_memprune.ledger._ledger.decide", real)
+    assert ledger.try_admit(Request(ram=1), "more") is None
+
+
+def test_a_ledger_database_made_before_the_host_version_gets_it_on_open(url: str) -> None:
+    old = sa.MetaData()
+    sa.Table("memprune_ledger_hosts", old, sa.Column("host", sa.String(255), primary_key=True))
+    engine = sa.create_engine(url)
+    old.create_all(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO memprune_ledger_hosts (host) VALUES ('h')")
+    engine.dispose()
+    ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
+    assert Ledger(HostCapacity(ram=10), url=url, host="h").entries() == []  # a second open: the column is there
+    assert ledger.try_admit(Request(ram=6), "a") is not None and ledger.try_admit(Request(ram=6), "b") is None
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT version FROM memprune_ledger_hosts").scalar_one() == 2
+    finally:
+        engine.dispose()
+
+
 def test_withdraw_and_a_timed_out_admit_give_up_the_place(url: str, owners) -> None:
     ledger = Ledger(HostCapacity(ram=10), url=url, host="h")
     ledger.try_admit(Request(ram=4), "running")

@@ -1,18 +1,20 @@
 """The ledger's database: its tables, the rows read back from them, and opening an engine on a URL.
 
-Owns the table schema (entries, reaped entries, the waiting queue's tickets), the default SQLite file per
-host, SQLite's locking set-up and the one-line ``LedgerError`` for a database that cannot be opened; knows
-nothing of capacities, admission or liveness.
+Owns the table schema (entries, reaped entries, the waiting queue's tickets, each host's version),
+``read_host``, the default SQLite file per host, SQLite's locking set-up and the one-line ``LedgerError`` for a
+database that cannot be opened; knows nothing of capacities, admission or liveness.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
 
 from ..exceptions import MemPruneError
 from ..paths import cache_dir
@@ -25,6 +27,9 @@ hosts_table = sa.Table(
     "memprune_ledger_hosts",
     metadata,
     sa.Column("host", sa.String(255), primary_key=True),  # one row per host, locked by every admission
+    # Bumped by every commit that admits, queues or reaps on the host (``_commit.py``): a decision taken on a
+    # read is committed only if the host's version is still the one read. Added to a database made before it.
+    sa.Column("version", sa.BigInteger, nullable=False, server_default="0"),
 )
 entries_table = sa.Table(
     "memprune_ledger_entries",
@@ -83,10 +88,43 @@ def _of_host(table: sa.Table) -> sa.Select[Any]:
     return table.select().where(table.c.host == sa.bindparam("host")).order_by(table.c.id)
 
 
+#: The columns of ``STATE_OF``'s rows after ``kind``, with their types (a table without one gives NULL).
+_STATE_COLUMNS: dict[str, Any] = {
+    "id": sa.BigInteger,
+    "owner_pid": sa.Integer,
+    "owner_start": sa.Float,
+    "key": sa.Text,
+    "ram": sa.BigInteger,
+    "vram": sa.BigInteger,
+    "gpu": sa.Integer,
+    "threads": sa.Integer,
+    "created": sa.Float,
+    "seen": sa.Float,
+}
+
+
+def _state_of() -> sa.CompoundSelect[Any]:
+    """A host's version, entries and tickets in one statement, so in one snapshot without a transaction: rows
+    ``(kind, *_STATE_COLUMNS)``, kind ``"v"`` (its ``id`` the version), ``"e"`` or ``"t"``, each oldest first."""
+
+    def part(kind: str, table: sa.Table, **given: Any) -> sa.Select[Any]:
+        cells = [
+            given.get(name, table.c[name] if name in table.c else sa.cast(sa.null(), type_)).label(name)
+            for name, type_ in _STATE_COLUMNS.items()
+        ]
+        return sa.select(sa.literal_column(f"'{kind}'").label("kind"), *cells).where(
+            table.c.host == sa.bindparam("host")
+        )
+
+    version = sa.cast(hosts_table.c.version, sa.BigInteger)
+    parts = part("v", hosts_table, id=version), part("e", entries_table), part("t", waiting_table)
+    return sa.union_all(*parts).order_by(sa.literal_column("kind"), sa.literal_column("id"))
+
+
 # The statements every admission runs, built once (building one cost about as much CPU as running it on a
-# local server); each takes ``{"host": ...}``. A host's rows oldest first, and the lock on the host's row (on
-# SQLite, which renders no FOR UPDATE, ``BEGIN IMMEDIATE`` already holds the database's write lock).
+# local server); each takes ``{"host": ...}``. A host's rows oldest first, and its version, entries and tickets.
 ENTRIES_OF, REAPED_OF, TICKETS_OF = _of_host(entries_table), _of_host(reaped_table), _of_host(waiting_table)
+STATE_OF = _state_of()
 LOCK_HOST = sa.select(hosts_table.c.host).where(hosts_table.c.host == sa.bindparam("host")).with_for_update()
 
 
@@ -145,6 +183,19 @@ class Ticket:
     threads: int
     created: float
     seen: float
+
+
+def add_version_column(engine: sa.Engine) -> None:
+    """Give a hosts table made before ``version`` existed its column (0 on every host)."""
+    for attempt in range(2):
+        try:
+            with engine.begin() as conn:
+                if "version" not in {c["name"] for c in sa.inspect(conn).get_columns(hosts_table.name)}:
+                    conn.exec_driver_sql(f"ALTER TABLE {hosts_table.name} ADD COLUMN version BIGINT NOT NULL DEFAULT 0")
+            return
+        except DBAPIError:  # another process added it between our check and our ALTER
+            if attempt:
+                raise
 
 
 def ticket_of(row: Any) -> Ticket:
@@ -239,3 +290,33 @@ def open_engine(url: str) -> sa.Engine:
         conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get("memprune_read") else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Entry], list[Reaped]]:
+    """A host's entries and unsettled reaped entries, read without creating anything: ``([], [])`` when the
+    database (default: this host's file in the cache dir) or its tables do not exist.
+
+    Raises ``LedgerError`` when the database cannot be read.
+    """
+    host = socket.gethostname() if host is None else host
+    default = url is None
+    url = default_url(host) if url is None else url
+    path = sqlite_path(url)
+    if path is not None and not os.path.isfile(path):
+        return [], []
+    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S} if path else {})
+    try:
+        with engine.connect() as conn:
+            tables = sa.inspect(conn).get_table_names()
+            if entries_table.name not in tables:
+                return [], []
+            rows = conn.execute(ENTRIES_OF, {"host": host})
+            entries = [entry_of(r) for r in rows]
+            reaped = []
+            if reaped_table.name in tables:
+                reaped = [reaped_of(r) for r in conn.execute(REAPED_OF, {"host": host})]
+            return entries, reaped
+    except DBAPIError as exc:
+        raise cannot_open(url, exc, default) from None
+    finally:
+        engine.dispose()

@@ -21,16 +21,17 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, Operation
 from ..paths import cache_dir
 from ..units import check_number, is_int
 from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
+from ._commit import Committed, Plan, State, commit, read_state
 from ._db import (
     ENTRIES_OF,
     LOCK_HOST,
     REAPED_OF,
-    SQLITE_BUSY_TIMEOUT_S,
     TICKETS_OF,
     Entry,
     LedgerError,
     Reaped,
     Ticket,
+    add_version_column,
     cannot_open,
     check_ledger_url,
     default_url,
@@ -41,11 +42,10 @@ from ._db import (
     open_engine,
     reaped_of,
     reaped_table,
-    sqlite_path,
     ticket_of,
 )
 from ._owners import owner_alive, start_of
-from ._queue import TICKET_TTL_S, misfit_of, refused_unlocked, take_turn, withdraw
+from ._queue import TICKET_TTL_S, decide, misfit_of, withdraw
 
 _logger = logging.getLogger("optuna_memprune.ledger")
 #: One DEBUG line per ``try_admit`` transaction, with its duration and the CPU time of the thread that ran it
@@ -60,24 +60,29 @@ _FORGET_EVERY_S = 3600.0
 #: How long a transaction on a database server (not SQLite) is retried while the server cannot be reached
 #: (restarting, failing over), with backoff from 0.1 s to 2 s between attempts.
 RETRY_S = 60.0
+#: Commits a try makes on its reads before it reads and decides under the host's lock (each one that found the
+#: host's version moved since its read wrote nothing).
+_OPTIMISTIC_TRIES = 4
 
 
 class Ledger:
     """The reservations of the running trials of one host, kept in a database shared by its processes.
 
-    A trial runs only while it holds an ``Entry``. ``try_admit`` (and ``admit``, which waits)
-    inserts one in a single transaction that first reaps the host's entries whose owner process is gone,
-    then sums the rest and inserts only if RAM, threads and (for ``vram > 0``) one GPU's memory still fit
-    this ledger's capacity, in its turn: first come, first served with conservative backfill. A request that
+    A trial runs only while it holds an ``Entry``. ``try_admit`` (and ``admit``, which waits) reads the host
+    (its version, entries and tickets) in one statement, reaps the entries whose owner process is gone, sums
+    the rest and inserts one only if RAM, threads and (for ``vram > 0``) one GPU's memory still fit this
+    ledger's capacity, in its turn: first come, first served with conservative backfill. A request that
     does not fit takes a ticket in the host's queue (``memprune_ledger_waiting``), kept across its retries
     (same owner and key), and is admitted only if it fits after the room of every older ticket is set aside
     (RAM and threads summed, VRAM placed best fit in order; a resource it does not ask for is not checked): a
     later small request takes no room an earlier one needs, and the earliest waiting request that fits the
     host is never starved. A ticket reserves nothing; it is dropped when its owner is gone or has not tried for
-    ``TICKET_TTL_S`` (30 s). Admissions of one host serialize on a lock: SQLite's write lock (``BEGIN
-    IMMEDIATE``, WAL journal, 30 s busy timeout) or, on other databases, ``SELECT ... FOR UPDATE`` of the host's
-    row in ``memprune_ledger_hosts``; a try that a read shows refused takes none. A failed transaction leaves no
-    row behind.
+    ``TICKET_TTL_S`` (30 s). What a try decided is committed only if the host's version (in its row of
+    ``memprune_ledger_hosts``) is still the one read, bumping it; otherwise it reads and decides again, and
+    after four such tries under the host's lock. Commits of one host serialize on SQLite's write lock (``BEGIN
+    IMMEDIATE``, WAL journal, 30 s busy timeout) or, on a server, the host row's lock, held for one statement;
+    most tries of a waiter write nothing and take no lock. A failed commit leaves no row behind. Every process
+    of one ledger database must run a version of this package that commits this way.
 
     Args:
         budget: A ``HostBudget`` (resolved once, here) or a ``HostCapacity``.
@@ -149,7 +154,7 @@ class Ledger:
         self._sqlite = sa.engine.make_url(url).get_backend_name() == "sqlite"
         self._pid = os.getpid()
         self._reaped: list[Entry] = []
-        self._next_forget = 0.0  # when _reap next deletes reaped entries older than _REAPED_KEPT_S
+        self._next_forget = 0.0  # when a commit next deletes reaped entries older than _REAPED_KEPT_S
         self._lock = threading.Lock()
         try:
             self._create_tables()
@@ -176,50 +181,19 @@ class Ledger:
         if start is None or not owner_alive(pid, start):
             raise ValueError(f"owner_pid must be the pid of a running process, but got {owner_pid!r}.")
 
-        def refused(conn: sa.Connection, _retried: bool) -> bool:
-            entries = self._entries(conn)
-            alive = all(owner_alive(e.owner_pid, e.owner_start) for e in entries)
-            used = Usage.of(entries, self.capacity)
-            return refused_unlocked(conn, self.host, self.capacity, request, used, (pid, start), key, alive)
-
-        def admit(conn: sa.Connection, retried: bool) -> tuple[list[Entry], Entry | None]:
-            reaped, entries = self._reap(conn)
-            if retried:  # the lost attempt may have committed before its connection went away
-                mine = [e for e in entries if (e.owner_pid, e.owner_start, e.key) == (pid, start, key)]
-                if mine:
-                    return reaped, mine[0]
-            used = Usage.of(entries, self.capacity)
-            gpu = take_turn(conn, self.host, self.capacity, request, used, (pid, start), key, wait=wait)
-            if gpu is False:
-                return reaped, None
-            entry = Entry(
-                id=0,  # the database's, below
-                host=self.host,
-                owner_pid=pid,
-                owner_start=start,
-                key=key,
-                ram=request.ram,
-                vram=request.vram,
-                gpu=gpu,
-                threads=request.threads,
-                created=time.time(),
-            )
-            inserted = conn.execute(entries_table.insert(), _values(entry)).inserted_primary_key
-            if inserted is None:  # SQLAlchemy gives the key of the row a single-row INSERT added; never None here
-                raise LedgerError("the ledger database gave no id for the entry it inserted")
-            return reaped, dataclasses.replace(entry, id=inserted[0])
+        def decide_on(state: State, found: bool) -> tuple[Plan, Entry | None]:
+            return decide(state, self.capacity, request, (pid, start), key, wait=wait, found=found)
 
         began, cpu = time.perf_counter(), time.thread_time()
-
-        def log(outcome: str) -> None:  # wall and this thread's CPU milliseconds: waits for a CPU apart
-            took, own = (time.perf_counter() - began) * 1000, (time.thread_time() - cpu) * 1000
-            _txn_logger.debug("try_admit %.3f ms %s cpu=%.3f key=%s", took, outcome, own, key)
-
-        if wait and self._transaction(refused, read=True):  # most tries of a waiter: no lock taken (_queue.py)
-            log("refused-unlocked")
-            return None
-        reaped, entry = self._transaction(admit)
-        log("refused" if entry is None else "admitted")
+        plan, entry, done, conflicts = self._decide_and_commit(decide_on)
+        if done is not None and entry is not None and done.entry_id is not None:
+            entry = dataclasses.replace(entry, id=done.entry_id)
+        # wall and this thread's CPU milliseconds (waits for a CPU apart), and how many commits found the host
+        # moved since their read; "refused-unlocked": refused on a read, nothing written, no lock taken
+        outcome = "admitted" if entry is not None else "refused" if done is not None else "refused-unlocked"
+        took, own = (time.perf_counter() - began) * 1000, (time.thread_time() - cpu) * 1000
+        _txn_logger.debug("try_admit %.3f ms %s cpu=%.3f conflicts=%d key=%s", took, outcome, own, conflicts, key)
+        reaped = self._reaped_by(plan, done)
         if reaped:
             with self._lock:
                 self._reaped.extend(reaped)
@@ -277,21 +251,24 @@ class Ledger:
     def withdraw(self, key: str, owner_pid: int | None = None) -> None:
         """Give up the place of ``key`` (owner ``owner_pid``, default: this process) in the host's queue, if any."""
         pid = os.getpid() if owner_pid is None else owner_pid
-        self._transaction(lambda conn, _: withdraw(conn, self.host, pid, key))
+        self._write(lambda conn, _: withdraw(conn, self.host, pid, key))
 
     def release(self, entry_or_id: Entry | int) -> None:
         """Remove a reservation; releasing one that is already gone does nothing."""
         entry_id = entry_or_id.id if isinstance(entry_or_id, Entry) else entry_or_id
         if not is_int(entry_id):
             raise TypeError(f"entry_or_id must be an Entry or an int id, but got {entry_or_id!r}.")
-        self._transaction(lambda conn, _: conn.execute(entries_table.delete().where(entries_table.c.id == entry_id)))
+        self._write(lambda conn, _: conn.execute(entries_table.delete().where(entries_table.c.id == entry_id)))
 
     # -- dead owners -----------------------------------------------------------------------------------
 
     def reap(self) -> list[Entry]:
         """Remove this host's entries whose owner process is gone and return them (not kept for take_reaped;
         kept in ``reaped`` until settled)."""
-        return self._transaction(lambda conn, _: self._reap(conn)[0])
+        plan, _, done, _ = self._decide_and_commit(
+            lambda state, _: decide(state, self.capacity, None, (os.getpid(), 0.0), "", wait=False)
+        )
+        return self._reaped_by(plan, done)
 
     def reaped(self) -> list[Reaped]:
         """This host's reaped entries not yet settled, oldest first: the trials of dead owners that a
@@ -304,7 +281,7 @@ class Ledger:
         if not isinstance(reaped, Reaped):
             raise TypeError(f"reaped must be a Reaped, but got {reaped!r}.")
         delete = reaped_table.delete().where(reaped_table.c.id == reaped.id)
-        return self._transaction(lambda conn, _: conn.execute(delete).rowcount > 0)
+        return self._write(lambda conn, _: conn.execute(delete).rowcount > 0)
 
     def take_reaped(self) -> list[Entry]:
         """Return, and forget, the entries that ``try_admit`` and ``admit`` of this object reaped."""
@@ -349,6 +326,11 @@ class Ledger:
         # snapshot, and what is decided from them is only a refusal (safe, _queue.refused_unlocked) or a figure.
         return conn.execution_options(isolation_level="AUTOCOMMIT")
 
+    def _write(self, work: Callable[[sa.Connection, bool], T]) -> T:
+        """``work`` that writes: on a database server without a transaction (one statement, atomic by itself:
+        no BEGIN and COMMIT round trips), on SQLite in a ``BEGIN IMMEDIATE`` transaction."""
+        return self._transaction(work, read=not self._sqlite)
+
     def _transaction(self, work: Callable[[sa.Connection, bool], T], *, read: bool = False) -> T:
         """``work(conn, retried)`` in one transaction; on a database server, retried for up to ``RETRY_S``
         while the server cannot be reached (``retried`` is True from the second attempt on)."""
@@ -372,6 +354,7 @@ class Ledger:
             metadata.create_all(self._engine)
         except DBAPIError:  # another process created them between our check and our CREATE
             metadata.create_all(self._engine)
+        add_version_column(self._engine)
         try:
             with self._connect() as conn, conn.begin():
                 if conn.execute(sa.select(hosts_table.c.host).where(hosts_table.c.host == self.host)).first() is None:
@@ -379,32 +362,74 @@ class Ledger:
         except IntegrityError:  # another process inserted the host row first
             pass
 
-    def _reap(self, conn: sa.Connection) -> tuple[list[Entry], list[Entry]]:
-        """Under the host's lock: delete the entries of dead owners; return them and the live ones."""
-        conn.execute(LOCK_HOST, {"host": self.host})
-        entries = self._entries(conn)
-        dead = [e for e in entries if not owner_alive(e.owner_pid, e.owner_start)]
+    def _decide_and_commit(
+        self, decide_on: Callable[[State, bool], tuple[Plan, Entry | None]]
+    ) -> tuple[Plan, Entry | None, Committed | None, int]:
+        """Read the host, decide on the read (``decide_on(state, found)``) and commit the plan if the host's version
+        is still the one read; a plan that writes nothing is not committed. Returns the plan, the decided entry,
+        what was committed (None: nothing) and how many commits found the version moved.
+
+        The host's lock is held only while a commit runs, not while a process decides: on a database server a
+        try is two round trips (one when it writes nothing), against seven with the lock taken first, where a
+        holder descheduled on a loaded host kept every other admission of the host waiting. After
+        ``_OPTIMISTIC_TRIES`` commits found the version moved, the next try reads and decides under the lock.
+        ``found`` is True once a commit was retried after its connection went away: it may have committed.
+        """
+        found = False
+        for conflicts in range(_OPTIMISTIC_TRIES):
+            state = self._transaction(lambda conn, _: read_state(conn, self.host), read=True)
+            plan, entry = decide_on(state, found)
+            if not plan.writes():
+                return plan, entry, None, conflicts
+            retried: list[bool] = []
+
+            def write(
+                conn: sa.Connection, again: bool, plan: Plan = plan, retried: list[bool] = retried
+            ) -> Committed | None:
+                retried.append(again)
+                return commit(conn, self.host, plan)
+
+            done = self._write(write)
+            if done is not None:
+                self._forget_old_reaped()
+                return plan, entry, done, conflicts
+            found = found or any(retried)
+
+        def locked(conn: sa.Connection, again: bool) -> tuple[Plan, Entry | None, Committed | None]:
+            conn.execute(LOCK_HOST, {"host": self.host})  # on SQLite BEGIN IMMEDIATE holds it already
+            plan, entry = decide_on(read_state(conn, self.host), found or again)
+            return plan, entry, (commit(conn, self.host, plan) if plan.writes() else None)
+
+        plan, entry, done = self._transaction(locked)
+        if done is not None:
+            self._forget_old_reaped()
+        return plan, entry, done, _OPTIMISTIC_TRIES
+
+    def _reaped_by(self, plan: Plan, done: Committed | None) -> list[Entry]:
+        """The entries ``done`` reaped (each logged) and the tickets of gone waiters it dropped (logged)."""
+        if done is None:
+            return []
+        if plan.drop:
+            keys = ", ".join(t.key for t in plan.drop)
+            _logger.info("Dropped %d tickets of waiters gone or silent for %.0f s on host %s: %s", len(plan.drop),
+                         TICKET_TTL_S, self.host, keys)  # fmt: skip
+        dead = [e for e in plan.reap if e.id in done.reaped]
+        if dead:
+            keys = ", ".join(e.key for e in dead)
+            _logger.info("Reaped %d entries of dead processes on host %s: %s", len(dead), self.host, keys)
+        return dead
+
+    def _forget_old_reaped(self) -> None:
+        """Delete this host's reaped entries older than ``_REAPED_KEPT_S``: at this object's first commit, then
+        at most once an ``_FORGET_EVERY_S``."""
         now = time.time()
-        if dead:
-            conn.execute(entries_table.delete().where(entries_table.c.id.in_([e.id for e in dead])))
-            kept = [dict(_values(e), entry_id=e.id, reaped=now, reaped_by=os.getpid()) for e in dead]
-            conn.execute(reaped_table.insert(), kept)
-        if now >= self._next_forget:  # a statement of its own: once an hour per object is plenty for 30 days
-            conn.execute(
-                reaped_table.delete().where(
-                    reaped_table.c.host == self.host, reaped_table.c.reaped < now - _REAPED_KEPT_S
-                )
-            )
-            self._next_forget = now + _FORGET_EVERY_S
-        if dead:
-            _logger.info(
-                "Reaped %d entries of dead processes on host %s: %s",
-                len(dead),
-                self.host,
-                ", ".join(e.key for e in dead),
-            )
-        gone = {e.id for e in dead}
-        return dead, [e for e in entries if e.id not in gone]
+        if now < self._next_forget:
+            return
+        self._next_forget = now + _FORGET_EVERY_S
+        old = reaped_table.delete().where(
+            reaped_table.c.host == self.host, reaped_table.c.reaped < now - _REAPED_KEPT_S
+        )
+        self._write(lambda conn, _: conn.execute(old))
 
     def _entries(self, conn: sa.Connection) -> list[Entry]:
         return [entry_of(r) for r in conn.execute(ENTRIES_OF, {"host": self.host})]
@@ -412,38 +437,3 @@ class Ledger:
     def misfit(self, request: Request) -> str:
         """Why ``request`` can never fit this host, even with no other entry (``""`` when it can)."""
         return misfit_of(self.capacity, request)
-
-
-def _values(entry: Entry) -> dict[str, object]:
-    """An entry's columns, its id left to the database."""
-    return {name: value for name, value in dataclasses.asdict(entry).items() if name != "id"}
-
-
-def read_host(url: str | None = None, host: str | None = None) -> tuple[list[Entry], list[Reaped]]:
-    """A host's entries and unsettled reaped entries, read without creating anything: ``([], [])`` when the
-    database (default: this host's file in the cache dir) or its tables do not exist.
-
-    Raises ``LedgerError`` when the database cannot be read.
-    """
-    host = socket.gethostname() if host is None else host
-    default = url is None
-    url = default_url(host) if url is None else url
-    path = sqlite_path(url)
-    if path is not None and not os.path.isfile(path):
-        return [], []
-    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S} if path else {})
-    try:
-        with engine.connect() as conn:
-            tables = sa.inspect(conn).get_table_names()
-            if entries_table.name not in tables:
-                return [], []
-            rows = conn.execute(ENTRIES_OF, {"host": host})
-            entries = [entry_of(r) for r in rows]
-            reaped = []
-            if reaped_table.name in tables:
-                reaped = [reaped_of(r) for r in conn.execute(REAPED_OF, {"host": host})]
-            return entries, reaped
-    except DBAPIError as exc:
-        raise cannot_open(url, exc, default) from None
-    finally:
-        engine.dispose()

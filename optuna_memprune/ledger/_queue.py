@@ -1,25 +1,24 @@
 """The order of admission on one host: a queue of tickets in the ledger's database, first come, first served
-with conservative backfill, and the placement of a request on the room that is left.
+with conservative backfill, the placement of a request on the room that is left, and what one try writes.
 
 Owns the tickets (taken, refreshed, withdrawn, dropped when their owner is gone or stopped trying), the room
-the older tickets set aside, best-fit GPU placement and whether a request can ever fit; runs inside the
-admission's transaction, after the host's lock, and knows nothing of entries' rows, reaping or retries.
+the older tickets set aside, best-fit GPU placement, whether a request can ever fit, and ``decide``: a try's
+plan from one read of its host (``_commit.py`` writes it); knows nothing of SQL beyond withdrawing a ticket.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import sqlalchemy as sa
 
 from ..units import format_bytes
 from ._capacity import HostCapacity, Request, Usage
-from ._db import TICKETS_OF, Ticket, ticket_of, waiting_table
+from ._commit import Plan, State
+from ._db import Entry, Ticket, waiting_table
 from ._owners import owner_alive
-
-_logger = logging.getLogger("optuna_memprune.ledger")
 
 #: A ticket whose owner has not tried for this long is dropped: a waiter that went away without withdrawing
 #: (an exception caught above ``Ledger.admit``, a thread that stopped) blocks its host for at most this long.
@@ -29,81 +28,59 @@ _logger = logging.getLogger("optuna_memprune.ledger")
 TICKET_TTL_S = 30.0
 
 
-def take_turn(
-    conn: sa.Connection,
-    host: str,
+def decide(
+    state: State,
     capacity: HostCapacity,
-    request: Request,
-    used: Usage,
+    request: Request | None,
     owner: tuple[int, float],
     key: str,
     *,
     wait: bool,
-) -> int | None | bool:
-    """Where ``request`` of ``key`` goes now in its turn (see ``place``), False when it must wait.
+    found: bool = False,
+) -> tuple[Plan, Entry | None]:
+    """What one try of ``request`` for ``key`` writes, decided on one read of its host: the plan, and the entry
+    it admits (id 0 until committed) or None when it must wait.
 
-    The caller's ticket (host, owner pid, key) is found, or, when the request does not fit, taken at the end of
-    the queue (kept and refreshed on every try while ``wait``; removed when not). Admitted only if the request
-    fits beside ``used`` after the room of every older live ticket is set aside first; then its ticket is deleted,
-    the caller inserting the entry in the same transaction. Tickets of dead owners, or not seen for
-    ``TICKET_TTL_S``, are deleted here first.
+    Entries of dead owners are reaped, and tickets whose owner is gone or silent for ``TICKET_TTL_S`` dropped.
+    The caller's ticket (owner pid and key) is found, or, when the request does not fit, taken at the end of
+    the queue (kept while ``wait``; removed when not). Admitted only if the request fits beside the live
+    entries after the room of every older live ticket is set aside first; then its ticket is deleted. A refused
+    try writes its ticket only when it must: new figures, or a ``seen`` older than a quarter of the TTL (a write
+    per try made every refused try a commit, on SQLite an fsync: 8 racing processes polling every 3 ms took
+    100 s instead of 8, tests/test_ledger.py::test_eight_racing_processes_...). So most tries of a waiter write
+    nothing and take no lock. ``request`` None: only reaping and dropping. ``found``: an earlier attempt of
+    this try may have committed (its answer lost); an entry of the caller's owner and key is that one.
     """
     now = time.time()
-    tickets = live_tickets(conn, host, now)
+    dead = tuple(e for e in state.entries if not owner_alive(e.owner_pid, e.owner_start))
+    live = [e for e in state.entries if e not in dead]
+    dropped = [t for t in state.tickets if gone(t, now)]
+    tickets = [t for t in state.tickets if t not in dropped]
+    plan = Plan(state.version, reap=dead, drop=tuple(dropped))
     pid, start = owner
+    if found:
+        mine_entry = next((e for e in live if (e.owner_pid, e.owner_start, e.key) == (pid, start, key)), None)
+        if mine_entry is not None:
+            return Plan(state.version), mine_entry  # nothing to write: it is there
+    if request is None:
+        return plan, None
     mine = next((t for t in tickets if t.owner_pid == pid and t.key == key), None)  # live: pid is the owner's
     older = tickets[: tickets.index(mine)] if mine is not None else tickets
-    gpu = in_turn(capacity, request, used, older)
+    gpu = in_turn(capacity, request, Usage.of(live, capacity), older)
     if gpu is not False or not wait or misfit_of(capacity, request) or request == Request():
-        if mine is not None:
-            conn.execute(waiting_table.delete().where(waiting_table.c.id == mine.id))
-        return gpu
-    figures = dict(ram=request.ram, vram=request.vram, threads=request.threads, seen=now)
-    if mine is not None:
-        # A refused try writes only when it must: new figures, or a `seen` older than a quarter of the TTL. A
-        # write per try made every refused try a commit (on SQLite an fsync), and 8 racing processes polling
-        # every 3 ms took 100 s instead of 8 (tests/test_ledger.py::test_eight_racing_processes_...).
-        same = (mine.ram, mine.vram, mine.threads) == (request.ram, request.vram, request.threads)
-        if not same or mine.seen < now - TICKET_TTL_S / 4:
-            conn.execute(waiting_table.update().where(waiting_table.c.id == mine.id).values(**figures))
+        plan = replace(plan, done=None if mine is None else mine.id)
+        if gpu is False:
+            return plan, None
+        entry = Entry(0, state.host, pid, start, key, request.ram, request.vram, gpu, request.threads, now)
+        return replace(plan, entry=entry), entry
+    ram, vram, threads = request.ram, request.vram, request.threads
+    if mine is None:
+        ticket: Ticket | None = Ticket(0, state.host, pid, start, key, ram, vram, threads, created=now, seen=now)
+    elif (mine.ram, mine.vram, mine.threads) != (ram, vram, threads):
+        ticket = replace(mine, ram=ram, vram=vram, threads=threads, seen=now)
     else:
-        conn.execute(
-            waiting_table.insert().values(host=host, owner_pid=pid, owner_start=start, key=key, created=now, **figures)
-        )
-    return False
-
-
-def refused_unlocked(
-    conn: sa.Connection,
-    host: str,
-    capacity: HostCapacity,
-    request: Request,
-    used: Usage,
-    owner: tuple[int, float],
-    key: str,
-    owners_alive: bool,
-) -> bool:
-    """Whether a read without the host's lock shows that ``take_turn`` would refuse ``request`` and write
-    nothing: no dead owner to reap (``owners_alive``), no ticket to drop, the caller's ticket there with the same
-    figures and seen within a quarter of the TTL, and no room for it in its turn.
-
-    Most tries of a waiter are such refusals. Read in a plain transaction (WAL: it waits for no writer), they
-    leave the host's write lock to the admissions and releases that change something: 8 racing processes polling
-    every 3 ms took 117 s on SQLite with every try under the lock, against 22 s on PostgreSQL. A refusal from a
-    stale read is safe (it reserves nothing) and the next try reads again; a try that may be admitted, or must
-    write, goes on under the lock and decides there.
-    """
-    now = time.time()
-    tickets = [ticket_of(r) for r in conn.execute(TICKETS_OF, {"host": host})]
-    if not owners_alive or any(gone(t, now) for t in tickets):
-        return False
-    pid = owner[0]
-    mine = next((t for t in tickets if t.owner_pid == pid and t.key == key), None)
-    if mine is None or mine.seen < now - TICKET_TTL_S / 4:
-        return False
-    if (mine.ram, mine.vram, mine.threads) != (request.ram, request.vram, request.threads):
-        return False
-    return in_turn(capacity, request, used, tickets[: tickets.index(mine)]) is False
+        ticket = replace(mine, seen=now) if mine.seen < now - TICKET_TTL_S / 4 else None
+    return replace(plan, ticket=ticket), None
 
 
 def in_turn(capacity: HostCapacity, request: Request, used: Usage, older: Sequence[Ticket]) -> int | None | bool:
@@ -112,22 +89,6 @@ def in_turn(capacity: HostCapacity, request: Request, used: Usage, older: Sequen
     if gpu is not False and older:
         gpu = place(capacity, request, set_aside(capacity, used, older), skip_unused=True)
     return gpu
-
-
-def live_tickets(conn: sa.Connection, host: str, now: float) -> list[Ticket]:
-    """The host's tickets oldest first, after deleting those whose owner is gone or not seen for the TTL."""
-    tickets = [ticket_of(r) for r in conn.execute(TICKETS_OF, {"host": host})]
-    dropped = [t for t in tickets if gone(t, now)]
-    if dropped:
-        conn.execute(waiting_table.delete().where(waiting_table.c.id.in_([t.id for t in dropped])))
-        _logger.info(
-            "Dropped %d tickets of waiters gone or silent for %.0f s on host %s: %s",
-            len(dropped),
-            TICKET_TTL_S,
-            host,
-            ", ".join(t.key for t in dropped),
-        )
-    return [t for t in tickets if t not in dropped]
 
 
 def gone(ticket: Ticket, now: float) -> bool:

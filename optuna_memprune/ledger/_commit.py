@@ -1,0 +1,198 @@
+"""One try of the ledger as a read and a commit: a host's state read in one statement, and what a try decided
+on it committed only if the host's version is still the one read.
+
+Owns ``State`` (a host's version, entries and tickets in one snapshot), ``Plan`` (what a try writes) and
+``commit``: on PostgreSQL one statement without a transaction (a round trip; the host's row is locked only
+while the statement runs, never while a client decides), elsewhere the statements inside the caller's
+transaction. Knows nothing of capacities, turns or liveness (``_queue.decide`` makes the plan).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+
+from ._db import STATE_OF, Entry, LedgerError, Ticket, entries_table, hosts_table, reaped_table, waiting_table
+
+#: The version check and bump every commit starts with (elsewhere than PostgreSQL).
+_BUMP = (
+    hosts_table.update()
+    .where(hosts_table.c.host == sa.bindparam("h"), hosts_table.c.version == sa.bindparam("v"))
+    .values(version=hosts_table.c.version + 1)
+)
+_ENTRY_COLUMNS = "host, owner_pid, owner_start, key, ram, vram, gpu, threads, created"
+# PostgreSQL: every write of the plan as a data-modifying CTE gated on the version bump, in one statement
+# (atomic without a transaction). The bump's UPDATE locks the host's row and, having waited for another
+# commit, checks the version on the row that commit left: a plan decided on an older read writes nothing.
+# Each parameter is cast: one that is NULL where a part writes nothing still has its column's type.
+_PG_COMMIT = f"""
+WITH bump AS (
+    UPDATE {hosts_table.name} SET version = version + 1
+    WHERE host = %(host)s AND version = %(version)s::bigint RETURNING version
+), gone AS (
+    DELETE FROM {entries_table.name}
+    WHERE id = ANY(%(reap)s::bigint[]) AND host = %(host)s AND EXISTS (SELECT FROM bump)
+    RETURNING id, {_ENTRY_COLUMNS}
+), kept AS (
+    INSERT INTO {reaped_table.name} (entry_id, {_ENTRY_COLUMNS}, reaped, reaped_by)
+    SELECT id, {_ENTRY_COLUMNS}, %(now)s::double precision, %(pid)s::integer FROM gone
+), dropped AS (
+    DELETE FROM {waiting_table.name}
+    WHERE id = ANY(%(drop)s::bigint[]) AND host = %(host)s AND EXISTS (SELECT FROM bump)
+), queued AS (
+    INSERT INTO {waiting_table.name} (host, owner_pid, owner_start, key, ram, vram, threads, created, seen)
+    SELECT %(host)s, %(t_pid)s::integer, %(t_start)s::double precision, %(t_key)s::text, %(t_ram)s::bigint,
+        %(t_vram)s::bigint, %(t_threads)s::integer, %(now)s::double precision, %(now)s::double precision
+    FROM bump WHERE %(t_new)s::boolean
+), refreshed AS (
+    UPDATE {waiting_table.name}
+    SET ram = %(t_ram)s::bigint, vram = %(t_vram)s::bigint, threads = %(t_threads)s::integer,
+        seen = %(now)s::double precision
+    WHERE id = %(t_id)s::bigint AND EXISTS (SELECT FROM bump)
+), admitted AS (
+    INSERT INTO {entries_table.name} ({_ENTRY_COLUMNS})
+    SELECT %(host)s, %(e_pid)s::integer, %(e_start)s::double precision, %(e_key)s::text, %(e_ram)s::bigint,
+        %(e_vram)s::bigint, %(e_gpu)s::integer, %(e_threads)s::integer, %(e_created)s::double precision
+    FROM bump WHERE %(e_new)s::boolean RETURNING id
+)
+SELECT (SELECT version FROM bump), (SELECT id FROM admitted), (SELECT array_agg(id) FROM gone)
+"""
+
+
+@dataclass(frozen=True)
+class State:
+    """A host's version, entries and tickets (each oldest first), read in one snapshot."""
+
+    host: str
+    version: int
+    entries: list[Entry]
+    tickets: list[Ticket]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one try writes, all or nothing: the entries of dead owners to move to the reaped table, the tickets
+    of gone waiters to delete, the caller's ticket to delete (``done``, its id) or to write (``ticket``: id 0,
+    taken at the end of the queue; else its figures and ``seen`` refreshed) and its new entry (id 0, the
+    database's given on commit)."""
+
+    version: int
+    reap: tuple[Entry, ...] = ()
+    drop: tuple[Ticket, ...] = ()
+    done: int | None = None
+    ticket: Ticket | None = None
+    entry: Entry | None = None
+
+    def writes(self) -> bool:
+        return bool(self.reap or self.drop or self.done or self.ticket or self.entry)
+
+    def dropped(self) -> list[int]:
+        """The ids of the tickets it deletes."""
+        return [t.id for t in self.drop] + ([] if self.done is None else [self.done])
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A plan written: its entry's id (None without one) and the ids of the entries it reaped (those another
+    process removed since the read are not among them)."""
+
+    entry_id: int | None
+    reaped: frozenset[int] = field(default_factory=frozenset)
+
+
+def read_state(conn: sa.Connection, host: str) -> State:
+    version, entries, tickets = 0, [], []
+    for r in conn.execute(STATE_OF, {"host": host}):
+        if r.kind == "v":
+            version = r.id
+        elif r.kind == "e":
+            entries.append(
+                Entry(r.id, host, r.owner_pid, r.owner_start, r.key, r.ram, r.vram, r.gpu, r.threads, r.created)
+            )
+        else:
+            tickets.append(
+                Ticket(r.id, host, r.owner_pid, r.owner_start, r.key, r.ram, r.vram, r.threads, r.created, r.seen)
+            )
+    return State(host, version, entries, tickets)
+
+
+def commit(conn: sa.Connection, host: str, plan: Plan) -> Committed | None:
+    """Write ``plan`` if the host's version is still ``plan.version`` (and bump it); None, writing nothing, when
+    another commit moved it since the read."""
+    if conn.dialect.name == "postgresql":
+        return _commit_one_statement(conn, host, plan)
+    if conn.execute(_BUMP, {"h": host, "v": plan.version}).rowcount != 1:
+        return None
+    reaped: frozenset[int] = frozenset()
+    if plan.reap:  # only those still there: a release since the read is no death
+        ids = [e.id for e in plan.reap]
+        there = {r.id for r in conn.execute(sa.select(entries_table.c.id).where(entries_table.c.id.in_(ids)))}
+        reaped = frozenset(there)
+        if there:
+            conn.execute(entries_table.delete().where(entries_table.c.id.in_(there)))
+            rows = [dict(_values(e), entry_id=e.id, reaped=time.time(), reaped_by=os.getpid()) for e in plan.reap]
+            conn.execute(reaped_table.insert(), [r for r in rows if r["entry_id"] in there])
+    if plan.dropped():
+        conn.execute(waiting_table.delete().where(waiting_table.c.id.in_(plan.dropped())))
+    if plan.ticket is not None:
+        t = plan.ticket
+        figures = dict(ram=t.ram, vram=t.vram, threads=t.threads, seen=t.seen)
+        if t.id:
+            conn.execute(waiting_table.update().where(waiting_table.c.id == t.id).values(**figures))
+        else:
+            values = dict(host=host, owner_pid=t.owner_pid, owner_start=t.owner_start, key=t.key, created=t.created)
+            conn.execute(waiting_table.insert().values(**values, **figures))
+    entry_id = None
+    if plan.entry is not None:
+        inserted = conn.execute(entries_table.insert(), _values(plan.entry)).inserted_primary_key
+        if inserted is None:  # SQLAlchemy gives the key of the row a single-row INSERT added; never None here
+            raise LedgerError("the ledger database gave no id for the entry it inserted")
+        entry_id = inserted[0]
+    return Committed(entry_id, reaped)
+
+
+def _commit_one_statement(conn: sa.Connection, host: str, plan: Plan) -> Committed | None:
+    t, e = plan.ticket, plan.entry
+    params = {
+        "host": host,
+        "version": plan.version,
+        "reap": [x.id for x in plan.reap],
+        "drop": plan.dropped(),
+        "now": time.time(),
+        "pid": os.getpid(),
+        "t_new": t is not None and not t.id,
+        "t_id": t.id if t is not None and t.id else None,
+        "t_pid": None if t is None else t.owner_pid,
+        "t_start": None if t is None else t.owner_start,
+        "t_key": None if t is None else t.key,
+        "t_ram": None if t is None else t.ram,
+        "t_vram": None if t is None else t.vram,
+        "t_threads": None if t is None else t.threads,
+        "e_new": e is not None,
+        **{f"e_{k}": None if e is None else getattr(e, k) for k in ("ram", "vram", "gpu", "threads", "created")},
+        "e_pid": None if e is None else e.owner_pid,
+        "e_start": None if e is None else e.owner_start,
+        "e_key": None if e is None else e.key,
+    }
+    version, entry_id, reaped = conn.exec_driver_sql(_PG_COMMIT, params).one()
+    if version is None:
+        return None
+    return Committed(entry_id, frozenset(reaped or ()))
+
+
+def _values(entry: Entry) -> dict[str, object]:
+    """An entry's columns, its id left to the database."""
+    return {
+        "host": entry.host,
+        "owner_pid": entry.owner_pid,
+        "owner_start": entry.owner_start,
+        "key": entry.key,
+        "ram": entry.ram,
+        "vram": entry.vram,
+        "gpu": entry.gpu,
+        "threads": entry.threads,
+        "created": entry.created,
+    }
