@@ -105,7 +105,7 @@ class Committed:
 
 def read_state(conn: sa.Connection, host: str) -> State:
     version, entries, tickets = 0, [], []
-    for r in conn.execute(STATE_OF, {"host": host}):
+    for r in conn.execute(STATE_OF, {"host": host}).all():
         if r.kind == "v":
             version = r.id
         elif r.kind == "e":
