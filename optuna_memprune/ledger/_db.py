@@ -26,7 +26,7 @@ metadata = sa.MetaData()
 hosts_table = sa.Table(
     "memprune_ledger_hosts",
     metadata,
-    sa.Column("host", sa.String(255), primary_key=True),  # one row per host, locked by every admission
+    sa.Column("host", sa.String(255), primary_key=True),  # one row per host, locked by every commit
     # Bumped by every commit that admits, queues or reaps on the host (``_commit.py``): a decision taken on a
     # read is committed only if the host's version is still the one read. Added to a database made before it.
     sa.Column("version", sa.BigInteger, nullable=False, server_default="0"),
