@@ -505,8 +505,8 @@ def test_a_try_whose_commit_found_the_host_moved_decides_again_then_under_the_lo
         return out
 
     monkeypatch.setattr("optuna_memprune.ledger._ledger.decide", decide_then_race)
-    with caplog.at_level("DEBUG", logger="optuna_memprune.ledger.txn"):
-        mine = ledger.try_admit(Request(ram=6), "mine")
+    with caplog.at_level("DEBUG", logger="optuna_memprune.ledger.txn"):  # wait=False: no one-statement try
+        mine = ledger.try_admit(Request(ram=6), "mine", wait=False)
     # four commits found the host moved (a racer admitted after each read); the fifth try read under the lock
     assert mine is not None and len(racers) == 4 and all(r is not None for r in racers)
     assert "admitted cpu=" in caplog.text and "conflicts=4 key=mine" in caplog.text
@@ -514,6 +514,76 @@ def test_a_try_whose_commit_found_the_host_moved_decides_again_then_under_the_lo
     assert ledger.in_use().ram == 10
     monkeypatch.setattr("optuna_memprune.ledger._ledger.decide", real)
     assert ledger.try_admit(Request(ram=1), "more") is None
+
+
+@pytest.mark.postgres
+def test_a_waiters_try_on_postgresql_is_one_statement(postgres_url: str, owners) -> None:
+    ledger = Ledger(HostCapacity(ram=10, threads=8), url=postgres_url, host="h")
+    statements: list[str] = []
+    sa.event.listen(ledger._engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    running = ledger.try_admit(Request(ram=8, threads=2), "running")
+    assert running is not None and len(statements) == 1  # admitted in one statement
+    waiter = owners()
+    statements.clear()
+    assert ledger.try_admit(Request(ram=4), "waiter", owner_pid=waiter) is None  # its ticket taken: one statement
+    assert len(statements) == 1 and [t.key for t in ledger.waiting()] == ["waiter"]
+    statements.clear()
+    assert ledger.try_admit(Request(ram=2, threads=1), "later") is None  # 8 + 2 fits, but not beside the waiter's 4
+    assert len(statements) == 1 and [t.key for t in ledger.waiting()] == ["waiter", "later"]
+    ledger.release(running)
+    statements.clear()
+    assert ledger.try_admit(Request(ram=4), "waiter", owner_pid=waiter) is not None
+    assert len(statements) == 1 and [t.key for t in ledger.waiting()] == ["later"]
+    assert ledger.try_admit(Request(ram=2, threads=1), "later") is not None and ledger.waiting() == []
+    assert ledger.in_use() == Usage(ram=6, threads=1, vram=())
+
+
+@pytest.mark.postgres
+def test_the_one_statement_try_admits_only_what_decide_admits_on_the_same_read(postgres_url: str, owners) -> None:
+    """Random hosts (live and dead owners, silent tickets, the caller's ticket or none): whenever the one-statement
+    try admits, the decision on the same read admits too; it leaves to that decision what needs reaping."""
+    import random
+
+    from optuna_memprune.ledger._commit import fast_try, read_state
+    from optuna_memprune.ledger._db import entries_table, waiting_table
+
+    rng = random.Random(0)
+    live = [owners() for _ in range(4)]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    me = (os.getpid(), start_of(os.getpid()))
+    ledger = Ledger(HostCapacity(ram=100, threads=8), url=postgres_url, host="h")
+    both = fast_only = decide_only = 0
+    for _ in range(150):
+        with ledger._engine.begin() as conn:
+            conn.execute(entries_table.delete())
+            conn.execute(waiting_table.delete())
+            now = time.time()
+            for i in range(rng.randint(0, 4)):
+                pid = rng.choice([*live, dead.pid])
+                conn.execute(entries_table.insert().values(
+                    host="h", owner_pid=pid, owner_start=start_of(pid) or 1.0, key=f"e{i}", ram=rng.randint(0, 40),
+                    vram=0, gpu=None, threads=rng.randint(0, 3), created=now))  # fmt: skip
+            keys = [f"t{i}" for i in range(rng.randint(0, 3))] + (["me"] if rng.random() < 0.5 else [])
+            rng.shuffle(keys)
+            for key in keys:
+                pid = me[0] if key == "me" else rng.choice([*live, dead.pid])
+                seen = now - (40 if rng.random() < 0.2 else 1)
+                conn.execute(waiting_table.insert().values(
+                    host="h", owner_pid=pid, owner_start=start_of(pid) or 1.0, key=key, ram=rng.randint(0, 40),
+                    vram=0, threads=rng.randint(0, 3), created=now, seen=seen))  # fmt: skip
+        request = Request(ram=rng.randint(0, 40) if rng.random() < 0.9 else 0, threads=rng.randint(0, 3))
+        with ledger._engine.connect() as conn:
+            _, decided = _queue.decide(read_state(conn, "h"), ledger.capacity, request, me, "me", wait=True)
+        with ledger._engine.connect() as conn, conn.begin() as trans:  # rolled back: the host stays as it was
+            mine = dict(request=request, owner=me, key="me", ttl=_queue.TICKET_TTL_S)
+            _, admitted, _ = fast_try(conn, host="h", capacity=ledger.capacity, **mine)
+            trans.rollback()
+        assert decided is not None or admitted is None, (request, ledger.entries(), ledger.waiting())
+        both += admitted is not None
+        fast_only += admitted is not None and decided is None
+        decide_only += admitted is None and decided is not None
+    assert both > 20 and decide_only > 5, (both, decide_only)  # it admits often, and leaves some to decide
 
 
 def test_a_ledger_database_made_before_the_host_version_gets_it_on_open(url: str) -> None:

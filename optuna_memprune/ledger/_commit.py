@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sqlalchemy as sa
 
+from ._capacity import HostCapacity, Request
 from ._db import STATE_OF, Entry, LedgerError, Ticket, entries_table, hosts_table, reaped_table, waiting_table
 
 #: The version check and bump every commit starts with (elsewhere than PostgreSQL).
@@ -59,6 +60,69 @@ WITH bump AS (
     FROM bump WHERE %(e_new)s::boolean RETURNING id
 )
 SELECT (SELECT version FROM bump), (SELECT id FROM admitted), (SELECT array_agg(id) FROM gone)
+"""
+
+
+# PostgreSQL: a waiter's try in one statement. It reads the host as ``STATE_OF`` does and, in the same snapshot,
+# admits the request if it fits beside every entry and every older ticket (dead owners and silent waiters
+# counted: a conservative part of what ``_queue.decide`` admits; no GPU memory asked), else takes its ticket;
+# both bump the version, checked as in ``_PG_COMMIT``. A ticket already there is refreshed when stale (no bump:
+# its place and figures stay). ``_queue.decide`` then runs on the read, these writes applied, for what only it
+# does (reaping, dropping gone tickets, a fit that needs them): a try is then one round trip, not two.
+_PG_FAST_TRY = f"""
+WITH cur AS (
+    SELECT version FROM {hosts_table.name} WHERE host = %(host)s
+), mine AS (
+    SELECT id FROM {waiting_table.name}
+    WHERE host = %(host)s AND owner_pid = %(pid)s::integer AND key = %(key)s::text
+        AND seen >= %(expired)s::double precision
+    ORDER BY id LIMIT 1
+), used AS (
+    SELECT coalesce(sum(ram), 0) AS ram, coalesce(sum(threads), 0) AS threads
+    FROM {entries_table.name} WHERE host = %(host)s
+), older AS (
+    SELECT coalesce(sum(ram), 0) AS ram, coalesce(sum(threads), 0) AS threads FROM {waiting_table.name}
+    WHERE host = %(host)s AND id < coalesce((SELECT id FROM mine), 9223372036854775807)
+), fits AS (
+    SELECT (%(cap_ram)s::bigint IS NULL OR (used.ram + %(ram)s::bigint <= %(cap_ram)s::bigint
+            AND (%(ram)s::bigint = 0 OR used.ram + older.ram + %(ram)s::bigint <= %(cap_ram)s::bigint)))
+        AND (%(cap_threads)s::bigint IS NULL OR (used.threads + %(threads)s::bigint <= %(cap_threads)s::bigint
+            AND (%(threads)s::bigint = 0
+                OR used.threads + older.threads + %(threads)s::bigint <= %(cap_threads)s::bigint)))
+        AND NOT EXISTS (
+            SELECT FROM {entries_table.name}
+            WHERE host = %(host)s AND owner_pid = %(pid)s::integer AND key = %(key)s::text
+        ) AS ok
+    FROM used, older
+), bump AS (
+    UPDATE {hosts_table.name} SET version = version + 1
+    WHERE host = %(host)s AND version = (SELECT version FROM cur)
+        AND ((SELECT ok FROM fits) OR (%(queue)s::boolean AND NOT EXISTS (SELECT FROM mine)))
+    RETURNING version, (SELECT ok FROM fits) AS admit
+), admitted AS (
+    INSERT INTO {entries_table.name} ({_ENTRY_COLUMNS})
+    SELECT %(host)s, %(pid)s::integer, %(start)s::double precision, %(key)s::text, %(ram)s::bigint, 0, NULL,
+        %(threads)s::integer, %(now)s::double precision
+    FROM bump WHERE admit RETURNING id
+), done AS (
+    DELETE FROM {waiting_table.name} WHERE id = (SELECT id FROM mine) AND EXISTS (SELECT FROM bump WHERE admit)
+), queued AS (
+    INSERT INTO {waiting_table.name} (host, owner_pid, owner_start, key, ram, vram, threads, created, seen)
+    SELECT %(host)s, %(pid)s::integer, %(start)s::double precision, %(key)s::text, %(ram)s::bigint, 0,
+        %(threads)s::integer, %(now)s::double precision, %(now)s::double precision
+    FROM bump WHERE NOT admit RETURNING id
+), refreshed AS (
+    UPDATE {waiting_table.name} SET seen = %(now)s::double precision
+    WHERE id = (SELECT id FROM mine) AND NOT (SELECT ok FROM fits) AND ram = %(ram)s::bigint AND vram = 0
+        AND threads = %(threads)s::integer AND seen < %(stale)s::double precision
+    RETURNING id
+)
+SELECT (SELECT version FROM cur), (SELECT version FROM bump), (SELECT id FROM admitted),
+    (SELECT id FROM queued), (SELECT id FROM refreshed),
+    (SELECT json_agg(json_build_array(id, owner_pid, owner_start, key, ram, vram, gpu, threads, created)
+        ORDER BY id) FROM {entries_table.name} WHERE host = %(host)s),
+    (SELECT json_agg(json_build_array(id, owner_pid, owner_start, key, ram, vram, threads, created, seen)
+        ORDER BY id) FROM {waiting_table.name} WHERE host = %(host)s)
 """
 
 
@@ -152,6 +216,36 @@ def commit(conn: sa.Connection, host: str, plan: Plan) -> Committed | None:
             raise LedgerError("the ledger database gave no id for the entry it inserted")
         entry_id = inserted[0]
     return Committed(entry_id, reaped)
+
+
+def fast_try(
+    conn: sa.Connection, *, host: str, capacity: HostCapacity, request: Request, owner: tuple[int, float], key: str,
+    ttl: float,
+) -> tuple[State, Entry | None, bool]:  # fmt: skip
+    """One waiter's try on PostgreSQL in one statement (``_PG_FAST_TRY``) for a request of no GPU memory: the
+    host as read, with what the statement wrote applied (its ticket taken or refreshed, the version it bumped),
+    the entry it admitted (None when not), and whether it wrote anything. A ticket is refreshed after a quarter
+    of ``ttl``; one not seen for ``ttl`` is no longer the caller's place (``_queue.gone``). A request of nothing
+    takes no ticket (``_queue.decide``)."""
+    now, (pid, start), ram, threads = time.time(), owner, request.ram, request.threads
+    params = dict(
+        host=host, pid=pid, start=start, key=key, ram=ram, threads=threads, cap_ram=capacity.ram,
+        cap_threads=capacity.threads, now=now, stale=now - ttl / 4, expired=now - ttl, queue=bool(ram or threads),
+    )  # fmt: skip
+    version, bumped, admitted, queued, refreshed, entries, tickets = conn.exec_driver_sql(_PG_FAST_TRY, params).one()
+    state = State(
+        host,
+        version if bumped is None else bumped,
+        [Entry(r[0], host, *r[1:]) for r in entries or ()],
+        [Ticket(r[0], host, *r[1:]) for r in tickets or ()],
+    )
+    if admitted is not None:
+        return state, Entry(admitted, host, pid, start, key, ram, 0, None, threads, now), True
+    if queued is not None:
+        state.tickets.append(Ticket(queued, host, pid, start, key, ram, 0, threads, now, now))
+    if refreshed is not None:
+        state.tickets[:] = [replace(t, seen=now) if t.id == refreshed else t for t in state.tickets]
+    return state, None, bumped is not None or refreshed is not None
 
 
 def _commit_one_statement(conn: sa.Connection, host: str, plan: Plan) -> Committed | None:

@@ -222,10 +222,20 @@ def reaped_of(row: Any) -> Reaped:
     return Reaped(id=row.id, entry=entry, reaped=row.reaped, reaped_by=row.reaped_by)
 
 
-def default_url(host: str | None = None) -> str:
-    """The default ledger database of ``host`` (default: this host's name): a SQLite file in the cache dir."""
+def default_url(host: str | None = None, *, create: bool = False) -> str:
+    """The default ledger database of ``host`` (default: this host's name): a SQLite file in the cache dir,
+    which ``create`` makes (``LedgerError`` when it cannot)."""
     host = socket.gethostname() if host is None else host
-    return "sqlite:///" + str(cache_dir() / f"ledger-{re.sub(r'[^A-Za-z0-9._-]', '_', host)}.sqlite")
+    directory = cache_dir()
+    try:
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        what = "is a file, not a directory" if directory.is_file() else f"cannot be created ({exc.strerror or exc})"
+        raise LedgerError(
+            f"the cache directory {directory} of the host ledger {what}: set MEMPRUNE_CACHE_DIR to a writable directory"
+        ) from None
+    return "sqlite:///" + str(directory / f"ledger-{re.sub(r'[^A-Za-z0-9._-]', '_', host)}.sqlite")
 
 
 def sqlite_path(url: str) -> str | None:

@@ -13,22 +13,21 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
-from ..paths import cache_dir
 from ..units import check_number, is_int
 from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
-from ._commit import Committed, Plan, State, commit, read_state
+from ._commit import Committed, Plan, State, commit, fast_try, read_state
 from ._db import (
     ENTRIES_OF,
     LOCK_HOST,
     REAPED_OF,
     TICKETS_OF,
     Entry,
-    LedgerError,
     Reaped,
     Ticket,
     add_version_column,
@@ -133,25 +132,13 @@ class Ledger:
         self.host = host
         default = url is None
         if url is None:
-            directory = cache_dir()
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                what = (
-                    "is a file, not a directory"
-                    if directory.is_file()
-                    else f"cannot be created ({exc.strerror or exc})"
-                )
-                raise LedgerError(
-                    f"the cache directory {directory} of the host ledger {what}: set MEMPRUNE_CACHE_DIR "
-                    "to a writable directory"
-                ) from None
-            url = default_url(host)
+            url = default_url(host, create=True)
         else:
             check_ledger_url(url)
         self.url = url
         self._engine = open_engine(url)
         self._sqlite = sa.engine.make_url(url).get_backend_name() == "sqlite"
+        self._pg = self._engine.dialect.name == "postgresql"
         self._pid = os.getpid()
         self._reaped: list[Entry] = []
         self._next_forget = 0.0  # when a commit next deletes reaped entries older than _REAPED_KEPT_S
@@ -184,8 +171,12 @@ class Ledger:
         def decide_on(state: State, found: bool) -> tuple[Plan, Entry | None]:
             return decide(state, self.capacity, request, (pid, start), key, wait=wait, found=found)
 
+        # a waiter's try on PostgreSQL that asks for no GPU memory: one statement (``_commit._PG_FAST_TRY``)
+        fast = partial(fast_try, host=self.host, capacity=self.capacity, request=request, key=key, ttl=TICKET_TTL_S)
+        simple = self._pg and wait and request.vram == 0 and not self.misfit(request)
         began, cpu = time.perf_counter(), time.thread_time()
-        plan, entry, done, conflicts = self._decide_and_commit(decide_on)
+        first = partial(fast, owner=(pid, start)) if simple else None
+        plan, entry, done, conflicts = self._decide_and_commit(decide_on, first)
         if done is not None and entry is not None and done.entry_id is not None:
             entry = dataclasses.replace(entry, id=done.entry_id)
         # wall and this thread's CPU milliseconds (waits for a CPU apart), and how many commits found the host
@@ -327,8 +318,7 @@ class Ledger:
         return conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _write(self, work: Callable[[sa.Connection, bool], T]) -> T:
-        """``work`` that writes: on a database server without a transaction (one statement, atomic by itself:
-        no BEGIN and COMMIT round trips), on SQLite in a ``BEGIN IMMEDIATE`` transaction."""
+        """``work`` that writes: on a server one statement without BEGIN and COMMIT, on SQLite BEGIN IMMEDIATE."""
         return self._transaction(work, read=not self._sqlite)
 
     def _transaction(self, work: Callable[[sa.Connection, bool], T], *, read: bool = False) -> T:
@@ -363,24 +353,36 @@ class Ledger:
             pass
 
     def _decide_and_commit(
-        self, decide_on: Callable[[State, bool], tuple[Plan, Entry | None]]
+        self,
+        decide_on: Callable[[State, bool], tuple[Plan, Entry | None]],
+        first: Callable[[sa.Connection], tuple[State, Entry | None, bool]] | None = None,
     ) -> tuple[Plan, Entry | None, Committed | None, int]:
         """Read the host, decide on the read (``decide_on(state, found)``) and commit the plan if the host's version
-        is still the one read; a plan that writes nothing is not committed. Returns the plan, the decided entry,
-        what was committed (None: nothing) and how many commits found the version moved.
-
-        The host's lock is held only while a commit runs, not while a process decides: on a database server a
-        try is two round trips (one when it writes nothing), against seven with the lock taken first, where a
-        holder descheduled on a loaded host kept every other admission of the host waiting. After
-        ``_OPTIMISTIC_TRIES`` commits found the version moved, the next try reads and decides under the lock.
-        ``found`` is True once a commit was retried after its connection went away: it may have committed.
+        is still the one read: the plan, the decided entry, what was committed (None: nothing) and how many commits
+        found the version moved. ``first``: the first read, a statement that may write (``fast_try``). The host's
+        lock is held only while a commit runs, never while a process decides (a try is one or two round trips on
+        a server, against seven with the lock taken first, where a holder descheduled on a loaded host kept every
+        other try waiting); after ``_OPTIMISTIC_TRIES`` moved versions, the try reads and decides under the lock.
+        ``found``: a write was retried after its connection went away, so it may have committed.
         """
-        found = False
+        found, wrote, state = False, False, None
+        if first is not None:
+            again: list[bool] = []
+
+            def first_try(conn: sa.Connection, retried: bool) -> tuple[State, Entry | None, bool]:
+                again.append(retried)
+                return first(conn)
+
+            state, entry, wrote = self._write(first_try)
+            found = any(again)
+            if entry is not None:
+                return Plan(state.version), entry, Committed(entry.id), 0
         for conflicts in range(_OPTIMISTIC_TRIES):
-            state = self._transaction(lambda conn, _: read_state(conn, self.host), read=True)
+            if state is None:
+                state = self._transaction(lambda conn, _: read_state(conn, self.host), read=True)
             plan, entry = decide_on(state, found)
             if not plan.writes():
-                return plan, entry, None, conflicts
+                return plan, entry, Committed(None) if wrote else None, conflicts
             retried: list[bool] = []
 
             def write(
@@ -393,7 +395,7 @@ class Ledger:
             if done is not None:
                 self._forget_old_reaped()
                 return plan, entry, done, conflicts
-            found = found or any(retried)
+            found, state = found or any(retried), None
 
         def locked(conn: sa.Connection, again: bool) -> tuple[Plan, Entry | None, Committed | None]:
             conn.execute(LOCK_HOST, {"host": self.host})  # on SQLite BEGIN IMMEDIATE holds it already
@@ -420,8 +422,7 @@ class Ledger:
         return dead
 
     def _forget_old_reaped(self) -> None:
-        """Delete this host's reaped entries older than ``_REAPED_KEPT_S``: at this object's first commit, then
-        at most once an ``_FORGET_EVERY_S``."""
+        """Delete this host's reaped entries older than ``_REAPED_KEPT_S`` (at most once an ``_FORGET_EVERY_S``)."""
         now = time.time()
         if now < self._next_forget:
             return
