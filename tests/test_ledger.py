@@ -536,6 +536,14 @@ def test_a_waiters_try_on_postgresql_is_one_statement(postgres_url: str, owners)
     assert len(statements) == 1 and [t.key for t in ledger.waiting()] == ["later"]
     assert ledger.try_admit(Request(ram=2, threads=1), "later") is not None and ledger.waiting() == []
     assert ledger.in_use() == Usage(ram=6, threads=1, vram=())
+    from optuna_memprune.ledger._commit import read_state
+
+    with ledger._engine.connect() as conn:
+        version = read_state(conn, "h").version
+    statements.clear()
+    assert ledger.try_admit(Request(), "named") is not None and len(statements) == 1  # a request of nothing
+    with ledger._engine.connect() as conn:
+        assert read_state(conn, "h").version == version  # moves no sum: no bump, no lock
 
 
 @pytest.mark.postgres

@@ -66,8 +66,9 @@ SELECT (SELECT version FROM bump), (SELECT id FROM admitted), (SELECT array_agg(
 # PostgreSQL: a waiter's try in one statement. It reads the host as ``STATE_OF`` does and, in the same snapshot,
 # admits the request if it fits beside every entry and every older ticket (dead owners and silent waiters
 # counted: a conservative part of what ``_queue.decide`` admits; no GPU memory asked), else takes its ticket;
-# both bump the version, checked as in ``_PG_COMMIT``. A ticket already there is refreshed when stale (no bump:
-# its place and figures stay). ``_queue.decide`` then runs on the read, these writes applied, for what only it
+# both bump the version, checked as in ``_PG_COMMIT``, except the admission of a request of nothing (it moves
+# no sum, so it takes no lock). A ticket already there is refreshed when stale (no bump: its place and figures
+# stay). ``_queue.decide`` then runs on the read, these writes applied, for what only it
 # does (reaping, dropping gone tickets, a fit that needs them): a try is then one round trip, not two.
 _PG_FAST_TRY = f"""
 WITH cur AS (
@@ -96,16 +97,17 @@ WITH cur AS (
     FROM used, older
 ), bump AS (
     UPDATE {hosts_table.name} SET version = version + 1
-    WHERE host = %(host)s AND version = (SELECT version FROM cur)
-        AND ((SELECT ok FROM fits) OR (%(queue)s::boolean AND NOT EXISTS (SELECT FROM mine)))
+    WHERE host = %(host)s AND version = (SELECT version FROM cur) AND %(sized)s::boolean
+        AND ((SELECT ok FROM fits) OR NOT EXISTS (SELECT FROM mine))
     RETURNING version, (SELECT ok FROM fits) AS admit
 ), admitted AS (
     INSERT INTO {entries_table.name} ({_ENTRY_COLUMNS})
     SELECT %(host)s, %(pid)s::integer, %(start)s::double precision, %(key)s::text, %(ram)s::bigint, 0, NULL,
         %(threads)s::integer, %(now)s::double precision
-    FROM bump WHERE admit RETURNING id
+    WHERE (SELECT ok FROM fits) AND (NOT %(sized)s::boolean OR EXISTS (SELECT FROM bump WHERE admit))
+    RETURNING id
 ), done AS (
-    DELETE FROM {waiting_table.name} WHERE id = (SELECT id FROM mine) AND EXISTS (SELECT FROM bump WHERE admit)
+    DELETE FROM {waiting_table.name} WHERE id = (SELECT id FROM mine) AND EXISTS (SELECT FROM admitted)
 ), queued AS (
     INSERT INTO {waiting_table.name} (host, owner_pid, owner_start, key, ram, vram, threads, created, seen)
     SELECT %(host)s, %(pid)s::integer, %(start)s::double precision, %(key)s::text, %(ram)s::bigint, 0,
@@ -119,10 +121,12 @@ WITH cur AS (
 )
 SELECT (SELECT version FROM cur), (SELECT version FROM bump), (SELECT id FROM admitted),
     (SELECT id FROM queued), (SELECT id FROM refreshed),
-    (SELECT json_agg(json_build_array(id, owner_pid, owner_start, key, ram, vram, gpu, threads, created)
-        ORDER BY id) FROM {entries_table.name} WHERE host = %(host)s),
-    (SELECT json_agg(json_build_array(id, owner_pid, owner_start, key, ram, vram, threads, created, seen)
-        ORDER BY id) FROM {waiting_table.name} WHERE host = %(host)s)
+    CASE WHEN NOT EXISTS (SELECT FROM admitted) THEN (
+        SELECT json_agg(json_build_array(id, owner_pid, owner_start, key, ram, vram, gpu, threads, created)
+        ORDER BY id) FROM {entries_table.name} WHERE host = %(host)s) END,
+    CASE WHEN NOT EXISTS (SELECT FROM admitted) THEN (
+        SELECT json_agg(json_build_array(id, owner_pid, owner_start, key, ram, vram, threads, created, seen)
+        ORDER BY id) FROM {waiting_table.name} WHERE host = %(host)s) END
 """
 
 
@@ -230,7 +234,7 @@ def fast_try(
     now, (pid, start), ram, threads = time.time(), owner, request.ram, request.threads
     params = dict(
         host=host, pid=pid, start=start, key=key, ram=ram, threads=threads, cap_ram=capacity.ram,
-        cap_threads=capacity.threads, now=now, stale=now - ttl / 4, expired=now - ttl, queue=bool(ram or threads),
+        cap_threads=capacity.threads, now=now, stale=now - ttl / 4, expired=now - ttl, sized=bool(ram or threads),
     )  # fmt: skip
     version, bumped, admitted, queued, refreshed, entries, tickets = conn.exec_driver_sql(_PG_FAST_TRY, params).one()
     state = State(
