@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import sqlalchemy as sa
 
@@ -201,8 +201,9 @@ def commit(conn: sa.Connection, host: str, plan: Plan) -> Committed | None:
         reaped = frozenset(there)
         if there:
             conn.execute(entries_table.delete().where(entries_table.c.id.in_(there)))
-            rows = [dict(_values(e), entry_id=e.id, reaped=time.time(), reaped_by=os.getpid()) for e in plan.reap]
-            conn.execute(reaped_table.insert(), [r for r in rows if r["entry_id"] in there])
+            now, pid = time.time(), os.getpid()
+            rows = [dict(_values(e), entry_id=e.id, reaped=now, reaped_by=pid) for e in plan.reap if e.id in there]
+            conn.execute(reaped_table.insert(), rows)
     if plan.dropped():
         conn.execute(waiting_table.delete().where(waiting_table.c.id.in_(plan.dropped())))
     if plan.ticket is not None:
@@ -283,14 +284,4 @@ def _commit_one_statement(conn: sa.Connection, host: str, plan: Plan) -> Committ
 
 def _values(entry: Entry) -> dict[str, object]:
     """An entry's columns, its id left to the database."""
-    return {
-        "host": entry.host,
-        "owner_pid": entry.owner_pid,
-        "owner_start": entry.owner_start,
-        "key": entry.key,
-        "ram": entry.ram,
-        "vram": entry.vram,
-        "gpu": entry.gpu,
-        "threads": entry.threads,
-        "created": entry.created,
-    }
+    return {f.name: getattr(entry, f.name) for f in fields(Entry) if f.name != "id"}

@@ -172,10 +172,13 @@ class Ledger:
             return decide(state, self.capacity, request, (pid, start), key, wait=wait, found=found)
 
         # a waiter's try on PostgreSQL that asks for no GPU memory: one statement (``_commit._PG_FAST_TRY``)
-        fast = partial(fast_try, host=self.host, capacity=self.capacity, request=request, key=key, ttl=TICKET_TTL_S)
-        simple = self._pg and wait and request.vram == 0 and not self.misfit(request)
+        first = None
+        if self._pg and wait and request.vram == 0 and not self.misfit(request):
+            first = partial(
+                fast_try, host=self.host, capacity=self.capacity, request=request, owner=(pid, start), key=key,
+                ttl=TICKET_TTL_S,
+            )  # fmt: skip
         began, cpu = time.perf_counter(), time.thread_time()
-        first = partial(fast, owner=(pid, start)) if simple else None
         plan, entry, done, conflicts = self._decide_and_commit(decide_on, first)
         if done is not None and entry is not None and done.entry_id is not None:
             entry = dataclasses.replace(entry, id=done.entry_id)
@@ -321,6 +324,16 @@ class Ledger:
         """``work`` that writes: on a server one statement without BEGIN and COMMIT, on SQLite BEGIN IMMEDIATE."""
         return self._transaction(work, read=not self._sqlite)
 
+    def _write_noting(self, work: Callable[[sa.Connection], T]) -> tuple[T, bool]:
+        """``_write`` of ``work``, and whether it was retried: an attempt whose answer was lost may have committed."""
+        retried = [False]
+
+        def attempt(conn: sa.Connection, again: bool) -> T:
+            retried[0] = retried[0] or again
+            return work(conn)
+
+        return self._write(attempt), retried[0]
+
     def _transaction(self, work: Callable[[sa.Connection, bool], T], *, read: bool = False) -> T:
         """``work(conn, retried)`` in one transaction; on a database server, retried for up to ``RETRY_S``
         while the server cannot be reached (``retried`` is True from the second attempt on)."""
@@ -367,14 +380,7 @@ class Ledger:
         """
         found, wrote, state = False, False, None
         if first is not None:
-            again: list[bool] = []
-
-            def first_try(conn: sa.Connection, retried: bool) -> tuple[State, Entry | None, bool]:
-                again.append(retried)
-                return first(conn)
-
-            state, entry, wrote = self._write(first_try)
-            found = any(again)
+            (state, entry, wrote), found = self._write_noting(first)
             if entry is not None:
                 return Plan(state.version), entry, Committed(entry.id), 0
         for conflicts in range(_OPTIMISTIC_TRIES):
@@ -383,19 +389,11 @@ class Ledger:
             plan, entry = decide_on(state, found)
             if not plan.writes():
                 return plan, entry, Committed(None) if wrote else None, conflicts
-            retried: list[bool] = []
-
-            def write(
-                conn: sa.Connection, again: bool, plan: Plan = plan, retried: list[bool] = retried
-            ) -> Committed | None:
-                retried.append(again)
-                return commit(conn, self.host, plan)
-
-            done = self._write(write)
+            done, retried = self._write_noting(partial(commit, host=self.host, plan=plan))
             if done is not None:
                 self._forget_old_reaped()
                 return plan, entry, done, conflicts
-            found, state = found or any(retried), None
+            found, state = found or retried, None
 
         def locked(conn: sa.Connection, again: bool) -> tuple[Plan, Entry | None, Committed | None]:
             conn.execute(LOCK_HOST, {"host": self.host})  # on SQLite BEGIN IMMEDIATE holds it already
