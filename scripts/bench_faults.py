@@ -221,11 +221,11 @@ class Postgres(PostgresCluster):
     """The drill's cluster (``scripts/_pg.py``): 800 connections for 64 workers, its commands without the
     drill's token (the orphan count looks for it)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, settings: str = "") -> None:
         super().__init__(
             root,
             max_connections=800,
-            options="-c shared_buffers=64MB",
+            options=f"-c shared_buffers=64MB {settings}",
             env={k: v for k, v in os.environ.items() if k != TOKEN},
         )
 
@@ -387,7 +387,7 @@ class Drill:
         self.tmp = tempfile.mkdtemp(prefix="memprune-faults-")
         self.procs: list[subprocess.Popen] = []
         self.workers: list[tuple[str, subprocess.Popen]] = []
-        self.pg = Postgres(self.tmp)
+        self.pg = Postgres(self.tmp, self.args.pg_settings)
         self.notes: list[str] = []
         self.timeline: list[str] = []  # each fault: when it began (s into the run) and how long it took
         self.killed_workers: list[int] = []
@@ -801,6 +801,12 @@ def main() -> int:
     parser.add_argument("--host-ram-mib", type=int, default=1024, help="each pseudo-host's capacity")
     parser.add_argument("--ledger", choices=["postgres", "sqlite"], default="postgres")
     parser.add_argument("--pg-stop", choices=["fast", "immediate"], default="fast")
+    parser.add_argument(
+        "--pg-settings",
+        default="",
+        help="more server settings, such as '-c log_min_duration_statement=25 -c log_lock_waits=on "
+        "-c deadlock_timeout=5ms' (the server's log is <tmp>/log; with --keep)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
     parser.add_argument("--role", choices=["worker"], help=argparse.SUPPRESS)

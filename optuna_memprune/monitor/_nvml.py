@@ -5,9 +5,11 @@ Knows nothing of process trees, Optuna or estimates: it answers "how much GPU me
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -110,6 +112,9 @@ def gpu_reader(module: Any = None) -> GpuReader | None:
         >>> vram = reader.used_by({os.getpid()}) if reader is not None else None
     """
     if module is None:
+        if not nvml_library_loads():
+            _logger.debug("The NVML library (libnvidia-ml.so.1) is not installed: no GPU readings")
+            return None
         try:
             module = importlib.import_module("pynvml")
         except ImportError:
@@ -130,6 +135,22 @@ def gpu_reader(module: Any = None) -> GpuReader | None:
         reader.close()
         return None
     return reader
+
+
+def nvml_library_loads() -> bool:
+    """Whether NVML's library (the driver's ``libnvidia-ml.so.1``, which ``pynvml.nvmlInit`` loads) loads here.
+
+    Asked before ``pynvml`` is imported: importing that module takes 0.3-0.6 s of CPU, paid by every runner and
+    trial watcher on a machine without the driver (scripts/bench_faults.py's workers spent 17% of their CPU
+    there) for a ``nvmlInit`` that then fails. Elsewhere than Linux, True (``pynvml`` finds its library).
+    """
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
 
 
 _auto_lock = threading.Lock()
