@@ -113,7 +113,7 @@ def gpu_reader(module: Any = None) -> GpuReader | None:
     """
     if module is None:
         if not nvml_library_loads():
-            _logger.debug("The NVML library (libnvidia-ml.so.1) is not installed: no GPU readings")
+            _logger.debug("NVIDIA's NVML library (libnvidia-ml.so.1) does not load: no GPU readings")
             return None
         try:
             module = importlib.import_module("pynvml")
@@ -140,9 +140,10 @@ def gpu_reader(module: Any = None) -> GpuReader | None:
 def nvml_library_loads() -> bool:
     """Whether NVML's library (the driver's ``libnvidia-ml.so.1``, which ``pynvml.nvmlInit`` loads) loads here.
 
-    Asked before ``pynvml`` is imported: importing that module takes 0.3-0.6 s of CPU, paid by every runner and
-    trial watcher on a machine without the driver (scripts/bench_faults.py's workers spent 17% of their CPU
-    there) for a ``nvmlInit`` that then fails. Elsewhere than Linux, True (``pynvml`` finds its library).
+    Asked before ``pynvml`` is imported: importing that module takes 0.3-0.6 s of CPU, paid once by every
+    process that reads a GPU level (each runner, each in-process guard) on a machine without the driver (the
+    fault drill's workers spent 17% of their CPU there in a 60 s profile) for an ``nvmlInit`` that then
+    fails. Elsewhere than Linux, True (``pynvml`` finds its library).
     """
     if not sys.platform.startswith("linux"):
         return True
