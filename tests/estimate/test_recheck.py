@@ -1,6 +1,7 @@
 """The calibration recheck at study start, with real probes and real study processes: a stale cached baseline
 is recalibrated with one log line, one within tolerance is kept and its check noted, the recheck runs once
-per process, not at all when switched off or when the entry is recent, and a failing probe keeps the cache."""
+per process, not at all when switched off or when the entry is recent, a failing probe keeps the cache, and
+``memprune calibrate`` keeps every stack when one read after others drifted."""
 
 from __future__ import annotations
 
@@ -278,3 +279,41 @@ def test_an_entry_from_before_the_recheck_is_rechecked_and_its_age_said(tmp_path
     drifted = _lines(proc, "drifted")
     assert len(drifted) == 1 and "measured by an older version" in drifted[0], proc.stderr
     assert calibration.load(path).stacks()[0].measured_at is not None
+
+
+def test_calibrate_keeps_every_stack_when_a_later_one_drifted(cache):
+    """``memprune calibrate`` (``recipes.calibrate``) while another process rechecks the file: torch's stale
+    baseline is read as cached (the recheck lock is held), the next stack's is rechecked, found drifted and
+    recalibrated, which drops every entry measured before it, torch's too; torch's is then measured again,
+    so the calibration returned (the command's listing) and the file hold every stack."""
+    env, log, path = cache
+    _edit(path, age=3.5 * HOURS)
+    data = json.loads(path.read_text())
+    (python_key,) = [key for key in data["stacks"] if key != "stack:torch:1"]
+    for _, point in data["stacks"][python_key]["points"]:  # 3x: past the 8 MiB tolerance of a small stack
+        point["warm"]["VmHWM"] = int(point["warm"]["VmHWM"] * 3)
+    path.write_text(json.dumps(data))
+    code = f"""
+        import fcntl, json, logging, types
+        from optuna_memprune.estimate import calibration, recipes
+        from optuna_memprune.estimate.processes import STACKS
+        logging.basicConfig(format="%(levelname)s %(name)s %(message)s")  # as the CLI's
+        lock = open({str(path)!r} + ".recheck.lock", "a")
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as another process's recheck: the first read finds the lock held
+        stack = calibration.Calibration.stack
+        def stack_then_release(self, *args, **kwargs):
+            try:
+                return stack(self, *args, **kwargs)
+            finally:
+                lock.close()  # that recheck is over: the next read rechecks
+        calibration.Calibration.stack = stack_then_release
+        recipes.RECIPES.clear()  # torch's stack, then the bare interpreter's as a recipe's
+        recipes.RECIPES["python"] = types.SimpleNamespace(STACKS={{"python": STACKS["python"]}})
+        cal, _, _ = recipes.calibrate()
+        print(json.dumps(sorted(base.imports for base in cal.stacks())))
+    """
+    proc = _run(code, env)
+    drifted = _lines(proc, "drifted")
+    assert len(drifted) == 1 and "The calibrated baseline of python drifted" in drifted[0], proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [[], ["torch"]]
+    assert set(json.loads(path.read_text())["stacks"]) == {"stack:torch:1", python_key}
