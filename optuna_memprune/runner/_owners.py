@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import psutil
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from .. import _internals, records
 from ..records import RESOURCES, Decision
@@ -118,13 +118,15 @@ class DeadRunners:
         self._warned: set[int] = set()
         self._looked = -_UNNAMED_EVERY_S
 
-    def end_trials(self) -> None:
+    def end_trials(self, trials: list[FrozenTrial] | None = None) -> None:
         """Fail every RUNNING trial of this storage whose runner died, then settle its reaped entry; every
-        ``_UNNAMED_EVERY_S`` also those whose runner died before it named them on the ledger."""
+        ``_UNNAMED_EVERY_S`` also those whose runner died before it named them on the ledger, looked for
+        among ``trials`` (the study's trials just read, such as a new trial's check read them) or, without
+        them, the study's running trials read now. Each is read again before it is failed."""
         if time.monotonic() - self._looked >= _UNNAMED_EVERY_S:
             self._looked = time.monotonic()
             try:
-                self._end_unnamed()
+                self._end_unnamed(trials)
             except Exception:  # looked for again in a few seconds; the study goes on
                 _logger.exception("Looking for trials of dead runners that the ledger does not name failed")
         if self._ledger is None:
@@ -155,16 +157,20 @@ class DeadRunners:
                 continue
             self._ledger.settle(reaped)
 
-    def _end_unnamed(self) -> None:
+    def _end_unnamed(self, trials: list[FrozenTrial] | None) -> None:
         """Fail the RUNNING trials a runner of this host asked (``RUNNER``) and died before it named them
         on the ledger: killed between the ask and the ledger's write, or while the ledger could not be
         written. A trial an entry names is left to ``end_trials``' reaping."""
         host = self._host
-        running = retry(
-            "reading the running trials", lambda: self._study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        )
+        if trials is None:
+            trials = retry(
+                "reading the running trials",
+                lambda: self._study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)),
+            )
         dead = []
-        for t in running:
+        for t in trials:
+            if t.state is not TrialState.RUNNING:
+                continue
             mark = t.system_attrs.get(RUNNER)
             if isinstance(mark, dict) and mark.get("host") == host and not _alive(mark.get("pid"), mark.get("start")):
                 dead.append((t, mark))

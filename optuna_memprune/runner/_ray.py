@@ -241,8 +241,8 @@ class RayRunner:
     def _ask(self) -> None:
         trial = self.teller.ask(self.mark)
         self.asked += 1
-        self.dead_runners.end_trials()
         state = self.teller.check(trial)
+        self.dead_runners.end_trials(_internals.cached_trials(self.study))  # the trials the check read
         if state.decision is Decision.REJECTED:
             self.teller.end_rejected(trial, state)
             return

@@ -50,9 +50,10 @@ class Reservations:
         finished record says its prediction was learned (the bound at the stated miss rate, reserved as is).
 
         A finished trial's record never changes, so each is read once (its timeline JSON included), not
-        at every launch."""
-        for t in self._study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if _internals.trial_id(t) in self._pairs:
+        at every launch. The trials are those the trial's check read (the per-trial list the samplers read):
+        a query of the running trials' attrs of its own took 15 ms of CPU a trial in the fault drill."""
+        for t in _internals.cached_trials(self._study):
+            if t.state not in (TrialState.COMPLETE, TrialState.PRUNED) or _internals.trial_id(t) in self._pairs:
                 continue
             record = records.read(t.user_attrs)
             if record is not None and record.learned:

@@ -412,6 +412,37 @@ def test_a_runner_killed_before_it_named_its_trial_on_the_ledger_leaves_no_trial
     assert read_host() == ([], [])
 
 
+def test_dead_runners_trials_are_looked_for_among_the_trials_a_check_read(tmp_path: Path) -> None:
+    """``DeadRunners.end_trials(trials)``, as the runner calls it after a trial's check, with the trials that
+    check read: a dead runner's trial in them is failed; one that ended after they were read is read again and
+    left as it ended."""
+    from optuna_memprune import _internals
+    from optuna_memprune.runner._owners import RUNNER, DeadRunners, runner_mark
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(study_name="s", storage=url)
+    code = (
+        "import os, optuna\n"
+        "from optuna_memprune import _internals\n"
+        "from optuna_memprune.runner._owners import RUNNER, runner_mark\n"
+        f"study = optuna.load_study(study_name='s', storage={url!r})\n"
+        f"_internals.ask_marked(study, {{RUNNER: runner_mark({HOST!r})}})\n"
+        f"_internals.ask_marked(study, {{RUNNER: runner_mark({HOST!r})}})\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    died = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
+    assert died.returncode == -9, died.stderr
+    study = optuna.load_study(study_name="s", storage=url)
+    read = list(_internals.cached_trials(study))  # as the check read them: both RUNNING
+    assert [t.state for t in read] == [TrialState.RUNNING, TrialState.RUNNING]
+    study.tell(read[1].number, 1.0)  # ended after the read (here by this process)
+    DeadRunners(study, None, omp.Budget(ram="1GiB"), host=HOST).end_trials([])  # looked for there only
+    assert states(url) == [TrialState.RUNNING, TrialState.COMPLETE]
+    DeadRunners(study, None, omp.Budget(ram="1GiB"), host=HOST).end_trials(read)
+    assert states(url) == [TrialState.FAIL, TrialState.COMPLETE]
+    assert "died before the trial ended" in omp.read_record(study.trials[0].user_attrs).reason
+
+
 # -- 6. the worker's command line, the ledger file and the cache dir -------------------------------------
 
 
