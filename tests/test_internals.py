@@ -25,6 +25,21 @@ def test_study_and_trial_ids_and_the_cached_trials(tmp_path) -> None:
     assert ids == [_internals.trial_id(t) for t in study.trials] and len(set(ids)) == 2
 
 
+def test_ask_marked_marks_the_new_trial_and_reads_the_study_once(tmp_path) -> None:
+    """The new trial carries the mark; the per-trial list the samplers read is the study's trials with it, read
+    by the ask (no second read for the check); an enqueued trial is popped first, marked too."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
+    study.optimize(lambda t: t.suggest_int("x", 0, 3), n_trials=2)
+    study.enqueue_trial({"x": 3})
+    popped = _internals.ask_marked(study, {"mark": 1})
+    assert popped.number == 2 and popped.suggest_int("x", 0, 3) == 3
+    assert study.trials[2].state == optuna.trial.TrialState.RUNNING and study.trials[2].system_attrs["mark"] == 1
+    new = _internals.ask_marked(study, {"mark": 2})
+    cached = study._thread_local.cached_all_trials
+    assert [t.number for t in cached] == [0, 1, 2, 3] and cached[3].system_attrs["mark"] == 2
+    assert new.number == 3 and _internals.cached_trials(study) is cached  # the check reads no more
+
+
 def test_storage_location_names_an_rdb_url_or_a_journal_file(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     assert _internals.storage_location(optuna.create_study(storage=url)) == url
