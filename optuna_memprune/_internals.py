@@ -78,8 +78,9 @@ def ask_marked(study: optuna.Study, system_attrs: dict[str, Any]) -> optuna.Tria
     A runner killed between ``study.ask()`` and its next write leaves a RUNNING trial that nothing names:
     created with its runner's identity in one write (``BaseStorage.create_new_trial`` with a template trial,
     the path ``Study.ask`` takes with no template), the trial says whose it is from its first moment. A trial
-    enqueued beforehand (WAITING) is popped as ``Study.ask`` pops it (``Study._pop_waiting_trial_id``) and
-    marked by one more write right after.
+    enqueued beforehand (WAITING) is popped as ``Study.ask`` pops it (``Study._pop_waiting_trial_id``: the
+    first one this process sets RUNNING) and marked by one more write right after. A new trial's per-trial
+    list (``cached_trials``) is the study's trials as this ask read them, with the new trial.
     """
     import datetime
 

@@ -121,7 +121,7 @@ class DeadRunners:
     def end_trials(self, trials: list[FrozenTrial] | None = None) -> None:
         """Fail every RUNNING trial of this storage whose runner died, then settle its reaped entry; every
         ``_UNNAMED_EVERY_S`` also those whose runner died before it named them on the ledger, looked for
-        among ``trials`` (the study's trials just read, such as a new trial's check read them) or, without
+        among ``trials`` (the study's trials just read, such as a new trial's ask read them) or, without
         them, the study's running trials read now. Each is read again before it is failed."""
         if time.monotonic() - self._looked >= _UNNAMED_EVERY_S:
             self._looked = time.monotonic()

@@ -242,7 +242,7 @@ class RayRunner:
         trial = self.teller.ask(self.mark)
         self.asked += 1
         state = self.teller.check(trial)
-        self.dead_runners.end_trials(_internals.cached_trials(self.study))  # the trials the check read
+        self.dead_runners.end_trials(_internals.cached_trials(self.study))  # the trials the ask read
         if state.decision is Decision.REJECTED:
             self.teller.end_rejected(trial, state)
             return

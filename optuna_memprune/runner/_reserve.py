@@ -50,8 +50,8 @@ class Reservations:
         finished record says its prediction was learned (the bound at the stated miss rate, reserved as is).
 
         A finished trial's record never changes, so each is read once (its timeline JSON included), not
-        at every launch. The trials are those the trial's check read (the per-trial list the samplers read):
-        a query of the running trials' attrs of its own took 15 ms of CPU a trial in the fault drill."""
+        at every launch. The trials are those the trial's ask read (the per-trial list the samplers read): a
+        query of the running trials' attrs of its own took 15 ms of CPU a trial in the fault drill."""
         for t in _internals.cached_trials(self._study):
             if t.state not in (TrialState.COMPLETE, TrialState.PRUNED) or _internals.trial_id(t) in self._pairs:
                 continue
