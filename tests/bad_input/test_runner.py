@@ -374,6 +374,24 @@ def test_a_runner_killed_during_a_slow_footprint_leaves_no_trial_running(tmp_pat
     assert read_host() == ([], [])
 
 
+def _ask_and_die(url: str, trials: int) -> int:
+    """A real process that asks ``trials`` trials of study "s" as a runner of this host asks them (marked with
+    its identity in the same write) and is SIGKILLed before any other write; its pid."""
+    code = (
+        "import os, optuna\n"
+        "from optuna_memprune import _internals\n"
+        "from optuna_memprune.runner._owners import RUNNER, runner_mark\n"
+        f"study = optuna.load_study(study_name='s', storage={url!r})\n"
+        f"for _ in range({trials}):\n"
+        f"    _internals.ask_marked(study, {{RUNNER: runner_mark({HOST!r})}})\n"
+        "print(os.getpid(), flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    died = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
+    assert died.returncode == -9, died.stderr
+    return int(died.stdout)
+
+
 def test_a_runner_killed_before_it_named_its_trial_on_the_ledger_leaves_no_trial_running(tmp_path: Path) -> None:
     from optuna_memprune import _internals
     from optuna_memprune.runner._owners import RUNNER, runner_mark
@@ -382,18 +400,7 @@ def test_a_runner_killed_before_it_named_its_trial_on_the_ledger_leaves_no_trial
     optuna.create_study(study_name="s", storage=url)
     # A real process asks a trial as the runner asks it (marked with its identity in the same write) and is
     # killed before its next write: the window between the ask and the ledger's entry naming the trial.
-    code = (
-        "import os, optuna\n"
-        "from optuna_memprune import _internals\n"
-        "from optuna_memprune.runner._owners import RUNNER, runner_mark\n"
-        f"study = optuna.load_study(study_name='s', storage={url!r})\n"
-        f"_internals.ask_marked(study, {{RUNNER: runner_mark({HOST!r})}})\n"
-        "print(os.getpid(), flush=True)\n"
-        "os.kill(os.getpid(), 9)\n"
-    )
-    died = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
-    assert died.returncode == -9, died.stderr
-    pid = int(died.stdout)
+    pid = _ask_and_die(url, 1)
     guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="1GiB"))
     study = optuna.load_study(
         study_name="s",
@@ -412,26 +419,16 @@ def test_a_runner_killed_before_it_named_its_trial_on_the_ledger_leaves_no_trial
     assert read_host() == ([], [])
 
 
-def test_dead_runners_trials_are_looked_for_among_the_trials_a_check_read(tmp_path: Path) -> None:
+def test_dead_runners_trials_are_looked_for_among_the_trials_just_read(tmp_path: Path) -> None:
     """``DeadRunners.end_trials(trials)``, as the runner calls it after a trial's check, with the trials that
-    check read: a dead runner's trial in them is failed; one that ended after they were read is read again and
-    left as it ended."""
+    trial's ask read: a dead runner's trial in them is failed; one that ended after they were read is read again
+    and left as it ended."""
     from optuna_memprune import _internals
-    from optuna_memprune.runner._owners import RUNNER, DeadRunners, runner_mark
+    from optuna_memprune.runner._owners import DeadRunners
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     optuna.create_study(study_name="s", storage=url)
-    code = (
-        "import os, optuna\n"
-        "from optuna_memprune import _internals\n"
-        "from optuna_memprune.runner._owners import RUNNER, runner_mark\n"
-        f"study = optuna.load_study(study_name='s', storage={url!r})\n"
-        f"_internals.ask_marked(study, {{RUNNER: runner_mark({HOST!r})}})\n"
-        f"_internals.ask_marked(study, {{RUNNER: runner_mark({HOST!r})}})\n"
-        "os.kill(os.getpid(), 9)\n"
-    )
-    died = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
-    assert died.returncode == -9, died.stderr
+    _ask_and_die(url, 2)
     study = optuna.load_study(study_name="s", storage=url)
     read = list(_internals.cached_trials(study))  # as the check read them: both RUNNING
     assert [t.state for t in read] == [TrialState.RUNNING, TrialState.RUNNING]
