@@ -84,11 +84,12 @@ class Teller:
             _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
         finally:
             trials_of(self.guard).close(state.trial_id)
+        # ``Study.tell`` returns the trial as it ended, read after its state was set (or as another process ended it)
+        frozen: FrozenTrial
         if final is TrialState.COMPLETE:
-            _retry("telling the result", lambda: self.study.tell(trial, values, skip_if_finished=True))
+            frozen = _retry("telling the result", lambda: self.study.tell(trial, values, skip_if_finished=True))
         else:
-            _retry("telling the result", lambda: self.study.tell(trial, state=final, skip_if_finished=True))
-        frozen: FrozenTrial = _retry("reading the trial", lambda: self.storage.get_trial(state.trial_id))
+            frozen = _retry("telling the result", lambda: self.study.tell(trial, state=final, skip_if_finished=True))
         key = {TrialState.COMPLETE: "done", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}[frozen.state]
         self.counts[key] += 1
         if record.decision is Decision.REJECTED:
@@ -108,11 +109,12 @@ class Teller:
             store_rejection(self.guard, trial, state, decision=Decision.REJECTED, reason=state.reason)
         except Exception:  # the trial still ends PRUNED
             _logger.exception("Trial %d: writing the memprune record failed.", trial.number)
-        _retry("telling the result", lambda: self.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True))
+        frozen = _retry(
+            "telling the result", lambda: self.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+        )
         self.counts["rejected"] += 1
         self.counts["pruned"] += 1
         _logger.info("Trial %d rejected: %s", trial.number, state.reason)
-        frozen = _retry("reading the trial", lambda: self.storage.get_trial(state.trial_id))
         for callback in self.callbacks:
             callback(self.study, frozen)
 

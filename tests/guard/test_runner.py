@@ -155,10 +155,12 @@ def test_an_objective_error_fails_the_trial_and_is_raised_unless_caught(tmp_path
         guard=guard,
         n_trials=2,
         catch=(ValueError,),
-        callbacks=[lambda s, t: seen.append(t.state)],
+        callbacks=[lambda s, t: seen.append(t)],
         host=_ledger(tmp_path),
     )
-    assert seen == [TrialState.FAIL, TrialState.FAIL]
+    # each callback gets the trial as it ended: its final state and its record
+    assert [t.state for t in seen] == [TrialState.FAIL, TrialState.FAIL]
+    assert all("ValueError: bad config" in _record(t).reason for t in seen)
     with pytest.raises(ValueError, match="bad config"):
         omp.optimize(study, objectives.raise_value_error, guard=guard, n_trials=3, host=_ledger(tmp_path))
     assert [t.state for t in study.trials] == [TrialState.FAIL] * 3
