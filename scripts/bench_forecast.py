@@ -37,11 +37,14 @@ Needs the ``rl`` extra (stable-baselines3, gymnasium). Prints one line per run, 
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import os
 import random
+import shutil
 import statistics
+import tempfile
 import time
 
 import numpy as np
@@ -208,6 +211,11 @@ def main() -> None:
     parser.add_argument("--cross", type=float, default=0.8, help="share of the growth at which the budget lies")
     parser.add_argument("--smoke", action="store_true", help="2 runs of each kind, 1 breach run, 2,000 steps")
     args = parser.parse_args()
+    # SB3 makes a folder SB3-<date> in the temporary directory at every learn() without a log folder (45 a run
+    # here): this run's go in one folder of its own, removed at the end
+    if "SB3_LOGDIR" not in os.environ:
+        os.environ["SB3_LOGDIR"] = tempfile.mkdtemp(prefix="bench-forecast-sb3-")
+        atexit.register(shutil.rmtree, os.environ["SB3_LOGDIR"], True)
     if args.smoke:
         args.runs, args.breach_runs, args.steps = 2, 1, 2000
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -26,6 +26,20 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sb3_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """SB3 makes a folder ``SB3-<date>`` in the system's temporary directory at every ``learn()`` without a
+    log folder (``$SB3_LOGDIR`` else that): the tests' agents and the trial processes they start make
+    theirs in one folder of this session's instead (hundreds were left in /tmp by a run of the suite)."""
+    before = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3-logs"))
+    yield
+    if before is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = before
+
+
 # DURATIONS (tests/durations.json): per test, the seconds it took in a full run (setup + call + teardown),
 # written by ``python scripts/test_durations.py JUNIT_XML``; ``--quick`` leaves out those over QUICK_MAX_S.
 
