@@ -30,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _sb3_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """SB3 makes a folder ``SB3-<date>`` in the system's temporary directory at every ``learn()`` without a
     log folder (``$SB3_LOGDIR`` else that): the tests' agents and the trial processes they start make
-    theirs in one folder of this session's instead (hundreds were left in /tmp by a run of the suite)."""
+    theirs in one folder of this session's instead (a run of the suite left 12 in /tmp)."""
     before = os.environ.get("SB3_LOGDIR")
     os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3-logs"))
     yield
