@@ -38,15 +38,16 @@ _POLL_MAX_S = 10.0  # ... but at least this often ...
 #: CPU in the fault drill (64 runners, 2 cores; ``scripts/bench_faults.py``); an in-memory read costs
 #: microseconds and is made at every reading. A fixed floor of 0.5 s instead held every forecast stop of
 #: ``scripts/bench_forecast.py`` (breaches 1.9 s in) to 1.0 s: ``stop_time_ratio`` 0.13 -> 0.54 against its
-#: target of 0.25. The cheaper of two (the first read's cost holds back nothing): one costly read (a garbage
+#: target of 0.25. The cheaper of two (the first read's cost holds back no other): one costly read (a garbage
 #: collection, a new storage's first query) put the next one 50 times its CPU later, and a first read that
 #: burnt 80 ms stopped a trial growing 2 MiB a step at step 291 of 400 instead of 40.
 _POLL_COST_X = 50
 #: While no horizon is known (``horizon=None`` and no step-count param suggested yet), a read serves only to
 #: find one, which appears only when the objective suggests that param: the next read waits this many times
-#: the cheaper of the last two reads' CPU (at most ``_POLL_MAX_S``): still every reading in memory, 5 to 10 s
-#: on a database, where a trial without a step-count param (most studies) was read every 0.25-0.5 s for its
-#: whole life.
+#: the last one's CPU (at most ``_POLL_MAX_S``): still every reading in memory, 5 to 10 s on a database,
+#: where a trial without a step-count param (most studies) was read every 0.25-0.5 s for its whole life. The
+#: last one's alone: a look for a horizon that a costly read delays costs little, and with the cheaper of
+#: two every such trial was read twice (one more read per trial, about 500 a fault drill).
 _POLL_COST_UNKNOWN_X = 1000
 
 
@@ -179,7 +180,7 @@ class StepForecast:
         self._points: list[tuple[float, int]] = []
         self._marks: list[tuple[float, int]] = []
         self._next_poll = self.start
-        self._last_cpu = 0.0  # the CPU of the last read (none yet: the first read's cost holds back nothing)
+        self._last_cpu = 0.0  # the CPU of the last read (none yet: the first read's cost holds back no other)
         self.fired: Forecast | None = None
         self.failed = 0
 
@@ -222,7 +223,7 @@ class StepForecast:
                 self._horizon_arg = False  # the param is there and no step count (said once): no forecast
                 self._next_poll = math.inf  # nothing left to read for
             elif self.horizon is None:  # only a param suggested later can give one: look again much later
-                self._next_poll = max(self._next_poll, t + min(cpu * _POLL_COST_UNKNOWN_X, _POLL_MAX_S))
+                self._next_poll = max(self._next_poll, t + min(spent * _POLL_COST_UNKNOWN_X, _POLL_MAX_S))
         # a mark per new step (its time: when it was first seen); readings are placed between marks
         if self.horizon is None or step is None or (self._marks and step <= self._marks[-1][1]):
             return None
