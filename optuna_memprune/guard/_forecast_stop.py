@@ -206,7 +206,7 @@ class StepForecast:
             self._points = self._points[::2]
         if t < self._next_poll:
             return None
-        cpu = time.thread_time()
+        began = time.thread_time()
         try:
             step, params = self._read()
         except Exception as exc:  # noqa: BLE001 - a storage hiccup: try again at the next poll
@@ -214,9 +214,9 @@ class StepForecast:
             _logger.debug("reading the trial's step failed: %s", exc)
             return None
         finally:
-            spent = time.thread_time() - cpu
-            cpu, self._last_cpu = min(spent, self._last_cpu), spent
-            self._next_poll = t + min(max((t - self.start) * _POLL_SHARE, cpu * _POLL_COST_X), _POLL_MAX_S)
+            spent = time.thread_time() - began
+            cheaper, self._last_cpu = min(spent, self._last_cpu), spent
+            self._next_poll = t + min(max((t - self.start) * _POLL_SHARE, cheaper * _POLL_COST_X), _POLL_MAX_S)
         if self.horizon is None and self._horizon_arg is not False:
             self.horizon = resolve_horizon(self._horizon_arg, params, quiet=True)
             if self.horizon is None and isinstance(self._horizon_arg, str) and self._horizon_arg in params:
