@@ -17,7 +17,7 @@ PKG = Path(__file__).resolve().parent.parent / "optuna_memprune"
 
 # The layers of docs/ARCHITECTURE.md, bottom first: a module may import its own layer and the ones below.
 LAYERS = (
-    ("units", "budget", "exceptions", "_extras", "_console", "procfs", "paths", "cgroups", "_cgroupfs"),
+    ("units", "budget", "exceptions", "_extras", "_console", "procfs", "paths", "cgroups", "_cgroupfs", "_backoff"),
     ("estimate", "monitor"),
     ("ledger", "records", "storages", "_internals"),
     ("guard",),

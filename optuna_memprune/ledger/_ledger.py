@@ -19,6 +19,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
+from .._backoff import RETRY_S, waits
 from ..units import check_number, is_int
 from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
 from ._commit import Committed, Plan, State, commit, fast_try, read_state
@@ -56,9 +57,6 @@ T = TypeVar("T")
 _REAPED_KEPT_S = 30 * 24 * 3600.0
 #: ... by the first admission of each ``Ledger`` object, then at most once this often.
 _FORGET_EVERY_S = 3600.0
-#: How long a transaction on a database server (not SQLite) is retried while the server cannot be reached
-#: (restarting, failing over), with backoff from 0.1 s to 2 s between attempts.
-RETRY_S = 60.0
 #: Commits a try makes on its reads before it reads and decides under the host's lock (each one that found the
 #: host's version moved since its read wrote nothing).
 _OPTIMISTIC_TRIES = 4
@@ -337,12 +335,13 @@ class Ledger:
     def _transaction(self, work: Callable[[sa.Connection, bool], T], *, read: bool = False) -> T:
         """``work(conn, retried)`` in one transaction; on a database server, retried for up to ``RETRY_S``
         while the server cannot be reached (``retried`` is True from the second attempt on)."""
-        deadline, delay, retried = time.monotonic() + RETRY_S, 0.1, False
+        deadline, delays, retried = time.monotonic() + RETRY_S, waits(), False
         while True:
             try:
                 with self._connect(read=read) as conn, conn.begin():
                     return work(conn, retried)
             except (OperationalError, InterfaceError) as exc:
+                delay = next(delays)
                 if self._sqlite or time.monotonic() + delay > deadline:
                     raise
                 cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
@@ -350,7 +349,7 @@ class Ledger:
                     "The ledger database of host %s cannot be reached (%s); retrying in %.1f s", self.host, cause, delay
                 )
                 time.sleep(delay)
-                delay, retried = min(2 * delay, 2.0), True
+                retried = True
 
     def _create_tables(self) -> None:
         try:

@@ -14,30 +14,28 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _internals
+from .._backoff import RETRY_S, waits
 
 if TYPE_CHECKING:
     import optuna
 
 _logger = logging.getLogger("optuna_memprune.guard")
 
-#: Storage calls are retried for this long (a database server restarting or failing over), with backoff
-#: from 0.1 s doubling up to 2 s between attempts.
-RETRY_S = 60.0
-
 
 def retry(what: str, call: Callable[[], Any]) -> Any:
-    """``call()``, retried with backoff on storage errors for up to ``RETRY_S``; each failure is logged,
-    the last raised."""
+    """``call()``, retried on storage errors for up to ``RETRY_S`` (a database server restarting or failing
+    over), with backoff (``_backoff.waits``); each failure is logged, the last raised."""
     import optuna
     import sqlalchemy.exc
 
     errors = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
-    deadline, delay, attempt = time.monotonic() + RETRY_S, 0.1, 0
+    deadline, delays, attempt = time.monotonic() + RETRY_S, waits(), 0
     while True:
         attempt += 1
         try:
             return call()
         except errors as exc:
+            delay = next(delays)
             if time.monotonic() + delay > deadline:
                 raise
             cause = str(getattr(exc, "__cause__", None) or exc).strip().splitlines()[0]
@@ -50,7 +48,6 @@ def retry(what: str, call: Callable[[], Any]) -> Any:
                 cause,
             )
             time.sleep(delay)
-            delay = min(2 * delay, 2.0)
 
 
 def storage_id(study: optuna.Study) -> str | None:
