@@ -1,7 +1,9 @@
 """Accuracy of predicted peak RSS (process tree) and thread count against real training runs.
 
 Each configuration runs in a fresh subprocess (scripts/_workloads.py) while this process samples its tree;
-the measured peak RSS is the sum of VmHWM over the tree, the measured threads the peak of the tree's sum.
+the measured peak RSS is the sum of VmHWM over the tree (a child read between vfork and exec, which shows its
+parent's memory, is left out of it, as the guard's monitor leaves it out), the measured threads the peak of
+the tree's sum.
 Three peer rules are computed side by side. Last line:
 ACCURACY n=<N> ram_median_err=<x>% ram_p90_err=<x>% ram_max_err=<x>% ram_under5=<k> threads_within1=<m>/<N>
 best_peer_median_err=<x>%
@@ -31,6 +33,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from optuna_memprune import format_bytes  # noqa: E402
 from optuna_memprune.estimate import calibration, deque_buffer, process, recipes, torch_training  # noqa: E402
+from optuna_memprune.monitor._proc import _shares_parent_memory as shares_parent_memory  # noqa: E402
 
 ATARI = "ALE/Pong-v5"
 
@@ -262,15 +265,24 @@ def measure(cfg: dict) -> dict:
             except psutil.Error:
                 break
             threads = 0
+            statuses: dict[int, bytes] = {}
             for p in procs:
                 try:
-                    with open(f"/proc/{p.pid}/status") as f:
-                        text = f.read()
+                    with open(f"/proc/{p.pid}/status", "rb") as f:
+                        statuses[p.pid] = f.read()
+                except OSError:
+                    continue
+            for p in procs:
+                try:
+                    raw = statuses[p.pid]
+                    text = raw.decode()
                     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
                     threads += int(fields["Threads"])
+                    if shares_parent_memory(raw, statuses):  # between vfork and exec: its parent's memory
+                        continue
                     key = (p.pid, p.create_time())
                     hwm[key] = max(hwm.get(key, 0), int(fields["VmHWM"].split()[0]) * 1024)
-                except (OSError, KeyError, psutil.Error):
+                except (KeyError, psutil.Error):
                     continue
             peak_threads = max(peak_threads, threads)
             stop.wait(0.05)

@@ -31,7 +31,9 @@ class Reading(NamedTuple):
     Note:
         RSS counts a page shared by two processes of the tree twice (fork copy-on-write pages, shared
         libraries); PSS does not, which is why a tree of forked workers may look bigger in ``rss`` than it
-        is. A budget on ``rss`` is the conservative choice.
+        is. A budget on ``rss`` is the conservative choice. A child between vfork() and exec (what
+        ``subprocess.run`` and ``posix_spawn`` make) runs on its parent's memory and is counted in
+        ``threads`` and ``processes`` only.
     """
 
     t: float
