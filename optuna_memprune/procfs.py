@@ -91,6 +91,25 @@ def is_zombie(status: bytes) -> bool:
     return i >= 0 and status[i + 7 : i + 10].strip()[:1] in (b"Z", b"X")
 
 
+_SIZES, _RESIDENT = (b"\nVmPeak:", b"\nVmSize:"), (b"\nVmHWM:", b"\nVmRSS:")
+_RESIDENT_SLACK_KIB = 1024  # pages the child touches between the two reads (its stack): 4 KiB were seen
+
+
+def shares_parent_memory(status: bytes, statuses: dict[int, bytes]) -> bool:
+    """Whether the process whose ``status`` this is shows its parent's memory as its own, as a child does
+    between vfork() and exec: its parent, read in the same pass, waits uninterruptibly (state D, as vfork's
+    parent does until the child execs), their address spaces have the same peak and present size, and their
+    peak and present RSS are the same but for the pages the child touched between the two reads. A child
+    forked without vfork starts with its own peaks (its size when it was made), which differ from a parent
+    that ever shrank, and its parent does not wait."""
+    parent = statuses.get(field(status, b"\nPPid:"))
+    if parent is None or b"\nState:\tD" not in parent:
+        return False
+    return all(field(status, k) == field(parent, k) for k in _SIZES) and all(
+        abs(field(status, k) - field(parent, k)) <= _RESIDENT_SLACK_KIB for k in _RESIDENT
+    )
+
+
 def stat_fields(stat: bytes) -> list[bytes]:
     """The fields of a ``stat`` file after the command name: index 0 is field 3 (state), 1 the parent pid,
     19 the start time in clock ticks since boot (field 22). The name may hold spaces and parentheses."""

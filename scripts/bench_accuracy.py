@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from optuna_memprune import format_bytes  # noqa: E402
 from optuna_memprune.estimate import calibration, deque_buffer, process, recipes, torch_training  # noqa: E402
-from optuna_memprune.monitor._proc import _shares_parent_memory as shares_parent_memory  # noqa: E402
+from optuna_memprune.procfs import shares_parent_memory  # noqa: E402
 
 ATARI = "ALE/Pong-v5"
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from .. import procfs
-from ..procfs import READ_SIZE, KiB, field, is_zombie, read_at
+from ..procfs import READ_SIZE, KiB, field, is_zombie, read_at, shares_parent_memory
 from ..units import check_int
 from ._nvml import resolve_gpu
 from ._types import MonitorError, ProcessGone, Reading
@@ -34,25 +34,6 @@ _SWEEP_EVERY_S = 2.0
 _MIN_SCAN = 32
 # The /proc backend needs /proc/<pid>/task/<tid>/children (Linux 3.5+, CONFIG_PROC_CHILDREN).
 _HAS_PROC = sys.platform.startswith("linux") and os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
-
-
-_SIZES, _RESIDENT = (b"\nVmPeak:", b"\nVmSize:"), (b"\nVmHWM:", b"\nVmRSS:")
-_RESIDENT_SLACK_KIB = 1024  # pages the child touches between the two reads (its stack): 4 KiB were seen
-
-
-def _shares_parent_memory(status: bytes, statuses: dict[int, bytes]) -> bool:
-    """Whether the process whose ``status`` this is shows its parent's memory as its own, as a child does
-    between vfork() and exec: its parent, read in the same pass, waits uninterruptibly (state D, as vfork's
-    parent does until the child execs), their address spaces have the same peak and present size, and their
-    peak and present RSS are the same but for the pages the child touched between the two reads. A child
-    forked without vfork starts with its own peaks (its size when it was made), which differ from a parent
-    that ever shrank, and its parent does not wait."""
-    parent = statuses.get(field(status, b"\nPPid:"))
-    if parent is None or b"\nState:\tD" not in parent:
-        return False
-    return all(field(status, k) == field(parent, k) for k in _SIZES) and all(
-        abs(field(status, k) - field(parent, k)) <= _RESIDENT_SLACK_KIB for k in _RESIDENT
-    )
 
 
 class ProcessTree(Protocol):
@@ -282,7 +263,7 @@ class _ProcTree:
         # status shows that memory: counted again, one reading of a tree whose process starts a command could
         # show twice its RSS (3-22% of the readings of a 200-330 MiB process running `true` in a loop) and stop a
         # trial above half its budget. Such a child is counted for its threads, not its memory.
-        own = [m for m in live if not _shares_parent_memory(statuses[m.pid], statuses)]
+        own = [m for m in live if not shares_parent_memory(statuses[m.pid], statuses)]
         rss = sum(field(statuses[m.pid], b"\nVmRSS:") for m in own)
         hwm = sum(field(statuses[m.pid], b"\nVmHWM:") for m in own)
         pss_total = None
