@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from optuna_memprune import format_bytes  # noqa: E402
+from optuna_memprune import format_bytes, procfs  # noqa: E402
 from optuna_memprune.estimate import calibration, deque_buffer, process, recipes, torch_training  # noqa: E402
-from optuna_memprune.procfs import shares_parent_memory  # noqa: E402
+from optuna_memprune.procfs import field  # noqa: E402
 
 ATARI = "ALE/Pong-v5"
 
@@ -264,27 +264,22 @@ def measure(cfg: dict) -> dict:
                 procs = [root] + root.children(recursive=True)
             except psutil.Error:
                 break
-            threads = 0
             statuses: dict[int, bytes] = {}
             for p in procs:
                 try:
-                    with open(f"/proc/{p.pid}/status", "rb") as f:
-                        statuses[p.pid] = f.read()
+                    statuses[p.pid] = procfs.read(f"/proc/{p.pid}/status")
                 except OSError:
                     continue
+            peak_threads = max(peak_threads, sum(field(s, b"\nThreads:") for s in statuses.values()))
             for p in procs:
-                try:
-                    raw = statuses[p.pid]
-                    text = raw.decode()
-                    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-                    threads += int(fields["Threads"])
-                    if shares_parent_memory(raw, statuses):  # between vfork and exec: its parent's memory
-                        continue
-                    key = (p.pid, p.create_time())
-                    hwm[key] = max(hwm.get(key, 0), int(fields["VmHWM"].split()[0]) * 1024)
-                except (KeyError, psutil.Error):
+                status = statuses.get(p.pid)
+                if status is None or procfs.shares_parent_memory(status, statuses):  # between vfork and exec
                     continue
-            peak_threads = max(peak_threads, threads)
+                try:
+                    key = (p.pid, p.create_time())
+                except psutil.Error:
+                    continue
+                hwm[key] = max(hwm.get(key, 0), field(status, b"\nVmHWM:") * 1024)
             stop.wait(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
