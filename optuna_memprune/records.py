@@ -169,7 +169,10 @@ class TrialRecord:
     own process (the process-per-trial runner) or on records written before the field existed.
     ``leftover`` is what earlier trials left in the process (its level at the last start with no trial
     running, above the first trial's start), per resource where it made the budget unreachable: the
-    trial's soft line and budget were raised by it, and the constraints count its peak less it. ``need`` is
+    trial's soft line and budget were raised by it, and the constraints count its peak less it. ``kept``, on
+    the first trial of a shared process, is what the process still held above that trial's start once it
+    ended and the guard gave back what it could: its one-time costs (imports, a worker pool, a cache, a CUDA
+    context), which later trials find in the process; a learned footprint takes them off its increment. ``need`` is
     what admission compared with the soft line, where it compared more than the prediction (a learned
     increment plus the usage it starts from).
     """
@@ -201,6 +204,7 @@ class TrialRecord:
     forecast: dict[str, Any] = field(default_factory=dict)  # a forecast stop's fit and projection (below)
     learned: dict[str, Any] = field(default_factory=dict)  # a learned prediction: mode, phase, n, raw (see below)
     leftover: dict[str, int] = field(default_factory=dict)  # what earlier trials left in the process (above)
+    kept: dict[str, int] = field(default_factory=dict)  # what a process's first trial kept after it (above)
     need: dict[str, int] = field(default_factory=dict)  # what admission compared with the soft line (above)
 
     def constraints(self) -> dict[str, float]:
@@ -252,7 +256,7 @@ class TrialRecord:
         for r in RESOURCES:
             if r in self.margin:
                 out[f"margin_{r}"] = float(self.margin[r])
-            for name in ("leftover", "need"):
+            for name in ("leftover", "need", "kept"):
                 if r in getattr(self, name):
                     out[f"{name}_{r}"] = int(getattr(self, name)[r])
         if self.host is not None:
@@ -358,6 +362,7 @@ def read(user_attrs: Mapping[str, Any]) -> TrialRecord | None:
         learned=loads("learned", {}),
         leftover={r: int(get(f"leftover_{r}")) for r in RESOURCES if get(f"leftover_{r}") is not None},
         need={r: int(get(f"need_{r}")) for r in RESOURCES if get(f"need_{r}") is not None},
+        kept={r: int(get(f"kept_{r}")) for r in RESOURCES if get(f"kept_{r}") is not None},
     )
 
 

@@ -191,7 +191,8 @@ def observation(
     footprint function's figures, and ``None`` for a trial that shared its process with others unless the
     record holds its usage at its start. Where the record holds that start (``start_ram``, ...: a trial in
     a shared process) and no footprint function is corrected, the trial's own figure is its peak minus its
-    start. A trial stopped, soft-pruned, out
+    start and minus what it kept, where it was its process's first (``kept``: one-time costs, which later
+    trials do not pay). A trial stopped, soft-pruned, out
     of memory or failed reached at least its peaks (censored); so did one pruned by the study's pruner,
     unless its RSS had settled (``plateaued``): then its peak is what it takes."""
     from optuna.trial import TrialState
@@ -207,6 +208,8 @@ def observation(
     peaks = {}
     for r in RESOURCES:
         peak, start = getattr(record, f"peak_{r}"), starts[r]
+        if start is not None:  # less what a process's first trial kept: its one-time costs (``record.kept``)
+            start += record.kept.get(r, 0)
         peaks[r] = None if peak is None else max(peak - start, 0) if start is not None else peak
     if peaks["ram"] is None and peaks["threads"] is None:
         return None

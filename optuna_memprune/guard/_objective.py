@@ -193,12 +193,14 @@ class GuardedObjective:
                 if state.allowance and end.reason is not None and end.reason != state.reason:
                     end = end._replace(reason=f"{end.reason} (its lines raised by what earlier trials left)")
                 peaks = with_cuda_peak(live.peaks())
+                if returned and state.first and state.start is not None and not state.concurrent and policy.increments:
+                    state.kept = watch.levels.kept(state.start)  # its one-time costs: not learned as increments
                 if returned and state.hard_reading is None and state.start is not None and not state.concurrent:
                     own = {}
                     for r, v in peaks.items():
                         at_start = state.start.get(r)
                         if v is not None and at_start is not None:
-                            own[r] = v - at_start
+                            own[r] = v - at_start - state.kept.get(r, 0)
                 peaks = oom.needs(peaks, policy.budget) if oom is not None else peaks
                 record = policy.record(
                     state,
@@ -235,7 +237,7 @@ def _read_start(guard: Guard, state: TrialGuardState) -> None:
     except Exception as exc:  # noqa: BLE001 - the guard's own failure never stops a trial
         _logger.warning("Trial %d: reading the process's usage at the start failed: %s", state.number, exc)
         return
-    state.start, state.allowance = start.level, allowance(policy, start)
+    state.start, state.allowance, state.first = start.level, allowance(policy, start), start.first
 
 
 def store_rejection(guard: Guard, trial: optuna.Trial, state: TrialGuardState, **record: Any) -> None:

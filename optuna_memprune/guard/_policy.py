@@ -400,5 +400,6 @@ class Policy:
             concurrent=state.concurrent,
             learned=learned,
             leftover=dict(state.allowance),
+            kept=dict(state.kept),
             need=dict(state.need) if prediction is state.prediction else {},
         )

@@ -4,7 +4,8 @@ In a shared process (``study.optimize(guard.wrap_objective(f))``) a trial's read
 include what earlier trials left behind (garbage not yet collected, free heap glibc keeps mapped, torch's
 cached CUDA blocks, libraries an earlier trial imported). Before a trial's start level is read, what can be
 given back is given back (``give_back``); ``ProcessLevels`` then reads the level and says how far
-it stands above the first trial's start (what earlier trials left).
+it stands above the first trial's start (what earlier trials left), and, once the process's first trial
+returned, what it kept: its one-time costs (imports, a worker pool, a cache), not learned as its increment.
 
 Owns the give-back (garbage collection, glibc ``malloc_trim``, torch's ``empty_cache`` where CUDA is
 initialised), the levels of one guard's trials in this process, and the two rules on them, applied with the
@@ -133,12 +134,13 @@ class Start(NamedTuple):
     """A trial's start in a shared process: ``level`` (RSS, GPU memory summed over GPUs where read,
     threads; bytes and a count, ``None`` where not read), ``left`` (per resource, how far the process stood
     above the first trial's start the last time no trial ran in it: what earlier trials left behind; 0 when
-    nothing) and ``least`` (per resource, the smallest increment of a trial of this process that ran to the
-    end; 0 before one did)."""
+    nothing), ``least`` (per resource, the smallest increment of a trial of this process that ran to the
+    end; 0 before one did) and ``first`` (this level is the process's first: its baseline)."""
 
     level: dict[str, int | None]
     left: dict[str, int]
     least: dict[str, int]
+    first: bool = False
 
 
 class ProcessLevels:
@@ -172,6 +174,7 @@ class ProcessLevels:
             give_back()
         level = _level(threads)
         with self._lock:
+            first = self._base is None
             if self._base is None:
                 self._base = dict(level)
             if alone or self._idle is None:
@@ -182,7 +185,27 @@ class ProcessLevels:
             at_idle, at_base = idle[r], base[r]
             if at_idle is not None and at_base is not None:
                 left[r] = max(0, at_idle - at_base)
-        return Start(level, left, least)
+        return Start(level, left, least, first)
+
+    def kept(self, start: dict[str, int | None]) -> dict[str, int]:
+        """What the process's first trial, which started at ``start``, keeps now that it ended: its one-time
+        costs (libraries it imported, a worker pool or a cache it started, a CUDA context), which later trials
+        find in the process and do not pay again. Where it holds more than ``GIVE_BACK_ABOVE`` over ``start``
+        (or torch holds cached CUDA blocks), gives back first and reads RAM and GPU memory; ``{}`` where it
+        holds less. For a trial that returned: the objective's frames are gone, its garbage is collected here
+        (a stopped one's may still be held by the exception on its way). Where it was a leak instead, the
+        next trials show it in their own increments."""
+        now, ram = _level(), start.get("ram")  # its child processes too (a pool's workers)
+        if now["ram"] is None or ram is None or (now["ram"] - ram <= GIVE_BACK_ABOVE and not cuda_reserved()):
+            return {}
+        give_back()  # the next start gives back again: what the caller still holds is freed only after it
+        now = _level()
+        out = {}
+        for r in ("ram", "vram"):
+            at_end, at_start = now[r], start.get(r)
+            if at_end is not None and at_start is not None and at_end > at_start:
+                out[r] = at_end - at_start
+        return out
 
     def ended(self, start: dict[str, int | None] | None, own: dict[str, int] | None = None) -> None:
         """A trial that started at ``start`` (``start``'s level) ended; ``own``: its increments, where it

@@ -52,6 +52,8 @@ class TrialGuardState:
     need: dict[str, int] = field(default_factory=dict)  # what admission compared with the soft line
     allowance: dict[str, int] = field(default_factory=dict)  # what earlier trials left, where it made the budget
     # unreachable: the trial's lines raised by it
+    first: bool = False  # its start was the process's first level read (the baseline)
+    kept: dict[str, int] = field(default_factory=dict)  # the first trial's one-time costs (``ProcessLevels.kept``)
 
     @property
     def checked(self) -> bool:

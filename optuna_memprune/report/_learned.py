@@ -63,7 +63,8 @@ def _row(t: GuardedTrial) -> LearnedRow:
     learned = t.record.learned
     peak = None if t.decision is Decision.OUT_OF_MEMORY else t.record.peak_ram
     if peak is not None and learned.get("mode") == "learned" and t.record.start_ram is not None:
-        peak -= t.record.start_ram  # in a shared process the fit is of the trial's own increment
+        # in a shared process the fit is of the trial's own increment (a first trial's one-time costs apart)
+        peak -= t.record.start_ram + t.record.kept.get("ram", 0)
     bound = (learned.get("bound") or {}).get("ram", t.record.pred_ram)
     return LearnedRow(
         t.number,
