@@ -58,6 +58,18 @@ class GuardedTrial:
         value: int | None = getattr(self.record, f"{kind}_{resource}")  # every pred_/peak_/start_/budget_ field
         return value
 
+    @property
+    def increment(self) -> bool:
+        """Whether the prediction is the trial's own increment over its process's usage at its start (a
+        footprint learned without a function, the trial in a shared process), not a whole process's peak."""
+        return self.record.learned.get("mode") == "learned" and self.record.start_ram is not None
+
+    def predicted_level(self, resource: str) -> int | None:
+        """The prediction as the process's level it stands for, comparable with the peak: an increment
+        plus the usage at the trial's start (as admission compared them), else the prediction itself."""
+        pred, start = self.figure("pred", resource), self.figure("start", resource)
+        return pred + start if pred is not None and start is not None and self.increment else pred
+
     def to_json_dict(self) -> dict[str, Any]:
         r = self.record
         return {
@@ -319,7 +331,7 @@ def rel_error(pred: int, peak: int) -> float:
 
 def _quality(trials: list[GuardedTrial], resource: str) -> Quality:
     pairs = [
-        (t.number, t.figure("pred", resource), t.figure("peak", resource)) for t in trials if t.state == "COMPLETE"
+        (t.number, t.predicted_level(resource), t.figure("peak", resource)) for t in trials if t.state == "COMPLETE"
     ]
     errors = [(n, rel_error(pred, peak)) for n, pred, peak in pairs if pred is not None and peak]
     if not errors:

@@ -376,7 +376,8 @@ def _summary(data: ReportData) -> str:
         f"(soft line {data.soft:.0%}).</p>"
         f'<div class="cols"><table><tr><th>decision</th><th>trials</th></tr>{counts}</table>'
         f"<div><h3>Prediction quality</h3><p>trials that ran to the end; error = (peak - pred) / peak, "
-        f"positive = under-predicted</p><ul>{quality}</ul><p>{_e(margin_line(data))}</p></div></div>"
+        f"positive = under-predicted; a learned increment counts with the usage its trial started from</p>"
+        f"<ul>{quality}</ul><p>{_e(margin_line(data))}</p></div></div>"
     )
 
 

@@ -26,7 +26,8 @@ MiB = 2**20
 class LearnedRow:
     """One trial's learned prediction of RAM: ``bound`` (what the guard used), ``center`` (the fit),
     ``raw`` (a footprint function's own figure, corrected mode), ``peak`` (a learned trial's own increment
-    over its start where it shared its process); ``None`` where unknown."""
+    over its start where it shared its process), ``level`` (the process's peak: what a relative error is
+    of, as admission compared usage plus increment with it); ``None`` where unknown."""
 
     number: int
     state: str
@@ -38,6 +39,16 @@ class LearnedRow:
     center: int | None
     raw: int | None
     peak: int | None
+    level: int | None = None
+
+    def error(self, kind: str = "bound") -> float | None:
+        """``(peak - figure) / the process's peak`` for ``kind`` ``bound``, ``center`` or ``raw``: + is
+        under-predicted. Of the process's peak, not the increment: a trial adding 1 MiB made any bound
+        hundreds of percent over."""
+        figure: int | None = getattr(self, kind)
+        if not self.peak or figure is None:
+            return None
+        return (self.peak - figure) / (self.level or self.peak)
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
@@ -61,10 +72,11 @@ def rows(data: ReportData) -> list[LearnedRow]:
 
 def _row(t: GuardedTrial) -> LearnedRow:
     learned = t.record.learned
-    peak = None if t.decision is Decision.OUT_OF_MEMORY else t.record.peak_ram
-    if peak is not None and learned.get("mode") == "learned" and t.record.start_ram is not None:
+    peak = level = None if t.decision is Decision.OUT_OF_MEMORY else t.record.peak_ram
+    start = t.record.start_ram
+    if peak is not None and start is not None and t.increment:
         # in a shared process the fit is of the trial's own increment (a first trial's one-time costs apart)
-        peak -= t.record.start_ram + t.record.kept.get("ram", 0)
+        peak -= start + t.record.kept.get("ram", 0)
     bound = (learned.get("bound") or {}).get("ram", t.record.pred_ram)
     return LearnedRow(
         t.number,
@@ -77,11 +89,12 @@ def _row(t: GuardedTrial) -> LearnedRow:
         (learned.get("center") or {}).get("ram"),
         (learned.get("raw") or {}).get("ram"),
         peak,
+        level,
     )
 
 
 def quality(data: ReportData) -> dict[str, Any] | None:
-    """Median ``(peak - pred) / peak`` over the trials that ran to the end after the warm-up, for the bound,
+    """Median ``LearnedRow.error`` over the trials that ran to the end after the warm-up, for the bound,
     the fit and (corrected mode) the footprint function's own figure; ``None`` without learned trials."""
     learned = rows(data)
     if not learned:
@@ -89,7 +102,7 @@ def quality(data: ReportData) -> dict[str, Any] | None:
     done = [r for r in learned if r.state == "COMPLETE" and r.phase == "bound" and r.peak]
 
     def median(kind: str) -> float | None:
-        errors = [(r.peak - getattr(r, kind)) / r.peak for r in done if getattr(r, kind) is not None]
+        errors = [e for r in done if (e := r.error(kind)) is not None]
         return statistics.median(errors) if errors else None
 
     return {
@@ -141,7 +154,8 @@ def table(data: ReportData) -> TerminalTable | None:
     for head in ("#", "state", "decision", "phase", "learned from", "bound", "fit", "function", "peak", "error"):
         out.add_column(head, justify="left" if head in ("state", "decision", "phase") else "right")
     for r in learned:
-        error = fmt.pct((r.peak - r.bound) / r.peak) if r.peak and r.bound is not None else "-"
+        e = r.error()
+        error = "-" if e is None else fmt.pct(e)
         out.add_row(
             str(r.number),
             r.state,

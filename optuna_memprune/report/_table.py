@@ -98,7 +98,10 @@ def render(data: ReportData) -> TerminalGroup:
                 str(q.under_predicted),
             )
 
-    note = Text("over the trials that ran to the end (COMPLETE); error = (peak - pred) / peak, + = under-predicted")
+    note = Text(
+        "over the trials that ran to the end (COMPLETE); error = (peak - pred) / peak, + = under-predicted; a "
+        "learned increment counts with the usage its trial started from"
+    )
     running = [Text(), _running(data)] if data.running else []
     stops = forecast_stops(data.trials)
     running += [Text(), forecast_table(stops)] if stops else []

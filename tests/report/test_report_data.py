@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import statistics
 
@@ -11,6 +12,7 @@ from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from optuna_memprune import report
+from optuna_memprune._console import show
 from optuna_memprune.guard import Decision, TrialRecord, read_record
 
 RESOURCES = ("ram", "vram", "threads")
@@ -135,6 +137,53 @@ def test_margin_is_the_last_trial_that_has_one(tmp_path) -> None:
     assert js["trials"][2]["host"] == "node-a" and js["trials"][2]["gpu"] == 0
     assert js["quality"]["ram"]["under_predicted"] == 4  # 110 observed over 100 predicted on each
     assert js["quality"]["ram"]["median_rel_error"] == pytest.approx(10 / 110)
+
+
+def test_a_learned_increment_is_scored_with_the_usage_its_trial_started_from(tmp_path) -> None:
+    # In a shared process a learned prediction is the trial's own increment; its peak is the process's. Scored
+    # one against the other, a scikit-learn search whose trials added 1-55 MiB to a 760 MiB process read
+    # "+99.0% median, 4 of 4 under-predicted" where admission had compared 760 + 39 MiB with a 768 MiB peak.
+    study = optuna.create_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'shared.db'}")
+    MiB = 2**20
+    learned = {"mode": "learned", "phase": "bound", "n": 4, "center": {"ram": 10 * MiB}, "bound": {"ram": 30 * MiB}}
+    rows = [  # (start, fit, peak): the process's usage at the start, the increment's fit, the process's peak
+        (700 * MiB, 10 * MiB, 712 * MiB),
+        (712 * MiB, 10 * MiB, 719 * MiB),
+        (719 * MiB, 10 * MiB, 735 * MiB),
+    ]
+    for number, (start, fit, peak) in enumerate(rows):
+        record = TrialRecord(
+            Decision.ADMITTED,
+            "ran",
+            pred_ram=fit,
+            start_ram=start,
+            peak_ram=peak,
+            budget_ram=800 * MiB,
+            learned=learned,
+        )
+        study.add_trial(
+            create_trial(
+                state=TrialState.COMPLETE,
+                value=float(number),
+                params={"x": number},
+                distributions={"x": IntDistribution(0, 9)},
+                user_attrs=record.attrs(),
+            )
+        )
+    data = report.build(study)
+    expected = [(peak - (start + fit)) / peak for start, fit, peak in rows]  # +0.3%, -0.4%, +0.8%
+    assert data.quality["ram"].median_rel_error == pytest.approx(statistics.median(expected))
+    assert data.quality["ram"].under_predicted == 2
+    js = json.loads(report.render_json(data))
+    assert js["trials"][0]["pred"]["ram"] == 10 * MiB  # the record's figure itself is unchanged
+    learned_js = js["learned"]
+    assert [r["peak_ram"] for r in learned_js["rows"]] == [peak - start for start, _, peak in rows]  # the increments
+    bound_errors = [(peak - start - 30 * MiB) / peak for start, _, peak in rows]  # of the process's peak
+    assert learned_js["median_rel_error_bound"] == pytest.approx(statistics.median(bound_errors))
+    out = io.StringIO()
+    show(report.render_table(data), file=out)
+    text = out.getvalue()
+    assert "+99" not in text and "under-predicted; a learned increment counts with the usage" in text
 
 
 def test_a_study_without_guarded_trials_is_a_report_error(tmp_path) -> None:
