@@ -79,11 +79,13 @@ class _Injected:
         self.storage: Any = None  # --storage, opened at the first study it takes
         self.put_on_storage: set[int] = set()  # id() of the studies made in memory, put on --storage
         self.optuna = optuna
-        self.originals = (optuna.create_study, optuna.load_study, optuna.Study.optimize)
+        self.originals = (optuna.create_study, optuna.load_study, optuna.Study.optimize, optuna.Study.ask)
+        self.optimizing = 0  # guarded optimize calls running in this process (Optuna's own ask() is theirs)
+        self.asked: dict[int, int] = {}  # id(study) -> trials the program made with ask() outside optimize
 
     def patch(self) -> None:
         optuna = self.optuna
-        create, load, optimize = self.originals
+        create, load, optimize, ask = self.originals
         state = self
 
         def create_study(*args: Any, **kwargs: Any) -> Any:
@@ -103,9 +105,21 @@ class _Injected:
             call = inspect.signature(optimize).bind(self, func, *args, **kwargs)
             call.apply_defaults()
             k = _split.jobs(call.arguments["n_jobs"], state.options.workers)
-            if k > 1 or state.options.ray is not None:  # --ray: every trial a Ray task, k at a time
-                return state.parallel(entry, func, k, call.arguments)
-            return optimize(self, _Counted(entry[1].wrap_objective(func), entry[2]), *args, **kwargs)
+            with state.lock:
+                state.optimizing += 1
+            try:
+                if k > 1 or state.options.ray is not None:  # --ray: every trial a Ray task, k at a time
+                    return state.parallel(entry, func, k, call.arguments)
+                return optimize(self, _Counted(entry[1].wrap_objective(func), entry[2]), *args, **kwargs)
+            finally:
+                with state.lock:
+                    state.optimizing -= 1
+
+        def noted_ask(self: Any, *args: Any, **kwargs: Any) -> Any:
+            trial = ask(self, *args, **kwargs)
+            if os.getpid() == state.pid and not state.optimizing and state.entry(self) is not None:
+                state.asked_outside(self, trial.number)
+            return trial
 
         for name, function in (("create_study", create_study), ("load_study", load_study)):
             functools.update_wrapper(function, getattr(optuna, name))  # the original's name, doc, __wrapped__
@@ -113,6 +127,8 @@ class _Injected:
             setattr(optuna.study, name, function)
         functools.update_wrapper(guarded_optimize, optimize)
         optuna.Study.optimize = guarded_optimize
+        functools.update_wrapper(noted_ask, ask)
+        optuna.Study.ask = noted_ask
         atexit.register(self.summary)
 
     def create(self, create: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -343,6 +359,21 @@ class _Injected:
             file=sys.stderr,
         )
 
+    def asked_outside(self, study: Any, number: int) -> None:
+        """The program made trial ``number`` of a guarded study with ``ask()``, outside ``optimize``: the guard
+        never sees it run (no objective to wrap, no point to reject or stop it at). Said once, and counted in
+        the summary."""
+        with self.lock:
+            first = not self.asked
+            self.asked[id(study)] = self.asked.get(id(study), 0) + 1
+        if first:
+            print(
+                f"memprune: trial {number} of study {study.study_name!r} was made with study.ask(), outside "
+                "study.optimize: memprune guards the trials study.optimize runs (it wraps their objective), so "
+                "the trials an ask-and-tell loop makes run unguarded (no prediction, no stop, no record)",
+                file=sys.stderr,
+            )
+
     def summary(self) -> None:
         """One line per guarded study (or one saying there was none), on stderr, at the program's exit."""
         if os.getpid() != self.pid:
@@ -363,6 +394,9 @@ class _Injected:
                 line = f"study {study.study_name!r}: its trials cannot be read back ({type(exc).__name__}: {exc})"
             if id(program_study) in self.threads_why:
                 line += f"; {self.threads_why[id(program_study)]}"
+            asked = self.asked.get(id(program_study), 0)
+            if asked:
+                line += f"; {asked} trials made with study.ask() outside study.optimize ran unguarded"
             print(f"memprune: {line}", file=sys.stderr)
 
     def _study_line(self, study: Any, numbers: set[int]) -> str:

@@ -242,6 +242,20 @@ def test_a_footprint_that_raises_runs_its_trials_unchecked_with_the_guards_warni
     ), reasons  # trial 0 ran before the space was known: no prediction after it
 
 
+def test_trials_an_ask_and_tell_loop_makes_are_said_to_run_unguarded() -> None:
+    # An ask-and-tell loop gives the guard no objective to wrap: its trials ran with no word but "0 trials
+    # guarded" at the end. Now the first is named when it is made, and the summary counts them.
+    proc = run("--ram", "2GiB", "--", sys.executable, "ask_tell_study.py")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "5 trials\n"  # the program's own output, unchanged
+    lines = memprune_lines(proc.stderr)
+    said = [line for line in lines if "was made with study.ask(), outside study.optimize" in line]
+    assert len(said) == 1 and said[0].startswith("memprune: trial 0 of study "), lines
+    summary = lines[-1]
+    assert "2 trials guarded" in summary, summary  # Optuna's own ask() inside optimize is not counted
+    assert "; 3 trials made with study.ask() outside study.optimize ran unguarded" in summary, summary
+
+
 def test_a_program_that_creates_no_study_says_so_and_keeps_its_status() -> None:
     proc = run("--ram", "2GiB", "--", sys.executable, "no_study.py")
     assert proc.returncode == 4 and proc.stdout == "no study here\n"
