@@ -1,4 +1,5 @@
-"""Opening an Optuna storage from what a user types: an RDB URL or a Journal file (PATH.log, journal:PATH).
+"""Opening an Optuna storage from what a user types: an RDB URL, a Journal file (PATH.log, journal:PATH) or
+the path of an existing SQLite file.
 
 Owns the accepted forms, how they are shown and their one-line errors; knows nothing of guards or reports.
 """
@@ -30,6 +31,31 @@ def journal_path(url: str) -> str | None:
     if url.endswith(".log") and "://" not in url:
         return url
     return None
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def as_url(text: str) -> str:
+    """What a user typed as a storage, as a URL: the path of an existing SQLite file (``study.db``, as
+    ``memprune report study.db`` is typed) becomes ``sqlite:///`` and its absolute path; anything else is
+    returned as given (a URL, a Journal file; opening it says what is wrong)."""
+    if "://" in text or journal_path(text) is not None:
+        return text
+    try:
+        with open(text, "rb") as f:
+            header = f.read(len(_SQLITE_HEADER))
+    except OSError:
+        return text
+    return f"sqlite:///{Path(text).resolve()}" if header == _SQLITE_HEADER else text
+
+
+def hint(url: str) -> str:
+    """The forms a storage takes, for an error on ``url`` that has no scheme (a bare path or name); ``""``
+    otherwise."""
+    if "://" in url or journal_path(url) is not None:
+        return ""
+    return f" (a SQLite file is written sqlite:///{url}, a Journal file PATH.log or journal:PATH)"
 
 
 def open_storage(url: str, *, existing: bool = False) -> BaseStorage:
@@ -65,7 +91,7 @@ def open_storage(url: str, *, existing: bool = False) -> BaseStorage:
         parsed = make_url(url)
         shown = parsed.render_as_string(hide_password=True)
     except Exception as exc:  # noqa: BLE001 - any parse failure is the user's URL
-        raise StorageError(f"not a storage URL: {url!r} ({first_line(exc)})") from None
+        raise StorageError(f"not a storage URL: {url!r} ({first_line(exc)}){hint(url)}") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         if not Path(parsed.database).is_file():
             raise StorageError(f"no SQLite file at {parsed.database!r} (from {shown})")

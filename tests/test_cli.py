@@ -252,6 +252,23 @@ def test_journal_and_rdb_storages_give_the_same_report(journal: Path, tmp_path: 
     assert reports[0] == reports[1] and reports[0]["trials"] == reports[2]["trials"]
 
 
+def test_a_sqlite_file_given_as_a_path_is_read_and_a_path_of_none_is_told_the_url(
+    journal: Path, tmp_path: Path
+) -> None:
+    # "memprune report study.db" is what a newcomer types: an existing SQLite file is read as sqlite:///PATH
+    db = tmp_path / "copy.db"
+    optuna.copy_study(
+        from_study_name="s", from_storage=storages.open_storage(str(journal)), to_storage=f"sqlite:///{db}"
+    )
+    by_url, by_path = (memprune("report", where, "-f", "json") for where in (f"sqlite:///{db}", str(db)))
+    assert by_path.returncode == 0, by_path.stderr
+    assert json.loads(by_path.stdout)["trials"] == json.loads(by_url.stdout)["trials"]
+    (tmp_path / "notes.db").write_text("not a database")
+    for where in (tmp_path / "new.db", tmp_path / "notes.db"):  # no file, and a file that is no SQLite one
+        proc = memprune("report", str(where))
+        assert proc.returncode == 1 and f"(a SQLite file is written sqlite:///{where}," in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize(
     "url, path",
     [

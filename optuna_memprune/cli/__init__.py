@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._extras import MissingExtra
 from ..exceptions import EstimateError, MemPruneError
-from ..storages import ENV_VAR, first_line, shown
+from ..storages import ENV_VAR, as_url, first_line, hint, shown
 from ..units import format_bytes
 from ._common import UsageError, output_format
 from ._report import cmd_report
@@ -122,6 +122,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .. import run as inject
 
     url = args.storage or os.environ.get(ENV_VAR) or None
+    url = None if url is None else as_url(url)
     try:
         options, label = inject.prepare(
             args.command[1:] if args.command[:1] == ["--"] else args.command,
@@ -195,7 +196,9 @@ def _open_run_storage(url: str, named: str) -> None:
     try:
         open_storage(url)
     except Exception as exc:  # noqa: BLE001 - a URL that is none, a driver missing, a server gone
-        raise UsageError(f"{named} {shown(url)!r} cannot be opened: {first_line(exc)}: nothing was run") from None
+        raise UsageError(
+            f"{named} {shown(url)!r} cannot be opened: {first_line(exc)}{hint(url)}: nothing was run"
+        ) from None
 
 
 def _verbosity() -> argparse.ArgumentParser:

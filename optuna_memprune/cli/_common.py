@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from ..exceptions import MemPruneError
-from ..storages import ENV_VAR
+from ..storages import ENV_VAR, as_url
 
 
 class UsageError(MemPruneError):
@@ -35,7 +35,7 @@ def storage_url(args: argparse.Namespace) -> str:
     url = args.storage or os.environ.get(ENV_VAR)
     if not url:
         raise UsageError(f"give the study's storage URL (or set {ENV_VAR})")
-    return url
+    return as_url(url)
 
 
 def output_format(args: argparse.Namespace) -> str:

@@ -341,6 +341,11 @@ def test_a_command_that_is_not_a_python_program_is_one_line_and_nothing_runs(com
         (["--clamp-fixed", "buffer_size"], "--clamp-fixed lowers the fixed hyperparameters of an rl-zoo3 search"),
         (["--storage", "nope://x"], "--storage 'nope://x' cannot be opened: NoSuchModuleError"),
         (
+            ["--storage", "x.db"],
+            "--storage 'x.db' cannot be opened: ArgumentError: Could not parse SQLAlchemy URL from "
+            "given URL string (a SQLite file is written sqlite:///x.db, a Journal file PATH.log or journal:PATH)",
+        ),
+        (
             ["--storage", "sqlite:////no/such/dir/x.db"],
             "--storage 'sqlite:////no/such/dir/x.db' cannot be opened: StorageError: cannot create the SQLite file",
         ),
