@@ -67,7 +67,7 @@ class _Injected:
 
         self.options, self.pid = options, pid
         self.budget = options.budget
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entered: guard_study asks a study of its own (rl-zoo3's space)
         self.choice: Choice | None = None
         self.guards: dict[int, Any] = {}  # id(study) -> its MemoryGuard
         self.studies: list[tuple[Any, Any, set[int]]] = []  # (study, guard, numbers of the trials run here)
@@ -117,7 +117,7 @@ class _Injected:
 
         def noted_ask(self: Any, *args: Any, **kwargs: Any) -> Any:
             trial = ask(self, *args, **kwargs)
-            if os.getpid() == state.pid and not state.optimizing and state.entry(self) is not None:
+            if os.getpid() == state.pid and not state.optimizing and any(e[0] is self for e in state.studies):
                 state.asked_outside(self, trial.number)
             return trial
 
