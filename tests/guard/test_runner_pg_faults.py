@@ -169,6 +169,10 @@ def test_a_trial_process_killed_while_it_reads_its_payload_fails_that_trial_only
 
     def kill_the_first_trial_process() -> None:  # as the kernel's OOM killer may, at any moment
         me = psutil.Process()
+        storage = optuna.storages.RDBStorage(postgres_url)
+        study_id = storage.get_study_id_from_name("started")
+        while not storage.get_all_trials(study_id, deepcopy=False):  # the fork server's warm-up process is no trial's
+            time.sleep(0.001)
         for _ in range(60_000):
             for server in me.children():
                 try:
