@@ -5,7 +5,8 @@ Owns what happens in the program's process: ``optuna.create_study`` / ``optuna.l
 a guarded sampler and pruner (the program's own, or Optuna's defaults; a study made in memory goes on
 ``--storage`` where one is given), ``Study.optimize`` a guarded objective (with ``n_jobs`` above 1 or
 ``--workers N``, handed to ``_split``: one process per trial, or threads under whole-process admission),
-``--clamp-fixed``'s values set in rl-zoo3's manager; one line per study on stderr when it is first guarded,
+``--clamp-fixed``'s values set in rl-zoo3's manager, ``Study.ask`` outside ``optimize`` noted (such trials run
+unguarded: said once and counted); one line per study on stderr when it is first guarded,
 one saying how parallel jobs run, and one per study at exit. Every patched function gives Optuna's original
 behaviour in any other process (a forked child inherits the patches). The only printing outside the CLI:
 the program's process has no CLI to print for it. Knows nothing of the command line.

@@ -1,5 +1,6 @@
 """The runner's fork server: one per process, started with the objective's module and heavy libraries
-imported, so that each trial's process starts fast; stopped when ``optimize`` returns.
+imported (before the first trial is asked), so that each trial's process starts fast; stopped when
+``optimize`` returns.
 
 An objective that says it needs no main module (``needs_main_module = False``: ``memprune run`` sends the
 program's objective by cloudpickle, by value) gets trial processes that never import the program's
