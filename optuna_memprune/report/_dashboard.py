@@ -31,7 +31,7 @@ def trial_note(t: GuardedTrial) -> str:
         "|---|" + "---:|" * len(shown),
     ]
     for kind, label in (("pred", "predicted"), ("peak", "observed peak"), ("budget", "budget")):
-        lines.append(f"| {label} | " + " | ".join(fmt.figure(x, t.figure(kind, x)) for x in shown) + " |")
+        lines.append(f"| {label} | " + " | ".join(fmt.figure(x, t.shown(kind, x)) for x in shown) + " |")
     if r.clamped_from and r.decision is Decision.CLAMPED:
         lines += ["", f"clamped: {fmt.clamped(r.clamped_from, t.params)}"]
     if r.margin:

@@ -70,6 +70,10 @@ class GuardedTrial:
         pred, start = self.figure("pred", resource), self.figure("start", resource)
         return pred + start if pred is not None and start is not None and self.increment else pred
 
+    def shown(self, kind: str, resource: str) -> int | None:
+        """A figure as the report shows it beside the others: the prediction as ``predicted_level``."""
+        return self.predicted_level(resource) if kind == "pred" else self.figure(kind, resource)
+
     def to_json_dict(self) -> dict[str, Any]:
         r = self.record
         return {

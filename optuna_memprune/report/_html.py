@@ -297,7 +297,7 @@ def _pair(t: GuardedTrial, r: str) -> tuple[int, int] | None:
     of memory, the peak is only the least it needed."""
     if t.decision is Decision.OUT_OF_MEMORY:
         return None
-    pred, peak = t.figure("pred", r), t.figure("peak", r)
+    pred, peak = t.predicted_level(r), t.figure("peak", r)
     return (pred, peak) if pred is not None and peak is not None and (pred or peak) else None
 
 
@@ -417,7 +417,7 @@ def _running(data: ReportData) -> str:
 
 
 def _figures(t: GuardedTrial, kind: str) -> str:
-    return "<br>".join(_e(f"{fmt.LABELS[r]} {fmt.figure(r, t.figure(kind, r))}") for r in fmt.resources(t))
+    return "<br>".join(_e(f"{fmt.LABELS[r]} {fmt.figure(r, t.shown(kind, r))}") for r in fmt.resources(t))
 
 
 _PAGE = """<!DOCTYPE html>

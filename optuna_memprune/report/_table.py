@@ -159,4 +159,4 @@ def margin_line(data: ReportData) -> str:
 
 
 def _figures(t: GuardedTrial, kind: str) -> str:
-    return "\n".join(f"{fmt.LABELS[r]} {fmt.figure(r, t.figure(kind, r))}" for r in fmt.resources(t))
+    return "\n".join(f"{fmt.LABELS[r]} {fmt.figure(r, t.shown(kind, r))}" for r in fmt.resources(t))

@@ -180,6 +180,8 @@ def test_a_learned_increment_is_scored_with_the_usage_its_trial_started_from(tmp
     assert [r["peak_ram"] for r in learned_js["rows"]] == [peak - start for start, _, peak in rows]  # the increments
     bound_errors = [(peak - start - 30 * MiB) / peak for start, _, peak in rows]  # of the process's peak
     assert learned_js["median_rel_error_bound"] == pytest.approx(statistics.median(bound_errors))
+    note = report.trial_note(data.trials[0])  # the figures shown beside the peak: the level admission compared
+    assert "| predicted | 710.00 MiB |" in note and "| observed peak | 712.00 MiB |" in note, note
     out = io.StringIO()
     show(report.render_table(data), file=out)
     text = out.getvalue()
