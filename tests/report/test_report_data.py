@@ -107,6 +107,19 @@ def test_timelines_and_breakdown_choose_the_trials_the_html_draws(study: optuna.
     assert [p[1] for p in js["timelines"]["6"]] == [p[1] for p in read_record(study.trials[6].user_attrs).timeline]
 
 
+def _add_complete(study: optuna.Study, number: int, record: TrialRecord) -> None:
+    """A COMPLETE trial of param ``x = number`` (its value too) carrying ``record``."""
+    study.add_trial(
+        create_trial(
+            state=TrialState.COMPLETE,
+            value=float(number),
+            params={"x": number},
+            distributions={"x": IntDistribution(0, 9)},
+            user_attrs=record.attrs(),
+        )
+    )
+
+
 def test_margin_is_the_last_trial_that_has_one(tmp_path) -> None:
     storage = f"sqlite:///{tmp_path / 'margin.db'}"
     study = optuna.create_study(study_name="runner", storage=storage)
@@ -120,15 +133,7 @@ def test_margin_is_the_last_trial_that_has_one(tmp_path) -> None:
             host="node-a" if margin else None,
             gpu=0 if margin else None,
         )
-        study.add_trial(
-            create_trial(
-                state=TrialState.COMPLETE,
-                value=float(number),
-                params={"x": number},
-                distributions={"x": IntDistribution(0, 9)},
-                user_attrs=record.attrs(),
-            )
-        )
+        _add_complete(study, number, record)
     data = report.build(study)
     assert data.margin is not None and data.margin.trial == 2
     assert data.margin.factors == {"ram": 1.12, "threads": 1.0}
@@ -161,15 +166,7 @@ def test_a_learned_increment_is_scored_with_the_usage_its_trial_started_from(tmp
             budget_ram=800 * MiB,
             learned=learned,
         )
-        study.add_trial(
-            create_trial(
-                state=TrialState.COMPLETE,
-                value=float(number),
-                params={"x": number},
-                distributions={"x": IntDistribution(0, 9)},
-                user_attrs=record.attrs(),
-            )
-        )
+        _add_complete(study, number, record)
     data = report.build(study)
     expected = [(peak - (start + fit)) / peak for start, fit, peak in rows]  # +0.3%, -0.4%, +0.8%
     assert data.quality["ram"].median_rel_error == pytest.approx(statistics.median(expected))
