@@ -361,9 +361,8 @@ class _Injected:
         )
 
     def asked_outside(self, study: Any, number: int) -> None:
-        """The program made trial ``number`` of a guarded study with ``ask()``, outside ``optimize``: the guard
-        never sees it run (no objective to wrap, no point to reject or stop it at). Said once, and counted in
-        the summary."""
+        """The program made trial ``number`` of a guarded study with ``ask()`` outside ``optimize``: no objective
+        to wrap, no point to reject or stop it at. Said once; counted in the summary."""
         with self.lock:
             first = not self.asked
             self.asked[id(study)] = self.asked.get(id(study), 0) + 1
@@ -395,8 +394,7 @@ class _Injected:
                 line = f"study {study.study_name!r}: its trials cannot be read back ({type(exc).__name__}: {exc})"
             if id(program_study) in self.threads_why:
                 line += f"; {self.threads_why[id(program_study)]}"
-            asked = self.asked.get(id(program_study), 0)
-            if asked:
+            if asked := self.asked.get(id(program_study), 0):
                 line += f"; {asked} trials made with study.ask() outside study.optimize ran unguarded"
             print(f"memprune: {line}", file=sys.stderr)
 
