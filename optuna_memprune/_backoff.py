@@ -7,13 +7,17 @@ restart ends every connection at once, so without the draw every process waiting
 same moments and came back all at once: in the fault drill (64 runners, ``scripts/bench_faults.py``) 51 of
 58 runners that had waited reconnected within the same half second.
 
-Owns the schedule alone; knows nothing of what is retried.
+Owns the schedule and the loop that follows it (``retried``); knows nothing of what is retried.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: Calls are retried for this long in all.
 RETRY_S = 60.0
@@ -33,3 +37,26 @@ def waits(rng: random.Random | None = None) -> Iterator[float]:
     while True:
         yield draw(span / 2, span)
         span = min(2 * span, LONGEST_S)
+
+
+def retried(
+    call: Callable[[int], T],
+    errors: tuple[type[BaseException], ...],
+    on_retry: Callable[[BaseException, float, int], None],
+    *,
+    final: Callable[[BaseException], bool] = lambda exc: False,
+) -> T:
+    """``call(attempt)`` (1, 2, ...), called again after each of ``errors`` for up to ``RETRY_S``, with the
+    ``waits`` between: ``on_retry(error, wait, attempt)`` before each wait. The last error is raised, and
+    at once an error that is ``final``."""
+    deadline, delays, attempt = time.monotonic() + RETRY_S, waits(), 0
+    while True:
+        attempt += 1
+        try:
+            return call(attempt)
+        except errors as exc:
+            delay = next(delays)
+            if final(exc) or time.monotonic() + delay > deadline:
+                raise
+            on_retry(exc, delay, attempt)
+            time.sleep(delay)

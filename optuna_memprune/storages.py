@@ -36,11 +36,16 @@ def journal_path(url: str) -> str | None:
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
+def _named_form(text: str) -> bool:
+    """Whether ``text`` says which kind of storage it is: a URL's scheme, or a Journal file's form."""
+    return "://" in text or journal_path(text) is not None
+
+
 def as_url(text: str) -> str:
     """What a user typed as a storage, as a URL: the path of an existing SQLite file (``study.db``, as
     ``memprune report study.db`` is typed) becomes ``sqlite:///`` and its absolute path; anything else is
     returned as given (a URL, a Journal file; opening it says what is wrong)."""
-    if "://" in text or journal_path(text) is not None:
+    if _named_form(text):
         return text
     try:
         with open(text, "rb") as f:
@@ -53,7 +58,7 @@ def as_url(text: str) -> str:
 def hint(url: str) -> str:
     """The forms a storage takes, for an error on ``url`` that has no scheme (a bare path or name); ``""``
     otherwise."""
-    if "://" in url or journal_path(url) is not None:
+    if _named_form(url):
         return ""
     return f" (a SQLite file is written sqlite:///{url}, a Journal file PATH.log or journal:PATH)"
 

@@ -19,7 +19,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
-from .._backoff import RETRY_S, waits
+from .._backoff import retried
 from ..units import check_number, is_int
 from ._capacity import HostBudget, HostCapacity, Request, Usage, describe
 from ._commit import Committed, Plan, State, commit, fast_try, read_state
@@ -335,21 +335,18 @@ class Ledger:
     def _transaction(self, work: Callable[[sa.Connection, bool], T], *, read: bool = False) -> T:
         """``work(conn, retried)`` in one transaction; on a database server, retried for up to ``RETRY_S``
         while the server cannot be reached (``retried`` is True from the second attempt on)."""
-        deadline, delays, retried = time.monotonic() + RETRY_S, waits(), False
-        while True:
-            try:
-                with self._connect(read=read) as conn, conn.begin():
-                    return work(conn, retried)
-            except (OperationalError, InterfaceError) as exc:
-                delay = next(delays)
-                if self._sqlite or time.monotonic() + delay > deadline:
-                    raise
-                cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-                _logger.warning(
-                    "The ledger database of host %s cannot be reached (%s); retrying in %.1f s", self.host, cause, delay
-                )
-                time.sleep(delay)
-                retried = True
+
+        def once(attempt: int) -> T:
+            with self._connect(read=read) as conn, conn.begin():
+                return work(conn, attempt > 1)
+
+        def log(exc: BaseException, delay: float, _: int) -> None:
+            cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            _logger.warning(
+                "The ledger database of host %s cannot be reached (%s); retrying in %.1f s", self.host, cause, delay
+            )
+
+        return retried(once, (OperationalError, InterfaceError), log, final=lambda _: self._sqlite)
 
     def _create_tables(self) -> None:
         try:

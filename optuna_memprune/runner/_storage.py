@@ -9,12 +9,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _internals
-from .._backoff import RETRY_S, waits
+from .._backoff import RETRY_S, retried
 
 if TYPE_CHECKING:
     import optuna
@@ -24,30 +23,24 @@ _logger = logging.getLogger("optuna_memprune.guard")
 
 def retry(what: str, call: Callable[[], Any]) -> Any:
     """``call()``, retried on storage errors for up to ``RETRY_S`` (a database server restarting or failing
-    over), with backoff (``_backoff.waits``); each failure is logged, the last raised."""
+    over), with backoff (``_backoff.retried``); each failure is logged, the last raised."""
     import optuna
     import sqlalchemy.exc
 
     errors = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
-    deadline, delays, attempt = time.monotonic() + RETRY_S, waits(), 0
-    while True:
-        attempt += 1
-        try:
-            return call()
-        except errors as exc:
-            delay = next(delays)
-            if time.monotonic() + delay > deadline:
-                raise
-            cause = str(getattr(exc, "__cause__", None) or exc).strip().splitlines()[0]
-            _logger.warning(
-                "Storage error while %s (attempt %d, retrying in %.1f s for up to %.0f s in all): %s",
-                what,
-                attempt,
-                delay,
-                RETRY_S,
-                cause,
-            )
-            time.sleep(delay)
+
+    def log(exc: BaseException, delay: float, attempt: int) -> None:
+        cause = str(getattr(exc, "__cause__", None) or exc).strip().splitlines()[0]
+        _logger.warning(
+            "Storage error while %s (attempt %d, retrying in %.1f s for up to %.0f s in all): %s",
+            what,
+            attempt,
+            delay,
+            RETRY_S,
+            cause,
+        )
+
+    return retried(lambda _: call(), errors, log)
 
 
 def storage_id(study: optuna.Study) -> str | None:
