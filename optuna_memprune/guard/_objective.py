@@ -194,7 +194,10 @@ class GuardedObjective:
                     end = end._replace(reason=f"{end.reason} (its lines raised by what earlier trials left)")
                 peaks = with_cuda_peak(live.peaks())
                 if returned and state.first and state.start is not None and not state.concurrent and policy.increments:
-                    state.kept = watch.levels.kept(state.start)  # its one-time costs: not learned as increments
+                    try:  # its one-time costs: not learned as increments
+                        state.kept = watch.levels.kept(state.start)
+                    except Exception:  # the record is written without them
+                        _logger.debug("Trial %d: reading what it kept failed", trial.number, exc_info=True)
                 if returned and state.hard_reading is None and state.start is not None and not state.concurrent:
                     own = {}
                     for r, v in peaks.items():
