@@ -293,23 +293,20 @@ class _Injected:
             if shared.path is not None
             else f"the study's storage {shown(_location(study) or '')}"
         )
-        ray = self.options.ray
-        if ray is None:
-            print(
-                f"memprune: {k} jobs run as one process per trial ({k} at a time; the objective sent by "
-                f"{objective.by}), each with its own budget ({self.budget}) reserved on this host's ledger, on {where}",
-                file=sys.stderr,
-            )
-        else:
-            print(
-                f"memprune: trials run as Ray tasks on the cluster at {ray} ({k} at a time; the objective sent by "
-                f"{objective.by}), each asking Ray for its reservation within its own budget ({self.budget}), on "
-                f"{where}",
-                file=sys.stderr,
-            )
+        ray, sent = self.options.ray, f"({k} at a time; the objective sent by {objective.by})"
+        print(
+            f"memprune: {k} jobs run as one process per trial {sent}, each with its own budget ({self.budget}) "
+            f"reserved on this host's ledger, on {where}"
+            if ray is None
+            else f"memprune: trials run as Ray tasks on the cluster at {ray} {sent}, each asking Ray for its "
+            f"reservation within its own budget ({self.budget}), on {where}",
+            file=sys.stderr,
+        )
         start = len(shared.study.get_trials(deepcopy=False))
         if shared.path is not None:
             self.shadows[id(study)] = shared.study
+        if ray is None:  # this host's trial processes read it from a file, not each a copy through a pipe
+            objective.spool()
         try:
             run_trials(
                 shared.study,
@@ -324,6 +321,7 @@ class _Injected:
                 ray_address=ray,
             )
         finally:
+            objective.unspool()
             numbers.update(t.number for t in shared.study.get_trials(deepcopy=False)[start:])
             _split.copy_back(shared, study)
 

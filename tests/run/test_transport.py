@@ -43,3 +43,21 @@ def test_a_sampler_class_of_the_main_module_cannot_be_sent(in_main):
         "the study's sampler cannot be sent to another process: UnpicklingError: MainSampler is named in the "
         "program's main module, which a trial's process does not import"
     )
+
+
+def test_a_spooled_objective_crosses_as_its_file_and_the_file_goes_on_unspool(tmp_path, monkeypatch):
+    import pickle
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    moved = _split.transport(_square)
+    moved.spool()
+    (spooled,) = tmp_path.iterdir()
+    assert moved.data is None and moved.path == str(spooled) and spooled.stat().st_mode & 0o077 == 0
+    sent = pickle.dumps(moved)
+    assert len(sent) < 1000  # the path, not the objective's bytes
+    assert 0 <= pickle.loads(sent)(optuna.create_study().ask()) <= 1
+    moved.unspool()
+    assert not list(tmp_path.iterdir())
+    kept = _split.transport(_square)  # not spooled (a Ray task's way): the bytes go with it
+    assert pickle.loads(pickle.dumps(kept)).data == kept.data and kept.path is None

@@ -1,8 +1,9 @@
 """A script with no ``if __name__ == "__main__":`` that makes its study and runs it with n_jobs=2 at its top
-level: ``python unguarded_jobs.py MARKS STATUS [lock|sampler]``. Its top level and each call of its objective
-append a line to MARKS; it prints its trials and exits with STATUS. With ``lock`` the objective holds a lock of
-the script's, which no pickler can send to another process; with ``sampler`` the study's sampler is a class of
-the script, which plain pickle sends by name."""
+level: ``python unguarded_jobs.py MARKS STATUS [lock|sampler|data]``. Its top level and each call of its
+objective append a line to MARKS; it prints its trials and exits with STATUS. With ``lock`` the objective holds a
+lock of the script's, which no pickler can send to another process; with ``sampler`` the study's sampler is a
+class of the script, which plain pickle sends by name; with ``data`` the objective reads 200 MiB of data the
+script's top level made (sent by value with the objective)."""
 
 import sys
 import threading
@@ -14,6 +15,7 @@ import search_helper
 
 MARKS = sys.argv[1]
 LOCK = threading.Lock() if sys.argv[3:] == ["lock"] else None
+DATA = np.ones(200 * 2**20 // 8) if sys.argv[3:] == ["data"] else None
 
 
 class ScriptSampler(optuna.samplers.RandomSampler):
@@ -30,7 +32,8 @@ def objective(trial: optuna.Trial) -> float:
             search_helper.mark(MARKS, f"trial {trial.number}")
     else:
         search_helper.mark(MARKS, f"trial {trial.number}")
-    return float(np.ones((rows, 8), dtype=np.float32).sum())
+    seen = 0.0 if DATA is None else float(DATA[::512].sum())
+    return float(np.ones((rows, 8), dtype=np.float32).sum()) + seen
 
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
