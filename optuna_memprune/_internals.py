@@ -26,6 +26,27 @@ def storage_of(study: optuna.Study) -> BaseStorage:
     return study._storage
 
 
+def latest_trial(study: optuna.Study, trial: FrozenTrial) -> FrozenTrial:
+    """``trial`` as Optuna's own suggest gives it to a sampler (``Trial._get_latest_trial``): its system attrs
+    read from the storage when first used, so that what the sampler's ``before_trial`` wrote is in them
+    (GridSampler's ``grid_id``). The trial Optuna gives ``sample_relative`` was read before ``before_trial``
+    ran, and GridSampler refuses it (optuna/trial/_trial.py, ``_LazyTrialSystemAttrs``)."""
+    from optuna.trial._trial import _LazyTrialSystemAttrs
+
+    latest = copy.copy(trial)
+    latest.system_attrs = _LazyTrialSystemAttrs(trial_id(trial), study._storage)
+    return latest
+
+
+def grid_names(sampler: Any) -> set[str] | None:
+    """The param names of a ``GridSampler``'s grid (``GridSampler._search_space``; no public name), None for
+    another sampler. It samples those only: asked for another param of the study (a step of
+    optuna-integration's LightGBMTuner suggests one or two of the study's params), it raises."""
+    from optuna.samplers import GridSampler
+
+    return set(sampler._search_space) if isinstance(sampler, GridSampler) else None
+
+
 def storage_for_child(storage: BaseStorage) -> BaseStorage:
     """The study's storage as a trial's process should get it (pickled): on a database, without checking the
     schema again (the parent's storage checked it when it opened).

@@ -393,7 +393,8 @@ def _directed(enc: Encoder, settings: Learned, rows: list[Observation], y: np.nd
     def error(e: Encoder) -> float:
         x = e.matrix(rows)
         done = ~censored
-        return float(np.mean(np.abs(predict(x, fit_censored(x, y, censored))[done] - y[done]) / y[done]))
+        floor = np.maximum(y[done], 0.01 * float(y.max()))  # an increment may be 0: as in ``_evidence``
+        return float(np.mean(np.abs(predict(x, fit_censored(x, y, censored))[done] - y[done]) / floor))
 
     best = error(enc)
     for name in [n for n in enc.numeric if n not in settings.monotone]:

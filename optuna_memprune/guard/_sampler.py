@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.samplers import BaseSampler
+from optuna.samplers import BaseSampler, GridSampler
 
 from .. import _internals, records
 from ..records import Decision
@@ -101,7 +101,11 @@ class GuardedSampler(BaseSampler):
         base_space = self._base_sampler.infer_relative_search_space(study, trial)
         with self._lock:
             self._base_spaces[_internals.trial_id(trial)] = base_space
-        return {**self._known_space(study, trial, policy_of(self._guard).search_space), **base_space}
+        known = self._known_space(study, trial, policy_of(self._guard).search_space)
+        grid = _internals.grid_names(self._base_sampler)
+        if grid is not None:  # a grid samples its own names only: the others of the study are not this trial's
+            known = {n: d for n, d in known.items() if n in grid}
+        return {**known, **base_space}
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
@@ -228,6 +232,7 @@ class GuardedSampler(BaseSampler):
         fixed = trial.system_attrs.get("fixed_params", {}) or {}
         assignment: dict[str, Any] = {}
         locked: set[str] = set()
+        latest: FrozenTrial | None = None
         for name, dist in space.items():
             if name in trial.params:
                 assignment[name] = trial.params[name]
@@ -239,8 +244,10 @@ class GuardedSampler(BaseSampler):
                 assignment[name] = drawn[name]
                 continue
             else:
-                assignment[name] = self._base_sampler.sample_independent(study, trial, name, dist)
-                continue
+                latest = latest or _internals.latest_trial(study, trial)  # GridSampler's grid_id in it
+                assignment[name] = self._base_sampler.sample_independent(study, latest, name, dist)
+                if not isinstance(self._base_sampler, GridSampler):  # a grid's point runs as it is or not at
+                    continue  # all: lowered, it would run another point twice and this one never
             locked.add(name)
         for name, value in fixed.items():  # enqueued params outside the known space still count
             assignment.setdefault(name, value)
@@ -279,7 +286,8 @@ class GuardedSampler(BaseSampler):
             else:  # every clampable param was fixed (enqueued, already suggested) or has one value
                 state.reason = (
                     f"predicted over budget: {over}; no param may be lowered (fixed: "
-                    f"{sorted(n for n in locked if n in space) or 'none'})"
+                    f"{sorted(n for n in locked if n in space) or 'none'}"
+                    f"{': a GridSampler point' if isinstance(self._base_sampler, GridSampler) else ''})"
                 )
             return
         clamped, footprint = result

@@ -25,10 +25,11 @@ import time
 from typing import Any
 
 from .. import records
-from ..records import Decision, read
 from ..storages import shown
 from ..units import format_bytes
 from . import ENV_VAR, Choice, Options, _split, choose, fixed_message, overrides, recipe_args, rlzoo3_space
+from ._summary import location as _location
+from ._summary import study_line
 
 _STATE: _Injected | None = None
 
@@ -99,7 +100,7 @@ class _Injected:
             return state.guard_study(study) if os.getpid() == state.pid else study
 
         def guarded_optimize(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-            entry = state.entry(self) if os.getpid() == state.pid else None
+            entry = state.adopt(self) if os.getpid() == state.pid else None
             if entry is None:
                 return optimize(self, func, *args, **kwargs)
             state.apply_fixed(func)
@@ -346,6 +347,38 @@ class _Injected:
                     return entry
         return None
 
+    def adopt(self, study: Any) -> tuple[Any, Any, set[int]] | None:
+        """The entry of ``study`` as ``optimize`` is called on it, guarded now where the program made it
+        without ``create_study`` or ``load_study``: a ``Study`` of its own, as optuna-integration's
+        ``LightGBMTuner`` makes one per step on the tuner's study (one on the storage and name of a guarded
+        study shares its guard and trials; another gets its own), and its sampler and pruner guarded again
+        where the program replaced them (the tuner sets each step's sampler). None: a program's own guard."""
+        from .. import _internals
+        from ..guard import GuardedPruner, GuardedSampler
+
+        entry = self.entry(study)
+        if entry is None:
+            with self.lock:
+                storage, where = _internals.storage_of(study), _location(study)
+                for program_study, guard, numbers in self.studies:
+                    if program_study.study_name == study.study_name and (
+                        _internals.storage_of(program_study) is storage
+                        or (where is not None and where == _location(program_study))
+                    ):
+                        entry = (study, guard, numbers)
+                        self.guards[id(study)] = guard
+                        self.studies.append(entry)
+                        break
+            if entry is None:
+                entry = self.entry(self.guard_study(study))
+        if entry is None:
+            return None  # the program guards it itself
+        if not isinstance(study.sampler, GuardedSampler):
+            study.sampler = entry[1].wrap_sampler(study.sampler)
+        if not isinstance(study.pruner, GuardedPruner):
+            study.pruner = entry[1].wrap_pruner(study.pruner)
+        return entry
+
     def say_jobs(self, n_jobs: int) -> None:
         with self.lock:
             if self.jobs_said:
@@ -387,7 +420,7 @@ class _Injected:
                 continue
             seen.add(key)
             try:
-                line = self._study_line(study, numbers)
+                line = study_line(study, numbers, self.choice, id(study) in self.put_on_storage)
             except Exception as exc:  # noqa: BLE001 - the storage may be gone at exit
                 line = f"study {study.study_name!r}: its trials cannot be read back ({type(exc).__name__}: {exc})"
             if id(program_study) in self.threads_why:
@@ -395,34 +428,6 @@ class _Injected:
             if asked := self.asked.get(id(program_study), 0):
                 line += f"; {asked} trials made with study.ask() outside study.optimize ran unguarded"
             print(f"memprune: {line}", file=sys.stderr)
-
-    def _study_line(self, study: Any, numbers: set[int]) -> str:
-        counts = {d: 0 for d in Decision}
-        guarded = 0
-        for trial in study.get_trials(deepcopy=False):
-            if trial.number not in numbers:
-                continue
-            record = read(trial.user_attrs)
-            if record is not None:
-                guarded += 1
-                counts[record.decision] += 1
-        named = [Decision.ADMITTED, Decision.CLAMPED, Decision.REJECTED, Decision.STOPPED]
-        named += [d for d in Decision if d not in named and counts[d]]
-        parts = ", ".join(f"{d.value.replace('_', ' ')} {counts[d]}" for d in named)
-        line = f"{guarded} trials guarded in study {study.study_name!r} ({parts})"
-        if len(numbers) != guarded:
-            line += f"; {len(numbers) - guarded} of the {len(numbers)} trials run have no record"
-        if self.choice is not None and (not self.choice.checked or self.choice.footprint is None):
-            line += f"; footprint: {self.choice.label}"  # the monitor alone, or learned
-        where = _location(study)
-        if where is None:
-            return (
-                line + "; the study was in memory, so the records ended with the program (memprune run "
-                "--storage URL keeps them for memprune report)"
-            )
-        if id(study) in self.put_on_storage:
-            line += f"; the program made it in memory: its records are on --storage {shown(where)}"
-        return line + f"; memprune report {shown(where)} --study-name {study.study_name}"
 
 
 class _Counted:
@@ -434,14 +439,3 @@ class _Counted:
     def __call__(self, trial: Any) -> Any:
         self._numbers.add(trial.number)
         return self._objective(trial)
-
-
-def _location(study: Any) -> str | None:
-    from .. import _internals
-
-    where = _internals.storage_location(study)
-    if where is None:
-        return None
-    if "://" in where:
-        return where
-    return where if where.endswith(".log") else f"journal:{where}"

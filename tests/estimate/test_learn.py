@@ -340,3 +340,16 @@ def test_stopped_trials_keep_the_sizes_in_the_fit_when_those_that_ran_to_the_end
     )
     assert model.bound(small)["ram"] < 10 * MiB < model.bound(large)["ram"]
     assert model.bound({**large, "width": 7274, "layers": 5, "batch_size": 28})["ram"] >= 203.62 * MiB  # the floor
+
+
+def test_increments_of_zero_fit_without_a_warning() -> None:
+    # A trial whose process already held what it needed has an increment of 0: the directions' check divided
+    # by it ("RuntimeWarning: divide by zero" on the program's stderr, seen under optuna-integration's tuner).
+    rows = [
+        Observation({"leaves": 2 + 10 * i, "frac": 0.1 * (i % 9) + 0.1}, {"ram": 0.0 if i % 4 == 0 else 1e6 * i})
+        for i in range(24)
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = learned().fit(rows)
+    assert model.ready and model.bound({"leaves": 100, "frac": 0.5})["ram"] > 0

@@ -474,3 +474,25 @@ def test_reject_mode_leaves_tpe_exactly_the_search_its_own_constraints_give() ->
     rejected = [read_record(t.user_attrs).decision is Decision.REJECTED for t in guarded.trials]
     # trial 0 ran unchecked (no search space known yet); every later infeasible proposal was rejected
     assert rejected[1:] == [t.state is TrialState.PRUNED for t in bare.trials][1:] and any(rejected[20:])
+
+
+def test_a_grid_runs_each_point_once_and_a_point_over_budget_is_rejected_not_moved() -> None:
+    # GridSampler writes the trial's grid point in before_trial; the lookahead gave it the trial Optuna read
+    # before that, and GridSampler raised from the second trial on (every trial after the first FAIL). A
+    # point lowered would run another point twice and this one never: it is rejected.
+    base = _base()
+    guard = MemoryGuard(
+        lambda p: omp.Footprint.of(ram=base - 512 * MiB + p["rows"] * 100 * MiB),
+        omp.Budget(ram=base + 100 * MiB),
+        search_space={"rows": IntDistribution(1, 8), "lr": FloatDistribution(1e-3, 1)},  # trial 0 checked too
+    )
+    grid = {"rows": [1, 2, 8], "lr": [0.1, 0.01]}
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.GridSampler(grid, seed=0)))
+    study.optimize(guard.wrap_objective(lambda t: t.suggest_int("rows", 1, 8) * t.suggest_float("lr", 1e-3, 1)))
+    ran = sorted((t.params["rows"], t.params["lr"]) for t in study.trials if t.state is TrialState.COMPLETE)
+    assert ran == [(1, 0.01), (1, 0.1), (2, 0.01), (2, 0.1)]  # each point once, as the grid has them
+    rejected = [t for t in study.trials if t.state is TrialState.PRUNED]
+    assert sorted(t.params["lr"] for t in rejected) == [0.01, 0.1] and {t.params["rows"] for t in rejected} == {8}
+    for t in rejected:
+        record = read_record(t.user_attrs)
+        assert record.decision is Decision.REJECTED and "a GridSampler point" in record.reason, record.reason

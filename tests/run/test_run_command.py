@@ -240,6 +240,27 @@ def test_data_the_objective_holds_crosses_once_per_trial_by_a_file_removed_at_th
     assert not left
 
 
+def test_a_study_the_program_makes_itself_on_a_guarded_study_is_guarded_with_its_own_sampler(tmp_path: Path) -> None:
+    # optuna-integration's LightGBMTuner runs each step on a Study it makes (not create_study) with a sampler it
+    # sets: its 65 trials ran unguarded, the summary said "0 trials guarded" and nothing more.
+    url = f"sqlite:///{tmp_path / 'steps.db'}"
+    proc = run("--ram", "2GiB", "--", sys.executable, "stepwise_study.py", url)
+    assert proc.returncode == 0, proc.stderr
+    ran = [line.split(" ", 2) for line in proc.stdout.splitlines()]
+    assert [n for n, *_ in ran] == [str(i) for i in range(7)] and {s for _, s, _ in ran} <= {"COMPLETE", "PRUNED"}
+    steps = [sorted(p for *_, p in ran[i:j]) for i, j in ((0, 3), (3, 5), (5, 7))]
+    assert steps == [  # each step's grid point once (PRUNED: rejected before launch, with its record)
+        ["{'rows': 16}", "{'rows': 1}", "{'rows': 48}"],
+        ["{'cols': 2}", "{'cols': 3}"],
+        ["{'rows': 2}", "{'rows': 32}"],
+    ], proc.stdout
+    recs = [records.read(t.user_attrs) for t in optuna.load_study(study_name="steps", storage=url).trials]
+    assert all(r is not None for r in recs), recs
+    lines = memprune_lines(proc.stderr)
+    assert sum("guarding study 'steps'" in line for line in lines) == 1, lines
+    assert lines[-1].startswith("memprune: 7 trials guarded in study 'steps'"), lines
+
+
 def test_a_study_the_program_gives_a_storage_keeps_it(tmp_path: Path) -> None:
     own, other = f"sqlite:///{tmp_path / 'own.db'}", f"sqlite:///{tmp_path / 'other.db'}"
     proc = run("--ram", "2GiB", "--storage", other, "--", sys.executable, "example_study.py", own)
