@@ -157,10 +157,11 @@ class TrialRecord:
     (``"learned"``: the bound of the study's own trials; ``"corrected"``: the footprint function's figures
     corrected by the learned ratio), ``phase`` (``"warm-up"``, ``"bound"``, or ``"explore"``: run unchecked
     below every observed trial), ``n`` (trials observed to the end), ``warmup``, ``miss_rate``,
-    ``quantile_ram`` and ``base_ram`` (the bound is the fit plus ``quantile_ram`` x (the fit above
-    ``base_ram`` + 2% of ``base_ram``)), ``raw`` (the footprint function's own figures, corrected
-    mode), and after the warm-up ``center`` (the fit, which ``pred_*`` then holds) and ``bound`` (the upper
-    bound the guard admitted, clamped or rejected on; the constraints use it).
+    ``quantile_ram``, ``base_ram`` and, for increments in a shared process, ``level_ram`` (the bound is
+    the fit plus ``quantile_ram`` x (the fit above ``base_ram`` + 2% of (``base_ram`` + ``level_ram``))),
+    ``raw`` (the footprint function's own figures, corrected mode), and after the warm-up ``center`` (the
+    fit, which ``pred_*`` then holds) and ``bound`` (the upper bound the guard admitted, clamped or
+    rejected on; the constraints use it).
     A trial that ran out of memory has the peak of the resource that ran out raised to the least it needed
     (more than its budget, where it has one): its constraint is positive even when it shared its process.
     In a shared process (the in-process objective) ``start_*`` is the process's usage at the trial's start,

@@ -20,11 +20,13 @@ float of no known name) enters only where it lowers the leave-one-out error and 
 noise. A param the fit does not hold moves no prediction, so no clamp ever moves it.
 
 One error model: each trial's leave-one-out residual, scaled by what varies, ``z = (peak - fit) / s`` with
-``s = (fit - base) + NOISE * base`` (``base``: the fit's intercept, a process's constant baseline such as
-TensorFlow's ~650 MiB, known well after a few trials); the bound is ``fit + q * s`` with ``q`` Student's t
-quantile at ``1 - miss_rate`` of the scaled residuals' root mean square, pooled with ``PRIOR_TRIALS``
-trials of the prior ``PRIOR_Z``: wide while few trials are known, tighter with each. A censored trial
-whose peak is over its leave-one-out fit counts with that residual (it missed at least by it).
+``s = (fit - base) + NOISE * (base + level)`` (``base``: the fit's intercept, a process's constant baseline
+such as TensorFlow's ~650 MiB, known well after a few trials; ``level``: for a trial's own increments in a
+shared process, the usage they were measured from, median over the trials); the bound is ``fit + q * s``
+with ``q`` Student's t quantile at ``1 - miss_rate`` of the scaled residuals' root mean square, pooled
+with ``PRIOR_TRIALS`` trials of the prior ``PRIOR_Z``: wide while few trials are known, tighter with each.
+A censored trial whose peak is over its leave-one-out fit counts with that residual (it missed at least by
+it).
 
 The solver is a numpy active-set NNLS (Lawson and Hanson; ``_nnls.py``, with the censored fit and the
 leave-one-out predictions): scipy's ``nnls`` gives the same answer, but the core install is Optuna, psutil
@@ -70,13 +72,16 @@ PRIOR_Z, PRIOR_TRIALS = 0.2, 1
 class Observation:
     """One trial that ran: its params, its observed peaks (bytes; threads a count; ``None``: not read),
     whether the peaks are only lower bounds (``censored``: it was stopped, killed, ran out of memory, or was
-    pruned before its peak settled), and, to correct a footprint function, that function's figures."""
+    pruned before its peak settled), and, to correct a footprint function, that function's figures. Where
+    the peaks are a trial's own increments in a shared process, ``start`` is the process's usage they were
+    measured from: a reading's noise is a share of what the process holds, not of the increment."""
 
     params: Mapping[str, Any]
     peaks: Mapping[str, float | None]
     censored: bool = False
     predicted: Mapping[str, float | None] | None = None
     number: int | None = None
+    start: Mapping[str, float | None] | None = None
 
 
 def learned(
@@ -151,11 +156,13 @@ class Learned:
 
 @dataclass
 class _Fit:
-    """One resource's model: the encoder, the weights, the base and the bound's quantile ``q`` (bound =
-    fit + q x (fit above base + NOISE x base)), over ``m`` scaled residuals."""
+    """One resource's model: the encoder, the weights, the base, the process's usage increments were
+    measured from (``level``, 0 for whole-process peaks) and the bound's quantile ``q`` (bound = fit + q x
+    (fit above base + NOISE x (base + level))), over ``m`` scaled residuals."""
 
     encoder: Encoder
     weights: np.ndarray
+    level: float = 0.0
     base: float = 0.0
     q: float = 0.0
     m: int = 0
@@ -201,6 +208,8 @@ class Model:
             # before the warm-up: the function's figures as they are (their residuals price the bound)
             w = fit_censored(x, y, censored) if self.ready else np.array([0.0, enc.scale])
             return self._errors(resource, _Fit(enc, w), x, y, censored)
+        starts = [float(v) for o in rows if (v := number((o.start or {}).get(resource))) is not None]
+        level = float(np.median(starts)) if starts else 0.0
         full = Encoder.of(self.settings, rows, y)
         prior = [
             n
@@ -220,7 +229,7 @@ class Model:
                 best = (err, enc, x)
         assert best is not None
         _, enc, x = best
-        return self._errors(resource, _Fit(enc, fit_censored(x, y, censored)), x, y, censored)
+        return self._errors(resource, _Fit(enc, fit_censored(x, y, censored), level), x, y, censored)
 
     def _errors(self, resource: str, fit: _Fit, x: np.ndarray, y: np.ndarray, censored: np.ndarray) -> _Fit:
         """The fit's base and the bound's quantile from its leave-one-out residuals (see the module)."""
@@ -230,7 +239,7 @@ class Model:
         else:
             preds = loo(x, y, censored) if len(y) > 1 else np.full(len(y), np.nan)
         z = [
-            (yy - p) / max(_scale(resource, p, fit.base), 1.0)  # at least a byte, a thread
+            (yy - p) / max(_scale(resource, p, fit.base, fit.level), 1.0)  # at least a byte, a thread
             for yy, p, c in zip(y[-len(preds) :], preds, censored[-len(preds) :], strict=False)
             if math.isfinite(p) and (not c or yy > p)
         ]
@@ -284,11 +293,11 @@ class Model:
         fit = self._fits.get(resource)
         return [] if fit is None else fit.encoder.params
 
-    def quantile(self, resource: str) -> tuple[float, int, float] | None:
-        """The bound's quantile ``q``, the scaled residuals it pools and the base (bytes): bound = fit +
-        q x (fit above base + NOISE x base). ``None``: the resource was never observed."""
+    def quantile(self, resource: str) -> tuple[float, int, float, float] | None:
+        """The bound's quantile ``q``, the scaled residuals it pools, the base and the level (bytes): bound =
+        fit + q x (fit above base + NOISE x (base + level)). ``None``: the resource was never observed."""
         fit = self._fits.get(resource)
-        return None if fit is None else (fit.q, fit.m, fit.base)
+        return None if fit is None else (fit.q, fit.m, fit.base, fit.level)
 
     def _value(self, r: str, params: Mapping[str, Any], predicted: Mapping[str, float] | None, upper: bool) -> int:
         fit = self._fits.get(r)
@@ -297,7 +306,7 @@ class Model:
             return int(math.ceil(value * (1 + _prior_q(self.miss_rate)) if upper else value))
         value = max(float(fit.encoder.row(params, predicted, fit.weights) @ fit.weights), 0.0)
         if upper:
-            value += fit.q * _scale(r, value, fit.base)
+            value += fit.q * _scale(r, value, fit.base, fit.level)
         return int(math.ceil(round(value, 6))) if upper else int(round(value))  # 5.0000001 threads is 5
 
     def _dominates(self, params: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
@@ -320,10 +329,12 @@ class Model:
         return True
 
 
-def _scale(resource: str, fit: float, base: float) -> float:
-    """What a residual is measured in: the fit above its base plus NOISE x the base (a thread count has no
-    run-to-run noise: the fit above its base alone)."""
-    return max(fit - base, 0.0) + (0.0 if resource == "threads" else NOISE * base)
+def _scale(resource: str, fit: float, base: float, level: float = 0.0) -> float:
+    """What a residual is measured in: the fit above its base plus NOISE x what the process holds at the
+    base (``level``: its usage an increment was measured from). A thread count has no run-to-run noise: the
+    fit above its base alone. Scaled by the increment's base alone (a few MiB in a 300 MiB process), a
+    1 MiB spread was 20 noises: a grid of 1-48 MiB increments got a 929 MiB bound at 32 (a 32 MiB fit)."""
+    return max(fit - base, 0.0) + (0.0 if resource == "threads" else NOISE * (base + level))
 
 
 def _prior_q(miss_rate: float) -> float:

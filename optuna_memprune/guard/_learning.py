@@ -171,8 +171,10 @@ class Learning:
         }
         quantile = model.quantile("ram")
         if quantile is not None and (model.ready or self.corrected):
-            # the bound is the fit + quantile_ram x (the fit above base_ram + NOISE x base_ram)
+            # the bound is the fit + quantile_ram x (the fit above base_ram + NOISE x (base_ram + level_ram))
             out["quantile_ram"], out["base_ram"] = round(quantile[0], 4), int(quantile[2])
+            if quantile[3]:
+                out["level_ram"] = int(quantile[3])
         if model.ready and not warmup:
             try:
                 figures = None if raw is None else {r: getattr(raw, r) for r in RESOURCES}
@@ -221,7 +223,7 @@ def observation(
     censored = record.decision in _CENSORED or state != TrialState.COMPLETE
     if censored and state == TrialState.PRUNED and record.decision not in _CENSORED:
         censored = not plateaued(record.timeline, starts["ram"] or 0)  # pruned by the study's own pruner
-    return Observation(dict(params), peaks, censored, predicted, number)
+    return Observation(dict(params), peaks, censored, predicted, number, None if corrected else starts)
 
 
 def plateaued(timeline: Any, start: int = 0) -> bool:

@@ -353,3 +353,16 @@ def test_increments_of_zero_fit_without_a_warning() -> None:
         warnings.simplefilter("error")
         model = learned().fit(rows)
     assert model.ready and model.bound({"leaves": 100, "frac": 0.5})["ram"] > 0
+
+
+def test_a_small_increment_is_measured_against_the_noise_of_the_process_it_was_read_in() -> None:
+    # A grid of 1-48 MiB increments read in an 84 MiB process (memprune run on a GridSampler study): scaled by
+    # the increments' own base (about 1 MiB), a 0.3 MiB spread counted as 20 noises and the bound at 32 rows
+    # was 929 MiB for a 32 MiB fit. A reading's noise is a share of what the process holds.
+    start = {"ram": 84 * MiB}
+    rows = [Observation({"rows": r}, {"ram": (r + 0.3 * (r % 3)) * MiB}, start=start) for r in (48, 16, 1, 2)]
+    model = learned().fit(rows)
+    center, bound = model.center({"rows": 32})["ram"], model.bound({"rows": 32})["ram"]
+    assert 30 * MiB < center < bound < 1.5 * center, (center / MiB, bound / MiB)
+    alone = learned().fit([Observation(o.params, o.peaks) for o in rows])  # whole-process peaks of ~2-48 MiB
+    assert alone.bound({"rows": 32})["ram"] > bound

@@ -244,12 +244,14 @@ def test_a_study_the_program_makes_itself_on_a_guarded_study_is_guarded_with_its
     # optuna-integration's LightGBMTuner runs each step on a Study it makes (not create_study) with a sampler it
     # sets: its 65 trials ran unguarded, the summary said "0 trials guarded" and nothing more.
     url = f"sqlite:///{tmp_path / 'steps.db'}"
-    proc = run("--ram", "2GiB", "--", sys.executable, "stepwise_study.py", url)
+    proc = run("--ram", "1GiB", "--", sys.executable, "stepwise_study.py", url)
     assert proc.returncode == 0, proc.stderr
     ran = [line.split(" ", 2) for line in proc.stdout.splitlines()]
-    assert [n for n, *_ in ran] == [str(i) for i in range(7)] and {s for _, s, _ in ran} <= {"COMPLETE", "PRUNED"}
+    # every point fits (1-64 MiB under 1 GiB): the bound at rows=32 was 929 MiB before a reading's noise was
+    # taken as a share of the process's usage, not of the increments' base, and rejected it at this budget
+    assert [(n, s) for n, s, _ in ran] == [(str(i), "COMPLETE") for i in range(7)], proc.stdout
     steps = [sorted(p for *_, p in ran[i:j]) for i, j in ((0, 3), (3, 5), (5, 7))]
-    assert steps == [  # each step's grid point once (PRUNED: rejected before launch, with its record)
+    assert steps == [  # each step's grid point once
         ["{'rows': 16}", "{'rows': 1}", "{'rows': 48}"],
         ["{'cols': 2}", "{'cols': 3}"],
         ["{'rows': 2}", "{'rows': 32}"],
