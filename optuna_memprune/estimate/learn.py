@@ -255,9 +255,11 @@ class Model:
     def bound(self, params: Mapping[str, Any], predicted: Mapping[str, float] | None = None) -> dict[str, int]:
         """The upper bound of ``params``'s peak per resource, missed by about ``miss_rate`` of trials (0 for
         a resource never observed). Never below what a censored trial whose params this assignment
-        dominates reached (memory is monotone in each param)."""
-        floor = self.floor(params)
-        return {r: max(self._value(r, params, predicted, upper=True), floor.get(r, 0)) for r in RESOURCES}
+        dominates reached, nor above what a trial run to the end that covers it took (``ceiling``: memory is
+        monotone in each param)."""
+        floor, ceiling = self.floor(params), self.ceiling(params)
+        out = {r: self._value(r, params, predicted, upper=True) for r in RESOURCES}
+        return {r: max(min(v, ceiling.get(r, v)), floor.get(r, 0)) for r, v in out.items()}
 
     def floor(self, params: Mapping[str, Any]) -> dict[str, int]:
         """What a censored trial whose params ``params`` dominate (each param that takes memory at least as
@@ -270,6 +272,34 @@ class Model:
                 for r, v in o.peaks.items():
                     if v is not None:
                         out[r] = max(out.get(r, 0), int(v))
+        return out
+
+    def ceiling(self, params: Mapping[str, Any]) -> dict[str, int]:
+        """The least peak, plus a reading's noise (``_scale`` at the base), of the trials run to the end whose
+        params cover ``params``: the same names, each param the fit holds or declared monotone at least as
+        large in its memory direction (the same label), any other size (by name or type) equal, a rate or a
+        float of no known name that the fit does not hold passed over. The most this assignment
+        needs, per resource observed: memory is monotone in each param. Without it, a learning rate
+        never seen with a width seen once made the bound at that width 5.8 times its peak (few trials: the
+        leave-one-out fit without that trial knew nothing of the width)."""
+        held, out = set(self.params("ram")), dict[str, int]()
+        for o in () if self.corrected else self.observations:
+            if o.censored or set(o.params) != set(params):
+                continue
+            covered = True
+            for name, mine in params.items():
+                theirs, known = o.params[name], name in held or name in self.settings.monotone
+                if known and name not in self.settings.categorical and is_number(mine) and is_number(theirs):
+                    covered = self.directions.get(name, 1) * (float(theirs) - float(mine)) >= 0
+                elif known or self.roles.get(name) is Role.SIZE:  # a size whose direction no fit showed: equal
+                    covered = mine == theirs
+                if not covered:
+                    break
+            for r, v in o.peaks.items() if covered else ():
+                fit = self._fits.get(r)
+                if v is not None and fit is not None:
+                    cap = int(math.ceil(float(v) + _scale(r, fit.base, fit.base, fit.level)))
+                    out[r] = min(out.get(r, cap), cap)
         return out
 
     def dominated_by(self, params: Mapping[str, Any]) -> int | None:

@@ -366,3 +366,19 @@ def test_a_small_increment_is_measured_against_the_noise_of_the_process_it_was_r
     assert 30 * MiB < center < bound < 1.5 * center, (center / MiB, bound / MiB)
     alone = learned().fit([Observation(o.params, o.peaks) for o in rows])  # whole-process peaks of ~2-48 MiB
     assert alone.bound({"rows": 32})["ram"] > bound
+
+
+def test_a_trial_run_to_the_end_caps_the_bound_of_every_assignment_it_covers() -> None:
+    # A grid of widths 50 and 90 and three learning rates (memprune run on a GridSampler study): the width 90
+    # seen once, with lr 0.001; at lr 0.1 the bound was 531 MiB for a 91 MiB fit (the leave-one-out fit
+    # without that trial knew nothing of the width). Memory is monotone: it needs no more than that trial took.
+    start = {"ram": 84 * MiB}
+    seen = [({"n": 50, "lr": 0.1}, 50.3), ({"n": 90, "lr": 0.001}, 91.3), ({"n": 50, "lr": 0.001}, 50.5)]
+    rows = [Observation(p, {"ram": v * MiB}, start=start) for p, v in seen + [({"n": 50, "lr": 0.01}, 50.2)]]
+    model = learned().fit(rows)
+    assert model.params() == ["n"]
+    assert 91.3 * MiB < model.bound({"n": 90, "lr": 0.1})["ram"] < 95 * MiB  # the peak and a reading's noise
+    assert model.bound({"n": 70, "lr": 0.1})["ram"] < 95 * MiB  # covered by the width 90 too
+    assert model.bound({"n": 130, "lr": 0.1})["ram"] > 200 * MiB  # beyond every trial: the fit's bound, wide
+    stopped = learned().fit([*rows[:1], Observation({"n": 90, "lr": 0.001}, {"ram": 91.3 * MiB}, censored=True)])
+    assert stopped.ceiling({"n": 90, "lr": 0.1}).get("ram", 0) < 91.3 * MiB  # a stopped trial caps nothing
