@@ -363,6 +363,9 @@ class Policy:
             if decision in (Decision.ADMITTED, Decision.CLAMPED):
                 decision = Decision.UNCHECKED
             reason = f"{reason}; params {changed} ran with values the guard did not check".lstrip("; ")
+        unused = sorted(k for k in state.clamped_from if k not in params)
+        if unused:  # a param of the study's other branch or step, drawn by the lookahead: not this trial's
+            reason = f"{reason}; the trial suggested no {unused}: it ran without what was lowered there"
         if prediction is None and params and footprint_failed:
             prediction = self._footprints.get(params)  # a late answer, if any: the footprint is not asked again
         elif prediction is None and params and repredict:

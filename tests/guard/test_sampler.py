@@ -496,3 +496,30 @@ def test_a_grid_runs_each_point_once_and_a_point_over_budget_is_rejected_not_mov
     for t in rejected:
         record = read_record(t.user_attrs)
         assert record.decision is Decision.REJECTED and "a GridSampler point" in record.reason, record.reason
+
+
+def test_a_clamp_of_a_param_the_trial_never_suggests_is_said_on_its_record() -> None:
+    # optuna-integration's LightGBMTuner: a trial of the bagging step was "clamped" on num_leaves 198 -> 68, a
+    # param of another step that the lookahead drew and the trial never suggested (it ran with the tuner's
+    # fixed value). The record says so.
+    base = _base()
+
+    def footprint(p: dict) -> omp.Footprint:
+        return omp.Footprint.of(ram=base - 512 * MiB + p.get("leaves", 1) * 100 * MiB)
+
+    guard = MemoryGuard(footprint, omp.Budget(ram=base + 300 * MiB))
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study.enqueue_trial({"leaves": 1})
+
+    def objective(trial: optuna.Trial) -> float:
+        if trial.number == 0:
+            return trial.suggest_int("leaves", 1, 64)  # the first step's param
+        return trial.suggest_float("fraction", 0.1, 1.0)  # a later step's: leaves stays as it was
+
+    study.optimize(guard.wrap_objective(objective), n_trials=6)
+    later = [(t.params, read_record(t.user_attrs)) for t in study.trials[1:]]
+    clamped = [(p, r) for p, r in later if r.decision is Decision.CLAMPED]
+    assert clamped, [r.reason for _, r in later]  # leaves drawn up to 64 (6.4 GiB): lowered
+    for params, record in clamped:
+        assert "leaves" not in params and "leaves" in record.clamped_from
+        assert record.reason.endswith("; the trial suggested no ['leaves']: it ran without what was lowered there")
