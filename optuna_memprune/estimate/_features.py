@@ -76,6 +76,18 @@ def role(name: str, values: Iterable[Any] = ()) -> Role:
     return Role.OTHER
 
 
+def grows(name: str) -> bool:
+    """Whether the name alone says memory grows with the param: a size word, no word of no memory, no
+    ``min`` (``min_child_samples``, ``min_samples_leaf``: larger is fewer, smaller nodes).
+
+    Examples:
+        >>> grows("per_device_train_batch_size"), grows("n_layer"), grows("min_child_samples"), grows("n_iter")
+        (True, True, False, False)
+    """
+    said = set(words(name))
+    return bool(said & SIZE_WORDS) and not said & NO_MEMORY_WORDS and "min" not in said
+
+
 class Encoder:
     """Params -> feature rows ``[1, linear..., logs..., products..., labels...]``, each feature non-negative
     and growing in the direction that takes memory (``x`` scaled to its observed range)."""

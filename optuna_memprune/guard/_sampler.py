@@ -5,6 +5,7 @@ Forwards every hook of the base sampler; knows nothing of the monitor or the pru
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -143,6 +144,24 @@ class GuardedSampler(BaseSampler):
             )
         return {n: state.assignment[n] for n in search_space if n in state.assignment}
 
+    def recheck(self, study: Study, state: TrialGuardState) -> None:
+        """Decide a rejected trial's assignment again on the study's trials now: a trial that ended since it
+        was checked may have tightened a learned bound (the process-per-trial runner waits for the next end
+        before it rejects on one, ``runner/_loop.py``). A failure leaves the rejection as it was."""
+        if state.decision is not Decision.REJECTED:
+            return
+        before = dataclasses.replace(state, locked=set(state.locked))
+        learn(policy_of(self._guard), study)
+        try:
+            self._check(state, dict(before.assignment), dict(before.space), set(before.locked))
+        except Exception:  # the first check's answer stands
+            _logger.warning("Trial %d: checking it again failed", state.number, exc_info=True)
+            for f in dataclasses.fields(state):
+                setattr(state, f.name, getattr(before, f.name))
+            return
+        first = "" if state.decision is Decision.REJECTED else f" (first: {before.reason})"
+        state.reason = f"{state.reason}; checked again once a running trial ended{first}"
+
     def sample_independent(
         self,
         study: Study,
@@ -261,7 +280,7 @@ class GuardedSampler(BaseSampler):
         locked: set[str],
     ) -> None:
         policy = policy_of(self._guard)
-        state.assignment, state.space = dict(assignment), dict(space)
+        state.assignment, state.space, state.locked = dict(assignment), dict(space), set(locked)
         state.clamped_from = {}
         base = charged(policy, state)  # in a shared process: the usage a learned increment adds to
         footprint = policy.predict(assignment, base=base)

@@ -37,6 +37,7 @@ class TrialGuardState:
     space: dict[str, BaseDistribution] = field(default_factory=dict)
     prediction: Footprint | None = None
     clamped_from: dict[str, Any] = field(default_factory=dict)
+    locked: set[str] = field(default_factory=set)  # params the check may not lower (suggested, enqueued, a grid's)
     enforced: bool = False  # run by guard.wrap_objective (rejection and the monitor apply)
     sampled: bool = False  # a GuardedSampler of this guard looked at the trial
     soft_reading: Reading | None = None  # first reading over the soft line

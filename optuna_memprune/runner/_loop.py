@@ -59,6 +59,16 @@ class _Waiting:
     due: float = 0.0  # when to try the ledger again (``next_try``)
 
 
+@dataclasses.dataclass
+class _Deferred:
+    """A trial a learned bound rejected while other trials ran: decided again once one of them ends."""
+
+    trial: optuna.Trial
+    state: TrialGuardState
+    hold: Entry | None
+    ended: int  # how many trials this runner had ended when it was deferred
+
+
 class Runner:
     """The parent's loop of ``optimize``: ask, check, reserve, launch, watch, reap, tell."""
 
@@ -85,6 +95,8 @@ class Runner:
         self.asked = 0
         self.children: dict[int, TrialProcess] = {}
         self.waiting: _Waiting | None = None
+        self.deferred: _Deferred | None = None
+        self.ended = 0  # trials whose process ended and whose end was told
         self.fatal: BaseException | None = None
         self.teller = Teller(study, guard, callbacks)
         self.counts = self.teller.counts
@@ -131,13 +143,16 @@ class Runner:
             self.dead_runners.end_trials()
             while True:
                 self._reap_finished()
-                if self._may_ask() and self.waiting is None and len(self.children) < self.n_workers:
+                if self.deferred is not None and (self.ended > self.deferred.ended or not self.children):
+                    self._decide_deferred()
+                idle = self.waiting is None and self.deferred is None
+                if self._may_ask() and idle and len(self.children) < self.n_workers:
                     self._ask()
                 if self.waiting is not None and time.monotonic() >= self.waiting.due:
                     self._admit()
                 if on_tick is not None:
                     on_tick()
-                if not self.children and self.waiting is None and not self._may_ask():
+                if not self.children and self.waiting is None and self.deferred is None and not self._may_ask():
                     break
                 self._wait()
         except BaseException as exc:
@@ -177,10 +192,27 @@ class Runner:
         # among the trials the ask read (the per-trial list the check read too): a query of the running trials'
         # attrs of its own took 15 ms of CPU a trial in the fault drill
         self.dead_runners.end_trials(_internals.cached_trials(self.study))
+        if self.children and self.teller.may_change(state):  # decided again once a running trial ends
+            self.deferred = _Deferred(trial, state, hold, self.ended)
+            return
         if state.decision is Decision.REJECTED:
             self.teller.end_rejected(trial, state)
             self._release(hold)
             return
+        self._reserve(trial, state, hold)
+
+    def _decide_deferred(self) -> None:
+        deferred, self.deferred = self.deferred, None
+        assert deferred is not None
+        trial, state, hold = deferred.trial, deferred.state, deferred.hold
+        self.teller.check_again(state)
+        if state.decision is Decision.REJECTED:
+            self.teller.end_rejected(trial, state)
+            self._release(hold)
+            return
+        self._reserve(trial, state, hold)
+
+    def _reserve(self, trial: optuna.Trial, state: TrialGuardState, hold: Entry | None) -> None:
         margins = _retry("reading the finished trials", self.reservations.margins)
         request = self.reservations.request(state.prediction, margins)
         self.waiting = _Waiting(trial, state, request, margins, time.monotonic(), hold)
@@ -316,6 +348,7 @@ class Runner:
                 continue
             child.end()
             del self.children[trial_id]
+            self.ended += 1
             try:
                 self._finish(child)
             finally:
@@ -365,3 +398,12 @@ class Runner:
                 _logger.warning("Trial %d: could not leave the host's queue", self.waiting.trial.number, exc_info=True)
             self._release(self.waiting.hold)
             self.waiting = None
+        if self.deferred is not None:
+            deferred, self.deferred = self.deferred, None
+            try:
+                self.teller.fail_before_launch(
+                    deferred.trial, deferred.state, f"{why} while the trial waited to be checked again"
+                )
+            except Exception:
+                _logger.exception("Trial %d: could not be failed", deferred.trial.number)
+            self._release(deferred.hold)

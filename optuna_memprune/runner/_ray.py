@@ -182,6 +182,8 @@ class RayRunner:
         # the worker, which ends with the trial; a fresh worker per trial cost 3.5 s of start and imports on 2 cores.
         self.task = self.ray.remote(max_calls=0, max_retries=0)(run_trial)  # never rerun by Ray
         self.in_flight: dict[Any, _InFlight] = {}
+        self.deferred: tuple[optuna.Trial, TrialGuardState, int] | None = None  # a rejection decided again later
+        self.ended = 0  # trials whose task ended and whose end was told
         self.asked = 0
         self.fatal: BaseException | None = None
         self.gpu_memory: int | None = None
@@ -214,11 +216,16 @@ class RayRunner:
             self.dead_runners.end_trials()
             while True:
                 self._collect(0)
-                while self._may_ask() and len(self.in_flight) < self.n_jobs:
+                deferred = self.deferred
+                if deferred is not None and (self.ended > deferred[2] or not self.in_flight):
+                    self.deferred = None
+                    self.teller.check_again(deferred[1])
+                    self._place(*deferred[:2])
+                while self._may_ask() and self.deferred is None and len(self.in_flight) < self.n_jobs:
                     self._ask()
                 if on_tick is not None:
                     on_tick()
-                if not self.in_flight and not self._may_ask():
+                if not self.in_flight and self.deferred is None and not self._may_ask():
                     break
                 self._collect(_TICK_S)
                 self._recheck()
@@ -243,6 +250,12 @@ class RayRunner:
         self.asked += 1
         state = self.teller.check(trial)
         self.dead_runners.end_trials(_internals.cached_trials(self.study))  # the trials the ask read
+        if self.in_flight and self.teller.may_change(state):  # decided again once a running trial ends
+            self.deferred = (trial, state, self.ended)
+            return
+        self._place(trial, state)
+
+    def _place(self, trial: optuna.Trial, state: TrialGuardState) -> None:
         if state.decision is Decision.REJECTED:
             self.teller.end_rejected(trial, state)
             return
@@ -302,6 +315,7 @@ class RayRunner:
         if ready:
             ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
+            self.ended += 1
             self._finish(ref, self.in_flight.pop(ref))
 
     def _finish(self, ref: Any, task: _InFlight) -> None:
@@ -389,6 +403,13 @@ class RayRunner:
             except Exception:  # best effort: the next driver of this host fails what is left
                 _logger.exception("Trial %d: could not be failed", task.trial.number)
         self.in_flight.clear()
+        if self.deferred is not None:
+            trial, state, _ = self.deferred
+            self.deferred = None
+            try:
+                self.teller.fail_before_launch(trial, state, f"{why} while the trial waited to be checked again")
+            except Exception:
+                _logger.exception("Trial %d: could not be failed", trial.number)
 
 
 def _first_line(exc: BaseException) -> str:

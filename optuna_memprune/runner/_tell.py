@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .. import _internals, records
+from ..guard import GuardedSampler
 from ..guard.backend import policy_of, store_rejection, trials_of, warnings_of
 from ..records import Decision
 from ._owners import RUNNER
@@ -100,6 +101,20 @@ class Teller:
         for callback in self.callbacks:
             callback(self.study, frozen)
         return frozen
+
+    @staticmethod
+    def may_change(state: TrialGuardState) -> bool:
+        """Whether ``state``'s rejection rests on a learned bound, which a running trial's end may tighten:
+        with n_jobs=2 a study's remaining trials were all rejected within 0.7 s while one ran whose end made
+        the fit hold three params (bench_clients, hf_gpt2). Both runners then decide it again once a running
+        trial ends (``check_again``) and ask no other trial meanwhile."""
+        return state.decision is Decision.REJECTED and (state.learned or {}).get("phase") == "bound"
+
+    def check_again(self, state: TrialGuardState) -> None:
+        """Decide a rejected trial again on the study's trials now (``GuardedSampler.recheck``)."""
+        sampler = self.study.sampler
+        if isinstance(sampler, GuardedSampler):
+            sampler.recheck(self.study, state)
 
     def end_rejected(self, trial: optuna.Trial, state: TrialGuardState, *, reason: str | None = None) -> None:
         """End a trial rejected before launch PRUNED, with every param of the known space and its record."""

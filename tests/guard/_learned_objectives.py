@@ -30,3 +30,12 @@ def alloc_then_pruned(trial: optuna.Trial) -> float:
     time.sleep(1.2)
     trial.report(float(block[::4096].sum()), 0)
     raise optuna.TrialPruned()
+
+
+def alloc_held(trial: optuna.Trial) -> float:
+    """``mb`` MiB written and held 4 s where ``seed`` is 1 (a long trial), else 0.1 s; ``seed`` takes no memory."""
+    mb = trial.suggest_int("mb", 8, 480, log=True)
+    seed = trial.suggest_int("seed", 0, 9)
+    block = np.ones(mb * MiB, dtype=np.uint8)
+    time.sleep(4.0 if seed == 1 else 0.1)
+    return float(block[::4096].sum())

@@ -168,6 +168,36 @@ def test_optimize_workers_share_the_learned_model_through_the_storage(tmp_path) 
     assert last.learned["phase"] == "bound" and last.learned["n"] >= 4 and last.pred_ram is not None
 
 
+def test_a_learned_rejection_while_a_trial_runs_waits_for_its_end_and_is_decided_again(tmp_path) -> None:
+    # With n_jobs=2 a study's remaining trials were all rejected within 0.7 s on a bound of two trials while
+    # one ran whose end tightened it (bench_clients, hf_gpt2). Here two recorded trials (10 and 12 MiB, peaks
+    # near 1 GiB) and a quick real one make the bound at 40 MiB wide, over the line, while a 40 MiB trial runs
+    # 4 s in its warm-up; once it ends it covers the rejected one (memory is monotone), which then runs.
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    guard = omp.MemoryGuard(None, omp.Budget(ram="1GiB"), learn=omp.estimate.learned(warmup=3))
+    study = optuna.create_study(
+        storage=url, sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)), pruner=guard.wrap_pruner(None)
+    )
+    for mb, peak in ((10, 1000), (12, 1010)):
+        record = omp.guard.TrialRecord(Decision.ADMITTED, peak_ram=peak * MiB, budget_ram=2**30, soft=0.9)
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"mb": mb}, distributions={"mb": SPACE["mb"]}, value=0.0, user_attrs=record.attrs()
+            )
+        )
+    for params in ({"mb": 40, "seed": 1}, {"mb": 8, "seed": 0}, {"mb": 40, "seed": 2}):
+        study.enqueue_trial(params)
+    ledger = Ledger(HostBudget(ram="4GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host="h")
+    omp.optimize(study, objectives.alloc_held, guard=guard, n_trials=3, n_jobs=2, host=ledger, enforce="polling")
+    rows = _records(study)[2:]
+    assert [t.state for t, _ in rows] == [optuna.trial.TrialState.COMPLETE] * 3, [(t.state, r.reason) for t, r in rows]
+    long, _, last = (r for _, r in rows)
+    assert long.learned["phase"] == "warm-up" and last.learned["phase"] == "bound", (long.learned, last.learned)
+    assert last.decision is Decision.ADMITTED, last.reason
+    assert "checked again once a running trial ended (first: predicted over budget: RAM" in last.reason, last.reason
+    assert last.learned["bound"]["ram"] < long.peak_ram + 32 * MiB  # capped by the long trial's peak
+
+
 def test_a_trial_below_every_observed_one_whose_fit_is_under_the_line_runs_unchecked_to_be_observed() -> None:
     # the bound below the range seen is the low end's: over the line there, a smaller trial would be rejected
     # forever (a rejected trial is never observed); its fit under the line lets it run under the monitor
