@@ -50,11 +50,12 @@ from ._nnls import SCORED, fit_censored, loo, nnls, predict
 __all__ = ["Learned", "Model", "Observation", "Role", "learned", "nnls", "role"]
 RESOURCES = ("ram", "vram", "threads")
 MISS_RATE = 0.1  # the default share of trials whose peak may exceed the bound
-#: Trials observed before the bound is used, a stopped one (a lower bound) included (the least a user may
-#: ask: 2, one residual each way); of them at least MIN_DONE ran to the end. Counting only trials that ran to
-#: the end, a LightGBM study whose first draws were stopped warmed up for 9 and 11 trials (bench_clients).
-WARMUP = 4
-MIN_DONE = 2
+#: Trials observed before the bound is used, a stopped one (a lower bound) included (the least a user may ask:
+#: 2); of them MIN_DONE ran to the end (counting only those, LightGBM warmed up for 9 and 11: bench_clients).
+#: One for whole processes' peaks (their baseline anchors the fit): bench_clients' n_jobs=2 runs replayed, the
+#: trials between the first run to the end and the second were predicted over the line 66 times, 44 stopped
+#: or over it, 22 under it (clamped, not lost); increments with one had bounds 10x theirs (479 MiB for 48).
+WARMUP, MIN_DONE, MIN_DONE_WHOLE = 4, 2, 1
 #: Trials observed before a param's direction may be turned to "memory falls as it grows": with fewer, a
 #: param that merely varies alongside one that takes memory (confounded) looks like it.
 MIN_TURN = 20
@@ -97,7 +98,8 @@ def learned(
     Args:
         miss_rate: the share of trials whose peak may exceed the upper bound, in (0, 0.5].
         warmup: trials observed before the bound is used; default 4, at least 2. A trial stopped over the
-            budget counts (what it reached is a lower bound), and at least two must have run to the end.
+            budget counts (what it reached is a lower bound); one must have run to the end (two in a shared
+            process, where a trial's own increment is learned).
         monotone: ``{param: +1 or -1}``: memory grows with the param (+1) or shrinks (-1); a param declared
             here is in the fit from the first trials whatever its name.
         categorical: params whose values are labels even when they are numbers (one indicator each).
@@ -172,14 +174,16 @@ class Model:
     """Observations fitted: ``bound`` (the upper bound) and ``center`` (the fit) per resource.
 
     ``n`` counts the observations that ran to the end (uncensored); ``ready``: at least ``warmup``
-    observations, ``MIN_DONE`` of them uncensored.
+    observations, ``min_done`` of them uncensored (``MIN_DONE``; ``MIN_DONE_WHOLE`` for whole processes').
     """
 
     def __init__(self, settings: Learned, observations: list[Observation], corrected: bool) -> None:
         self.settings, self.corrected = settings, corrected
         self.observations = observations
         self.n = sum(not o.censored for o in observations)
-        self.ready = len(observations) >= settings.warmup and self.n >= MIN_DONE
+        whole = not corrected and all(number((o.start or {}).get("ram")) is None for o in observations)
+        self.min_done = MIN_DONE_WHOLE if whole else MIN_DONE
+        self.ready = len(observations) >= settings.warmup and self.n >= self.min_done
         self._fits: dict[str, _Fit] = {}
         rows_all = [o for o in observations if o.predicted is not None] if corrected else observations
         for r in RESOURCES:
@@ -276,14 +280,11 @@ class Model:
 
     def ceiling(self, params: Mapping[str, Any]) -> dict[str, int]:
         """The least peak, plus a reading's noise (``_scale`` at the base), of the trials run to the end whose
-        params cover ``params``: the same names, each param the fit holds or declared monotone, or whose name
-        says it grows (``grows``), at least as large in its memory direction (the same label), any other size
-        (an int of no known name) equal, a rate or a float of no known name that the fit does not hold passed
-        over. The most this assignment needs, per resource observed: memory is monotone in each param.
-        Without it, a learning rate never seen with a width seen once made the bound at that width 5.8 times
-        its peak (few trials: the leave-one-out fit without that trial knew nothing of the width); and a fit
-        that held no param (a process of 420 MiB of imports, trials of tens) rejected a GPT-2 of width 64, 3
-        layers and batch 37 after one of 64, 8 layers and batch 57 had run to the end under the line."""
+        params cover ``params``: the same names, each param the fit holds, declared monotone or whose name says
+        it grows (``grows``) at least as large in its memory direction (the same label), any other size equal,
+        a rate or a float of no known name the fit does not hold passed over. The most this assignment needs:
+        memory is monotone. Without it a width seen once, at another learning rate, had a bound 5.8 times its
+        peak; and GPT-2s of 420 MiB of imports and tens of their own had one bound for all (no param held)."""
         held, out = set(self.params("ram")), dict[str, int]()
         for o in () if self.corrected else self.observations:
             if o.censored or set(o.params) != set(params):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _internals, records
 from ..estimate.footprint import Component, Footprint, Kind
-from ..estimate.learn import MIN_DONE, NOISE, RESOURCES, Learned, Model, Observation
+from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation
 from ..records import Decision
 from ..units import format_bytes
 from ._call import NoFootprint
@@ -146,7 +146,7 @@ class Learning:
         seen, need = len(model.observations), self.settings.warmup
         return (
             f"learned footprint warming up: {seen} of {need} trials observed ({model.n} to the end, "
-            f"{MIN_DONE} needed); the trial runs unchecked under the monitor"
+            f"{model.min_done} needed); the trial runs unchecked under the monitor"
         )
 
     def info(

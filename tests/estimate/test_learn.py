@@ -88,11 +88,13 @@ def test_the_bound_covers_about_its_stated_share_on_new_trials() -> None:
 def test_the_model_is_ready_from_the_fourth_trial_a_stopped_one_counting_with_two_run_to_the_end() -> None:
     assert learned().warmup == 4 and learned(miss_rate=0.05).warmup == 4 and learned(warmup=2).warmup == 2
     rng = np.random.default_rng(3)
-    obs = _observe(rng, 3)
+    obs = [Observation(o.params, o.peaks, number=o.number, start={"ram": 80 * MiB}) for o in _observe(rng, 3)]
     assert not learned().fit(obs).ready
-    stopped = [Observation(o.params, o.peaks, censored=True, number=o.number) for o in _observe(rng, 5)]
-    model = learned().fit(obs[:1] + stopped)  # six observed, one to the end: no residual to price the bound
+    stopped = [Observation(o.params, o.peaks, True, None, o.number, {"ram": 80 * MiB}) for o in _observe(rng, 5)]
+    model = learned().fit(obs[:1] + stopped)  # six increments observed, one to the end
     assert model.n == 1 and not model.ready
+    whole = [Observation(o.params, o.peaks, o.censored, number=o.number) for o in obs[:1] + stopped]
+    assert learned().fit(whole).ready  # whole processes' peaks: one run to the end (their baseline anchors it)
     model = learned().fit(obs[:2] + stopped[:2])  # four observed, two to the end
     assert model.n == 2 and model.ready
     model = learned().fit(obs + _observe(rng, 1))
@@ -408,3 +410,16 @@ def _gpt2(width: int, layers: int, batch: int) -> dict[str, int | float]:
         "learning_rate": 3e-4,
         "min_child_samples": 5,
     }
+
+
+def test_whole_processes_are_predicted_after_one_trial_run_to_the_end_increments_after_two() -> None:
+    # GPT-2s with n_jobs=2 (bench_clients): one ran to the end, three were stopped at the 620 MiB limit; with
+    # two needed, the warm-up lasted to trial 11 and four more were stopped there, each predicted over the line
+    stopped = [(320, 8, 33), (576, 6, 35), (448, 6, 94)]
+    rows = [Observation(_gpt2(*p), {"ram": 620 * MiB}, censored=True) for p in stopped]
+    rows.append(Observation(_gpt2(64, 2, 12), {"ram": 493 * MiB}))
+    whole = learned().fit(rows)
+    assert whole.ready and whole.min_done == 1
+    assert whole.bound(_gpt2(512, 5, 43))["ram"] > 558 * MiB  # stopped at 620 MiB in that run
+    shared = [Observation(o.params, o.peaks, o.censored, start={"ram": 400 * MiB}) for o in rows]
+    assert not learned().fit(shared).ready and learned().fit(shared).min_done == 2
