@@ -22,7 +22,7 @@ from ..exceptions import EstimateError
 SIZE_WORDS = frozenset(
     "batch width hidden units unit neurons nodes layers layer depth size sizes buffer maxlen len length seq "
     "sequence envs env stack frames leaves leaf bins bin rows cols columns estimators trees channels filters "
-    "dim dims embed embedding heads vocab capacity memory steps quantiles features tokens context block "
+    "dim dims embd emb embed embedding heads vocab capacity memory steps quantiles features tokens context block "
     "blocks workers samples resolution".split()
 )
 #: Words that say it takes no memory (rates, coefficients, seeds): ``learning_rate``, ``lr``, ``gamma``,

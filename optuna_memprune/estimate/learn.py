@@ -47,7 +47,7 @@ from ..exceptions import EstimateError
 from ._features import Encoder, Role, grows, is_number, number, role
 from ._nnls import SCORED, fit_censored, loo, nnls, predict
 
-__all__ = ["Learned", "Model", "Observation", "Role", "learned", "nnls", "role"]
+__all__ = ["Learned", "Model", "Observation", "Role", "grows", "learned", "nnls", "number", "role"]
 RESOURCES = ("ram", "vram", "threads")
 MISS_RATE = 0.1  # the default share of trials whose peak may exceed the bound
 #: Trials observed before the bound is used, a stopped one (a lower bound) included (the least a user may ask:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _internals, records
 from ..estimate.footprint import Component, Footprint, Kind
-from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation
+from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation, Role, grows, number, role
 from ..records import Decision
 from ..units import format_bytes
 from ._call import NoFootprint
@@ -110,11 +110,17 @@ class Learning:
                 raise NoFootprint(self.warmup_reason())
             bound = model.bound(params)
             unseen = self.explore(params, limits) if explore else []
-            if unseen:
+            if unseen and self._runs_under(limits):
                 raise NoFootprint(
                     f"learned footprint exploring: {', '.join(unseen)} below every observed trial's, "
                     "where the bound is the low end's and no calibrated one; the fit is under the "
                     "line: the trial runs unchecked under the monitor"
+                )
+            if unseen:
+                raise NoFootprint(
+                    f"learned footprint exploring: {', '.join(unseen)} below every trial run to the end, none "
+                    "of which came in under the line (the fit there is their level, no calibrated one): the "
+                    "trial runs unchecked under the monitor"
                 )
             return _single(bound, f"learned upper bound ({model.n} trials, miss rate {model.miss_rate:.0%})")
         figures = {r: getattr(raw, r) for r in RESOURCES}
@@ -137,9 +143,38 @@ class Learning:
         bound, center, floor = model.bound(params), model.center(params), model.floor(params)
         if not any(bound.get(r, 0) > v for r, v in limits.items()):
             return []
-        if any(max(center.get(r, 0), floor.get(r, 0)) > v for r, v in limits.items()):
+        if any(floor.get(r, 0) > v for r, v in limits.items()):
             return []
+        if any(center.get(r, 0) > v for r, v in limits.items()):
+            return [] if self._runs_under(limits) else self._below_every_run(params)
         return model.unseen(params)
+
+    def _runs_under(self, limits: Mapping[str, int]) -> bool:
+        """Whether a trial that ran to the end came in under ``limits``."""
+        return any(
+            all((p := o.peaks.get(r)) is None or p <= v for r, v in limits.items())
+            for o in self.model.observations
+            if not o.censored
+        )
+
+    def _below_every_run(self, params: Mapping[str, Any]) -> list[str]:
+        """The sizes (by name, ``estimate.learn.grows``, or an int) in which ``params`` are smaller than in every
+        trial that ran to the end, where they are in no size larger; none otherwise. Where no such trial came in
+        under the line, the fit is their level and nothing more: one GPT-2 run to the end at 568 MiB (420 of
+        them imports) put every assignment over the 558 MiB line, the last 15 trials were rejected and the
+        program ended with "No feasible trials", while the smallest of them ran alone at 421-497 MiB."""
+        sizes = {n: p for n, p in params.items() if grows(n) or role(n, [p]) is Role.SIZE}
+        mine = {n: v for n, p in sizes.items() if (v := number(p)) is not None}
+        below: set[str] = set()
+        for o in (o for o in self.model.observations if not o.censored):
+            theirs = {n: number(o.params.get(n)) for n in mine}
+            if not mine or any(t is None or mine[n] > t for n, t in theirs.items()):
+                return []
+            smaller = {n for n, t in theirs.items() if t is not None and mine[n] < t}
+            if not smaller:
+                return []
+            below |= smaller
+        return sorted(below)
 
     def warmup_reason(self) -> str:
         model = self.model

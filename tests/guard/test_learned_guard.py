@@ -217,7 +217,32 @@ def test_a_trial_below_every_observed_one_whose_fit_is_under_the_line_runs_unche
         learning.footprint({"n": 50}, None, limits)
     assert learning.info({"n": 50}, None, True, limits)["phase"] == "explore"
     assert learning.explore({"n": 150}, limits) == []  # inside the range seen: the bound decides
-    assert learning.explore({"n": 50}, {"ram": 600 * MiB}) == []  # the fit itself over the line: rejected
+    # the fit itself over the line, and no trial ran to the end under it: the smallest is tried all the same
+    assert learning.explore({"n": 50}, {"ram": 600 * MiB}) == ["n"]
+
+
+def test_where_no_trial_ran_to_the_end_under_the_line_the_smallest_runs_unchecked_to_be_observed() -> None:
+    # One GPT-2 run to the end at 568 MiB (420 of them imports), over the 558 MiB line, and four stopped at
+    # 620: the fit was that level everywhere, the last 15 trials were rejected and the program ended with "No
+    # feasible trials" (bench_clients, n_jobs=2), while the smallest of them ran alone at 421-497 MiB.
+    from optuna_memprune.estimate.learn import Observation
+    from optuna_memprune.guard._call import NoFootprint
+    from optuna_memprune.guard._learning import Learning
+
+    def gpt2(width: int, layers: int, batch: int) -> dict[str, float]:
+        return {"n_embd": width, "n_layer": layers, "learning_rate": 3e-4, "per_device_train_batch_size": batch}
+
+    stopped = [(448, 5, 57), (576, 6, 35), (1024, 4, 34), (640, 8, 10)]
+    rows = [Observation(gpt2(*p), {"ram": 620 * MiB}, censored=True) for p in stopped]
+    learning = Learning(omp.estimate.learned(), corrected=False)
+    learning.model = learning.settings.fit([*rows, Observation(gpt2(256, 4, 19), {"ram": 568 * MiB})])
+    limits = {"ram": 558 * MiB}
+    assert learning.ready and learning.model.center(gpt2(64, 3, 19))["ram"] > limits["ram"]
+    assert learning.explore(gpt2(64, 3, 19), limits) == ["n_embd", "n_layer"]
+    with pytest.raises(NoFootprint, match="below every trial run to the end, none of which came in under the line"):
+        learning.footprint(gpt2(64, 3, 19), None, limits)
+    assert learning.explore(gpt2(512, 1, 8), limits) == []  # wider than the trial run to the end: the bound decides
+    assert learning.explore(gpt2(256, 4, 19), limits) == []  # that trial itself
 
 
 def test_a_clamp_search_that_passes_below_the_observed_range_still_clamps_or_rejects() -> None:
