@@ -283,7 +283,7 @@ def test_in_the_main_thread_a_footprint_runs_there_and_is_interrupted_at_its_lim
 def test_a_program_that_handles_sigalrm_keeps_its_handler_and_footprint_calls_go_to_the_worker() -> None:
     where = []
     guard = MemoryGuard(
-        lambda p: where.append(threading.current_thread().name) or omp.Footprint(), omp.Budget(ram="64GiB")
+        lambda p: where.append(threading.current_thread().name) or omp.Footprint.of(ram=p["x"]), omp.Budget(ram="64GiB")
     )
 
     def mine(signum: int, frame: object) -> None:
