@@ -162,10 +162,12 @@ class Runner:
             raise self.fatal
 
     def _may_ask(self) -> bool:
+        return self._may_go_on() and (self.n_trials is None or self.asked < self.n_trials)
+
+    def _may_go_on(self) -> bool:
         return (
             self.fatal is None
             and not _internals.stop_requested(self.study)
-            and (self.n_trials is None or self.asked < self.n_trials)
             and (self.deadline is None or time.monotonic() < self.deadline)
         )
 
@@ -205,7 +207,8 @@ class Runner:
         deferred, self.deferred = self.deferred, None
         assert deferred is not None
         trial, state, hold = deferred.trial, deferred.state, deferred.hold
-        self.teller.check_again(state)
+        if self._may_go_on():  # not after study.stop(), the timeout or a fatal error: rejected as first checked
+            self.teller.check_again(state)
         if state.decision is Decision.REJECTED:
             self.teller.end_rejected(trial, state)
             self._release(hold)

@@ -219,7 +219,8 @@ class RayRunner:
                 deferred = self.deferred
                 if deferred is not None and (self.ended > deferred[2] or not self.in_flight):
                     self.deferred = None
-                    self.teller.check_again(deferred[1])
+                    if self._may_go_on():  # not after study.stop(), the timeout or a fatal error
+                        self.teller.check_again(deferred[1])
                     self._place(*deferred[:2])
                 while self._may_ask() and self.deferred is None and len(self.in_flight) < self.n_jobs:
                     self._ask()
@@ -236,10 +237,12 @@ class RayRunner:
             raise self.fatal
 
     def _may_ask(self) -> bool:
+        return self._may_go_on() and (self.n_trials is None or self.asked < self.n_trials)
+
+    def _may_go_on(self) -> bool:
         return (
             self.fatal is None
             and not _internals.stop_requested(self.study)
-            and (self.n_trials is None or self.asked < self.n_trials)
             and (self.deadline is None or time.monotonic() < self.deadline)
         )
 

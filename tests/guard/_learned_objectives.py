@@ -33,9 +33,12 @@ def alloc_then_pruned(trial: optuna.Trial) -> float:
 
 
 def alloc_held(trial: optuna.Trial) -> float:
-    """``mb`` MiB written and held 4 s where ``seed`` is 1 (a long trial), else 0.1 s; ``seed`` takes no memory."""
+    """``mb`` MiB written and held 4 s where ``seed`` is 1 or 3 (a long trial; 3 then stops the study), else
+    0.1 s; ``seed`` takes no memory."""
     mb = trial.suggest_int("mb", 8, 480, log=True)
     seed = trial.suggest_int("seed", 0, 9)
     block = np.ones(mb * MiB, dtype=np.uint8)
-    time.sleep(4.0 if seed == 1 else 0.1)
+    time.sleep(4.0 if seed in (1, 3) else 0.1)
+    if seed == 3:
+        trial.study.stop()
     return float(block[::4096].sum())

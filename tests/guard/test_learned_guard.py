@@ -168,7 +168,8 @@ def test_optimize_workers_share_the_learned_model_through_the_storage(tmp_path) 
     assert last.learned["phase"] == "bound" and last.learned["n"] >= 4 and last.pred_ram is not None
 
 
-def test_a_learned_rejection_while_a_trial_runs_waits_for_its_end_and_is_decided_again(tmp_path) -> None:
+@pytest.mark.parametrize("stop", [False, True])
+def test_a_learned_rejection_while_a_trial_runs_waits_for_its_end_and_is_decided_again(tmp_path, stop) -> None:
     # With n_jobs=2 a study's remaining trials were all rejected within 0.7 s on a bound of two trials while
     # one ran whose end tightened it (bench_clients, hf_gpt2). Here two recorded trials (10 and 12 MiB, peaks
     # near 1 GiB) and a quick real one make the bound at 40 MiB wide, over the line, while a 40 MiB trial runs
@@ -185,13 +186,17 @@ def test_a_learned_rejection_while_a_trial_runs_waits_for_its_end_and_is_decided
                 params={"mb": mb}, distributions={"mb": SPACE["mb"]}, value=0.0, user_attrs=record.attrs()
             )
         )
-    for params in ({"mb": 40, "seed": 1}, {"mb": 8, "seed": 0}, {"mb": 40, "seed": 2}):
+    for params in ({"mb": 40, "seed": 3 if stop else 1}, {"mb": 8, "seed": 0}, {"mb": 40, "seed": 2}):
         study.enqueue_trial(params)
     ledger = Ledger(HostBudget(ram="4GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host="h")
     omp.optimize(study, objectives.alloc_held, guard=guard, n_trials=3, n_jobs=2, host=ledger, enforce="polling")
     rows = _records(study)[2:]
-    assert [t.state for t, _ in rows] == [optuna.trial.TrialState.COMPLETE] * 3, [(t.state, r.reason) for t, r in rows]
     long, _, last = (r for _, r in rows)
+    if stop:  # the long trial stopped the study as it ended: the waiting one is rejected as first checked
+        assert [t.state for t, _ in rows][2] is optuna.trial.TrialState.PRUNED and last.decision is Decision.REJECTED
+        assert last.reason.startswith("predicted over budget: RAM") and "checked again" not in last.reason
+        return
+    assert [t.state for t, _ in rows] == [optuna.trial.TrialState.COMPLETE] * 3, [(t.state, r.reason) for t, r in rows]
     assert long.learned["phase"] == "warm-up" and last.learned["phase"] == "bound", (long.learned, last.learned)
     assert last.decision is Decision.ADMITTED, last.reason
     assert "checked again once a running trial ended (first: predicted over budget: RAM" in last.reason, last.reason
