@@ -75,6 +75,8 @@ class TrialRegistry:
         self._lock = threading.Lock()
         self._trials: dict[int, TrialGuardState] = {}
         self._running: dict[int, TrialGuardState] = {}  # trials whose objective runs in this process now
+        self._ends, self._last_end = 0, -1  # how many objectives ended here, and the latest one's trial id
+        self._changed = threading.Condition(self._lock)
 
     def open(self, trial_id: int, number: int) -> TrialGuardState:
         """The trial's state, created on first use."""
@@ -105,6 +107,17 @@ class TrialRegistry:
     def exit_run(self, state: TrialGuardState) -> None:
         with self._lock:
             self._running.pop(state.trial_id, None)
+            self._ends, self._last_end = self._ends + 1, state.trial_id
+            self._changed.notify_all()
+
+    def next_end(self) -> int | None:
+        """Wait for the next objective of this process to end, if one runs; its trial id (``None``: none
+        ran when called)."""
+        with self._lock:
+            seen = self._ends
+            while self._running and self._ends == seen:
+                self._changed.wait()
+            return self._last_end if self._ends > seen else None
 
     def registered(self) -> dict[int, TrialGuardState]:
         """A copy of the open trials, by trial id (empty once every trial has ended)."""

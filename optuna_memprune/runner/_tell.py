@@ -104,11 +104,9 @@ class Teller:
 
     @staticmethod
     def may_change(state: TrialGuardState) -> bool:
-        """Whether ``state``'s rejection rests on a learned bound, which a running trial's end may tighten:
-        with n_jobs=2 a study's remaining trials were all rejected within 0.7 s while one ran whose end made
-        the fit hold three params (bench_clients, hf_gpt2). Both runners then decide it again once a running
-        trial ends (``check_again``) and ask no other trial meanwhile."""
-        return state.decision is Decision.REJECTED and (state.learned or {}).get("phase") == "bound"
+        """Whether ``state``'s rejection rests on a learned bound (``GuardedSampler.may_change``): both runners
+        then decide it again once a running trial ends (``check_again``) and ask no other trial meanwhile."""
+        return GuardedSampler.may_change(state)
 
     def check_again(self, state: TrialGuardState) -> None:
         """Decide a rejected trial again on the study's trials now (``GuardedSampler.recheck``)."""

@@ -203,6 +203,31 @@ def test_a_learned_rejection_while_a_trial_runs_waits_for_its_end_and_is_decided
     assert last.learned["bound"]["ram"] < long.peak_ram + 32 * MiB  # capped by the long trial's peak
 
 
+def test_in_process_threads_a_learned_rejection_waits_for_a_running_trial_to_end(tmp_path) -> None:
+    # study.optimize(n_jobs=2) in one process: as the runners do, the rejected trial waits for the running one
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    budget = psutil.Process().memory_info().rss + 600 * MiB
+    guard = omp.MemoryGuard(None, omp.Budget(ram=budget), learn=omp.estimate.learned(warmup=3))
+    study = optuna.create_study(
+        storage=url, sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)), pruner=guard.wrap_pruner(None)
+    )
+    for mb in (10, 12):  # whole processes at the budget: every assignment from 10 MiB on is over the line
+        record = omp.guard.TrialRecord(Decision.ADMITTED, peak_ram=budget, budget_ram=budget, soft=0.9)
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"mb": mb}, distributions={"mb": SPACE["mb"]}, value=0.0, user_attrs=record.attrs()
+            )
+        )
+    for params in ({"mb": 40, "seed": 1}, {"mb": 8, "seed": 0}, {"mb": 40, "seed": 2}):
+        study.enqueue_trial(params)
+    study.optimize(guard.wrap_objective(objectives.alloc_held), n_trials=3, n_jobs=2)
+    rows = _records(study)[2:]
+    assert [t.state for t, _ in rows] == [optuna.trial.TrialState.COMPLETE] * 3, [(t.state, r.reason) for t, r in rows]
+    last = rows[2][1]
+    assert last.decision is Decision.ADMITTED and last.learned["phase"] == "bound", last.reason
+    assert "checked again once a running trial ended (first: predicted over budget: RAM" in last.reason, last.reason
+
+
 def test_a_trial_below_every_observed_one_whose_fit_is_under_the_line_runs_unchecked_to_be_observed() -> None:
     # the bound below the range seen is the low end's: over the line there, a smaller trial would be rejected
     # forever (a rejected trial is never observed); its fit under the line lets it run under the monitor
