@@ -156,13 +156,12 @@ class GuardedSampler(BaseSampler):
         return state.decision is Decision.REJECTED and (state.learned or {}).get("phase") == "bound"
 
     def _after_next_end(self, study: Study, state: TrialGuardState) -> None:
-        """Where objectives of this guard run in this process (``study.optimize(n_jobs>1)``), wait for one to
-        end and be told, then ``recheck``; not after ``study.stop()``."""
+        """Where this guard's objectives run in this process (threads), wait for one to end and be told, then
+        ``recheck`` (not after ``study.stop()``)."""
         ended = trials_of(self._guard).next_end()
         if ended is None:
             return
-        storage = _internals.storage_of(study)
-        deadline = time.monotonic() + TOLD_WITHIN_S
+        storage, deadline = _internals.storage_of(study), time.monotonic() + TOLD_WITHIN_S
         while time.monotonic() < deadline:  # the record is written before the objective returns, then told
             if storage.get_trial(ended).state.is_finished():
                 break
