@@ -25,12 +25,10 @@ such as TensorFlow's ~650 MiB, known well after a few trials; ``level``: for a t
 shared process, the usage they were measured from, median over the trials); the bound is ``fit + q * s``
 with ``q`` Student's t quantile at ``1 - miss_rate`` of the scaled residuals' root mean square, pooled
 with ``PRIOR_TRIALS`` trials of the prior ``PRIOR_Z``: wide while few trials are known, tighter with each.
-A censored trial whose peak is over its leave-one-out fit counts with that residual (it missed at least by
-it).
+A censored trial whose peak is over its leave-one-out fit counts with that residual (it missed by more).
 
 The solver is a numpy active-set NNLS (Lawson and Hanson; ``_nnls.py``, with the censored fit and the
-leave-one-out predictions): scipy's ``nnls`` gives the same answer, but the core install is Optuna, psutil
-and numpy only.
+leave-one-out predictions): scipy's gives the same answer, but the core install is Optuna, psutil and numpy.
 """
 
 from __future__ import annotations
@@ -47,14 +45,13 @@ from ..exceptions import EstimateError
 from ._features import Encoder, Role, grows, is_number, number, role
 from ._nnls import SCORED, fit_censored, loo, nnls, predict
 
-__all__ = ["Learned", "Model", "Observation", "Role", "grows", "learned", "nnls", "number", "role"]
+__all__ = ["Learned", "Model", "Observation", "Role", "learned", "nnls", "role"]
 RESOURCES = ("ram", "vram", "threads")
 MISS_RATE = 0.1  # the default share of trials whose peak may exceed the bound
-#: Trials observed before the bound is used, a stopped one (a lower bound) included (the least a user may ask:
-#: 2); of them MIN_DONE ran to the end (counting only those, LightGBM warmed up for 9 and 11: bench_clients).
-#: One for whole processes' peaks (their baseline anchors the fit): bench_clients' n_jobs=2 runs replayed, the
-#: trials between the first run to the end and the second were predicted over the line 66 times, 44 stopped
-#: or over it, 22 under it (clamped, not lost); increments with one had bounds 10x theirs (479 MiB for 48).
+#: Trials observed before the bound is used, a stopped one included (at least 2); of them MIN_DONE ran to the
+#: end (counting only those, LightGBM warmed up for 9 and 11), MIN_DONE_WHOLE for whole processes' peaks
+#: (bench_clients' n_jobs=2 runs replayed: of 66 trials so predicted over the line, 44 were stopped or over it,
+#: 22 under it; increments with one had bounds 10x theirs, 479 MiB for 48).
 WARMUP, MIN_DONE, MIN_DONE_WHOLE = 4, 2, 1
 #: Trials observed before a param's direction may be turned to "memory falls as it grows": with fewer, a
 #: param that merely varies alongside one that takes memory (confounded) looks like it.
@@ -158,9 +155,8 @@ class Learned:
 
 @dataclass
 class _Fit:
-    """One resource's model: the encoder, the weights, the base, the process's usage increments were
-    measured from (``level``, 0 for whole-process peaks) and the bound's quantile ``q`` (bound = fit + q x
-    (fit above base + NOISE x (base + level))), over ``m`` scaled residuals."""
+    """One resource's model: the encoder, the weights, the base, the usage increments were measured from
+    (``level``, 0 for whole processes) and the quantile ``q`` over ``m`` scaled residuals (``_scale``)."""
 
     encoder: Encoder
     weights: np.ndarray
@@ -171,11 +167,8 @@ class _Fit:
 
 
 class Model:
-    """Observations fitted: ``bound`` (the upper bound) and ``center`` (the fit) per resource.
-
-    ``n`` counts the observations that ran to the end (uncensored); ``ready``: at least ``warmup``
-    observations, ``min_done`` of them uncensored (``MIN_DONE``; ``MIN_DONE_WHOLE`` for whole processes').
-    """
+    """Observations fitted: ``bound`` (the upper bound) and ``center`` (the fit) per resource. ``n``: those run
+    to the end; ``ready``: ``warmup`` observed, ``min_done`` to the end (``MIN_DONE``, or ``MIN_DONE_WHOLE``)."""
 
     def __init__(self, settings: Learned, observations: list[Observation], corrected: bool) -> None:
         self.settings, self.corrected = settings, corrected
@@ -279,32 +272,39 @@ class Model:
         return out
 
     def ceiling(self, params: Mapping[str, Any]) -> dict[str, int]:
-        """The least peak, plus a reading's noise (``_scale`` at the base), of the trials run to the end whose
-        params cover ``params``: the same names, each param the fit holds, declared monotone or whose name says
-        it grows (``grows``) at least as large in its memory direction (the same label), any other size equal,
-        a rate or a float of no known name the fit does not hold passed over. The most this assignment needs:
-        memory is monotone. Without it a width seen once, at another learning rate, had a bound 5.8 times its
-        peak; and GPT-2s of 420 MiB of imports and tens of their own had one bound for all (no param held)."""
-        held, out = set(self.params("ram")), dict[str, int]()
+        """The least peak, plus a reading's noise, of the trials run to the end whose params cover ``params``
+        (``below``): memory is monotone. Without it a width seen once, at another learning rate, had a bound 5.8
+        times its peak, and GPT-2s (420 MiB of imports, tens their own) one bound for all (no param held)."""
+        out = dict[str, int]()
         for o in () if self.corrected else self.observations:
-            if o.censored or set(o.params) != set(params):
+            if o.censored or self.below(params, o.params) is None:
                 continue
-            covered = True
-            for name, mine in params.items():
-                theirs, known = o.params[name], name in held or name in self.settings.monotone
-                numbers = name not in self.settings.categorical and is_number(mine) and is_number(theirs)
-                if numbers and (known or grows(name)):  # a direction the fit does not hold: the name's, +1
-                    covered = (self.directions.get(name, 1) if known else 1) * (float(theirs) - float(mine)) >= 0
-                elif known or self.roles.get(name) is Role.SIZE:  # a size whose direction no fit showed: equal
-                    covered = mine == theirs
-                if not covered:
-                    break
-            for r, v in o.peaks.items() if covered else ():
+            for r, v in o.peaks.items():
                 fit = self._fits.get(r)
                 if v is not None and fit is not None:
                     cap = int(math.ceil(float(v) + _scale(r, fit.base, fit.base, fit.level)))
                     out[r] = min(out.get(r, cap), cap)
         return out
+
+    def below(self, params: Mapping[str, Any], theirs: Mapping[str, Any]) -> set[str] | None:
+        """The params in which ``params`` take less memory than ``theirs`` where ``theirs`` cover them (None: they
+        do not): the same names, each param the fit holds, declared monotone or whose name says it grows at least
+        as large in its memory direction, any other size or label equal, other rates and floats passed over."""
+        if set(theirs) != set(params):
+            return None
+        held, smaller = set(self.params("ram")), set()
+        for name, mine in params.items():
+            other, known = theirs[name], name in held or name in self.settings.monotone
+            numbers = name not in self.settings.categorical and is_number(mine) and is_number(other)
+            if numbers and (known or grows(name)):  # a direction the fit does not hold: the name's, +1
+                gap = (self.directions.get(name, 1) if known else 1) * (float(other) - float(mine))
+                if gap < 0:
+                    return None
+                if gap > 0:
+                    smaller.add(name)
+            elif (known or self.roles.get(name) is Role.SIZE) and mine != other:  # no direction shown: equal
+                return None
+        return smaller
 
     def dominated_by(self, params: Mapping[str, Any]) -> int | None:
         """The number of a censored trial ``params`` dominate (see ``floor``), if any."""

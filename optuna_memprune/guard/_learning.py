@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _internals, records
 from ..estimate.footprint import Component, Footprint, Kind
-from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation, Role, grows, number, role
+from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation
 from ..records import Decision
 from ..units import format_bytes
 from ._call import NoFootprint
@@ -158,19 +158,14 @@ class Learning:
         )
 
     def _below_every_run(self, params: Mapping[str, Any]) -> list[str]:
-        """The sizes (by name, ``estimate.learn.grows``, or an int) in which ``params`` are smaller than in every
-        trial that ran to the end, where they are in no size larger; none otherwise. Where no such trial came in
-        under the line, the fit is their level and nothing more: one GPT-2 run to the end at 568 MiB (420 of
-        them imports) put every assignment over the 558 MiB line, the last 15 trials were rejected and the
-        program ended with "No feasible trials", while the smallest of them ran alone at 421-497 MiB."""
-        sizes = {n: p for n, p in params.items() if grows(n) or role(n, [p]) is Role.SIZE}
-        mine = {n: v for n, p in sizes.items() if (v := number(p)) is not None}
+        """The params in which ``params`` take less memory than every trial that ran to the end, each of which
+        covers them (``Model.below``); none otherwise. Where no such trial came in under the line, the fit is
+        their level and nothing more: one GPT-2 run to the end at 568 MiB (420 of them imports) put every
+        assignment over the 558 MiB line, the last 15 trials were rejected and the program ended with "No
+        feasible trials", while the smallest of them ran alone at 421-497 MiB."""
         below: set[str] = set()
         for o in (o for o in self.model.observations if not o.censored):
-            theirs = {n: number(o.params.get(n)) for n in mine}
-            if not mine or any(t is None or mine[n] > t for n, t in theirs.items()):
-                return []
-            smaller = {n for n, t in theirs.items() if t is not None and mine[n] < t}
+            smaller = self.model.below(params, o.params)
             if not smaller:
                 return []
             below |= smaller

@@ -102,14 +102,9 @@ class Teller:
             callback(self.study, frozen)
         return frozen
 
-    @staticmethod
-    def may_change(state: TrialGuardState) -> bool:
-        """Whether ``state``'s rejection rests on a learned bound (``GuardedSampler.may_change``): both runners
-        then decide it again once a running trial ends (``check_again``) and ask no other trial meanwhile."""
-        return GuardedSampler.may_change(state)
-
     def check_again(self, state: TrialGuardState) -> None:
-        """Decide a rejected trial again on the study's trials now (``GuardedSampler.recheck``)."""
+        """Decide a rejected trial again on the study's trials now (``GuardedSampler.recheck``): both runners
+        do so, for a rejection that may change (``GuardedSampler.may_change``), once a running trial ended."""
         sampler = self.study.sampler
         if isinstance(sampler, GuardedSampler):
             sampler.recheck(self.study, state)
