@@ -203,13 +203,14 @@ def test_a_learned_rejection_while_a_trial_runs_waits_for_its_end_and_is_decided
     assert last.learned["bound"]["ram"] < long.peak_ram + 32 * MiB  # capped by the long trial's peak
 
 
-def test_in_process_threads_a_learned_rejection_waits_for_a_running_trial_to_end(tmp_path) -> None:
-    # study.optimize(n_jobs=2) in one process: as the runners do, the rejected trial waits for the running one
-    url = f"sqlite:///{tmp_path / 'study.db'}"
+def test_in_process_threads_a_learned_rejection_waits_for_a_running_trial_to_end() -> None:
+    # study.optimize(n_jobs=2) in one process: as the runners do, the rejected trial waits for the running one.
+    # In memory: on SQLite two threads' asks can both pop the same enqueued trial (Optuna's
+    # _pop_waiting_trial_id reads, then sets RUNNING, with no lock there), and it then ran twice.
     budget = psutil.Process().memory_info().rss + 600 * MiB
     guard = omp.MemoryGuard(None, omp.Budget(ram=budget), learn=omp.estimate.learned(warmup=3))
     study = optuna.create_study(
-        storage=url, sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)), pruner=guard.wrap_pruner(None)
+        sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)), pruner=guard.wrap_pruner(None)
     )
     for mb in (10, 12):  # whole processes at the budget: every assignment from 10 MiB on is over the line
         record = omp.guard.TrialRecord(Decision.ADMITTED, peak_ram=budget, budget_ram=budget, soft=0.9)
