@@ -17,23 +17,22 @@ from multiprocessing.connection import wait as wait_any
 from typing import TYPE_CHECKING, Any
 
 import optuna
-from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from .. import _internals, procfs
-from ..guard import GuardedPruner, GuardedSampler
-from ..guard.backend import TrialGuardState, policy_of, trial_forecast
+from ..guard import GuardedSampler
+from ..guard.backend import TrialGuardState, trial_forecast
 from ..records import Decision
 from ._child import Payload, child_main
+from ._driver import Driver
 from ._ending import finished_record, judge
 from ._forkserver import fork_server
-from ._owners import ASKED, LAUNCHED, DeadRunners, TrialKey, runner_mark
+from ._owners import ASKED, LAUNCHED, TrialKey
 from ._progress import Status
-from ._reserve import Reservations, next_try
-from ._signals import end_like_ctrl_c, why_ended
+from ._reserve import next_try
+from ._signals import why_ended
 from ._storage import retry as _retry
 from ._storage import storage_id
-from ._tell import Teller
 from ._watchdog import TrialProcess
 
 if TYPE_CHECKING:
@@ -69,7 +68,7 @@ class _Deferred:
     ended: int  # how many trials this runner had ended when it was deferred
 
 
-class Runner:
+class Runner(Driver):
     """The parent's loop of ``optimize``: ask, check, reserve, launch, watch, reap, tell."""
 
     def __init__(
@@ -87,44 +86,19 @@ class Runner:
         on_host_full: str,
         enforcement: Enforcer,
     ) -> None:
-        self.study, self.objective, self.guard, self.ledger = study, objective, guard, ledger
-        self.policy = policy_of(guard)
-        self.n_trials, self.n_workers, self.catch = n_trials, n_workers, catch
-        self.callbacks, self.on_host_full, self.enforcement = callbacks, on_host_full, enforcement
-        self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.asked = 0
+        super().__init__(
+            study, objective, guard, n_trials=n_trials, timeout=timeout, catch=catch, callbacks=callbacks,
+            host=ledger.host, ledger=ledger,
+        )  # fmt: skip
+        self.ledger, self.n_workers, self.on_host_full, self.enforcement = ledger, n_workers, on_host_full, enforcement
         self.children: dict[int, TrialProcess] = {}
         self.waiting: _Waiting | None = None
         self.deferred: _Deferred | None = None
-        self.ended = 0  # trials whose process ended and whose end was told
-        self.fatal: BaseException | None = None
-        self.teller = Teller(study, guard, callbacks)
         self.counts = self.teller.counts
-        self.reservations = Reservations(study, self.policy.budget, ledger)
-        sampler, pruner = study.sampler, study.pruner
-        self.base_sampler: BaseSampler = sampler.base_sampler if isinstance(sampler, GuardedSampler) else sampler
-        self.inner_pruner = pruner.wrapped_pruner if isinstance(pruner, GuardedPruner) else pruner
         self.ctx = fork_server(objective)
         self.storage_id = storage_id(study)
-        self.dead_runners = DeadRunners(study, ledger, self.policy.budget)
-        self.mark = runner_mark(ledger.host)  # each trial names this runner from its creation on
 
     # -- the loop --------------------------------------------------------------------------------
-
-    def run(self, on_tick: Callable[[], None] | None) -> None:
-        """Run trials until ``n_trials``, the timeout or ``study.stop()``; ``on_tick()`` at every turn."""
-        study = self.study
-        if _internals.in_optimize_loop(study):
-            raise RuntimeError("Nested invocation of optimize() (or Study.optimize) isn't allowed.")
-        _internals.set_in_optimize_loop(study, True)  # study.stop() works in a callback
-        _internals.clear_stop(study)
-        previous = end_like_ctrl_c()
-        try:
-            self._loop(on_tick)
-        finally:
-            _internals.set_in_optimize_loop(study, False)
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
 
     def status(self) -> Status:
         """Where the run stands, for the progress bar (the host's figures are left out if unreadable)."""
@@ -160,16 +134,6 @@ class Runner:
             raise
         if self.fatal is not None:
             raise self.fatal
-
-    def _may_ask(self) -> bool:
-        return self._may_go_on() and (self.n_trials is None or self.asked < self.n_trials)
-
-    def _may_go_on(self) -> bool:
-        return (
-            self.fatal is None
-            and not _internals.stop_requested(self.study)
-            and (self.deadline is None or time.monotonic() < self.deadline)
-        )
 
     def _wait(self) -> None:
         handles = [c.conn for c in self.children.values()] + [c.process.sentinel for c in self.children.values()]

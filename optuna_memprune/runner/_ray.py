@@ -18,7 +18,6 @@ import dataclasses
 import logging
 import os
 import pickle
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -29,18 +28,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .. import _internals
 from .._extras import MissingExtra
-from ..guard import GuardedPruner, GuardedSampler
+from ..guard import GuardedSampler
 from ..guard.backend import OutOfMemory
 from ..records import Decision
+from ._driver import Driver
 from ._ending import Ending, finished_record
-from ._owners import DeadRunners, runner_mark
 from ._progress import Status
 from ._ray_nodes import Ask, alive_nodes, ask_for, gpu_memory, misfit
 from ._ray_task import TaskEnd, TaskSpec, run_trial
-from ._reserve import Reservations
-from ._signals import end_like_ctrl_c, why_ended
+from ._signals import why_ended
 from ._storage import retry as _retry
-from ._tell import Teller
 
 if TYPE_CHECKING:
     from ..guard.backend import Guard, TrialGuardState
@@ -149,7 +146,7 @@ class _InFlight:
     unplaceable: str = ""
 
 
-class RayRunner:
+class RayRunner(Driver):
     """The driver's loop of ``optimize(backend="ray")``: ask, check, place, submit, collect, tell."""
 
     def __init__(
@@ -166,44 +163,26 @@ class RayRunner:
         retries: int,
     ) -> None:
         self.ray = import_ray()
-        self.study, self.objective, self.guard = study, objective, guard
-        self.n_trials, self.n_jobs, self.catch, self.retries = n_trials, n_jobs, catch, retries
-        self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.teller = Teller(study, guard, callbacks)
-        self.policy = self.teller.policy
-        self.reservations = Reservations(study, self.policy.budget)
         self.host = socket.gethostname()
-        self.mark = runner_mark(self.host)  # each trial names this driver from its creation on
-        self.dead_runners = DeadRunners(study, None, self.policy.budget, host=self.host)
-        sampler, pruner = study.sampler, study.pruner
-        self.base_sampler = sampler.base_sampler if isinstance(sampler, GuardedSampler) else sampler
-        self.inner_pruner = pruner.wrapped_pruner if isinstance(pruner, GuardedPruner) else pruner
+        super().__init__(
+            study,
+            objective,
+            guard,
+            n_trials=n_trials,
+            timeout=timeout,
+            catch=catch,
+            callbacks=callbacks,
+            host=self.host,
+        )
+        self.n_jobs, self.retries = n_jobs, retries
         # Workers are reused (max_calls=0, also for GPU tasks): each trial runs in a process of its own forked from
         # the worker, which ends with the trial; a fresh worker per trial cost 3.5 s of start and imports on 2 cores.
         self.task = self.ray.remote(max_calls=0, max_retries=0)(run_trial)  # never rerun by Ray
         self.in_flight: dict[Any, _InFlight] = {}
         self.deferred: tuple[optuna.Trial, TrialGuardState, int] | None = None  # a rejection decided again later
-        self.ended = 0  # trials whose task ended and whose end was told
-        self.asked = 0
-        self.fatal: BaseException | None = None
         self.gpu_memory: int | None = None
         self._probed = False
         self._rechecked = time.monotonic()
-
-    def run(self, on_tick: Callable[[], None] | None) -> None:
-        """Run trials until ``n_trials``, the timeout or ``study.stop()``; ``on_tick()`` at every turn."""
-        study = self.study
-        if _internals.in_optimize_loop(study):
-            raise RuntimeError("Nested invocation of optimize() (or Study.optimize) isn't allowed.")
-        _internals.set_in_optimize_loop(study, True)
-        _internals.clear_stop(study)
-        previous = end_like_ctrl_c()
-        try:
-            self._loop(on_tick)
-        finally:
-            _internals.set_in_optimize_loop(study, False)
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
 
     def status(self) -> Status:
         c = self.teller.counts
@@ -235,16 +214,6 @@ class RayRunner:
             raise
         if self.fatal is not None:
             raise self.fatal
-
-    def _may_ask(self) -> bool:
-        return self._may_go_on() and (self.n_trials is None or self.asked < self.n_trials)
-
-    def _may_go_on(self) -> bool:
-        return (
-            self.fatal is None
-            and not _internals.stop_requested(self.study)
-            and (self.deadline is None or time.monotonic() < self.deadline)
-        )
 
     # -- before the task ---------------------------------------------------------------------------
 
