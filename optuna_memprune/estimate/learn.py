@@ -45,7 +45,7 @@ from ..exceptions import EstimateError
 from ._features import Encoder, Role, grows, is_number, number, role
 from ._nnls import SCORED, fit_censored, loo, nnls, predict
 
-__all__ = ["Learned", "Model", "Observation", "Role", "learned", "nnls", "role"]
+__all__ = ["Learned", "Model", "Observation", "Role", "grows", "is_number", "learned", "nnls", "role"]
 RESOURCES = ("ram", "vram", "threads")
 MISS_RATE = 0.1  # the default share of trials whose peak may exceed the bound
 #: Trials observed before the bound is used, a stopped one included (at least 2); of them MIN_DONE ran to the

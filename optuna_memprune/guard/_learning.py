@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _internals, records
 from ..estimate.footprint import Component, Footprint, Kind
-from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation
+from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation, grows, is_number
 from ..records import Decision
 from ..units import format_bytes
 from ._call import NoFootprint
@@ -118,9 +118,9 @@ class Learning:
                 )
             if unseen:
                 raise NoFootprint(
-                    f"learned footprint exploring: {', '.join(unseen)} below every trial run to the end, none "
-                    "of which came in under the line (the fit there is their level, no calibrated one): the "
-                    "trial runs unchecked under the monitor"
+                    f"learned footprint exploring: smaller in {', '.join(unseen)} than every trial run to the "
+                    "end (in each, or in the product of the sizes), none of which came in under the line (the "
+                    "fit there is their level, no calibrated one): the trial runs unchecked under the monitor"
                 )
             return _single(bound, f"learned upper bound ({model.n} trials, miss rate {model.miss_rate:.0%})")
         figures = {r: getattr(raw, r) for r in RESOURCES}
@@ -159,13 +159,16 @@ class Learning:
 
     def _below_every_run(self, params: Mapping[str, Any]) -> list[str]:
         """The params in which ``params`` take less memory than every trial that ran to the end, each of which
-        covers them (``Model.below``); none otherwise. Where no such trial came in under the line, the fit is
-        their level and nothing more: one GPT-2 run to the end at 568 MiB (420 of them imports) put every
-        assignment over the 558 MiB line, the last 15 trials were rejected and the program ended with "No
-        feasible trials", while the smallest of them ran alone at 421-497 MiB."""
+        covers them (``Model.below``) or is larger in the product of their sizes (``_smaller_together``); none
+        otherwise. Where no such trial came in under the line, the fit is their level and nothing more: one
+        GPT-2 run to the end at 568 MiB (420 of them imports) put every assignment over the 558 MiB line, the
+        last 15 trials were rejected and the program ended with "No feasible trials", while the smallest of
+        them ran alone at 421-497 MiB. Cover alone was not enough where the one trial run to the end had the
+        smallest batch and depth of the space (width 704, 1 layer, batch 8, 606 MiB): no later trial was
+        covered, and the last 15 were rejected again, among them width 192, 1 layer, batch 10."""
         below: set[str] = set()
         for o in (o for o in self.model.observations if not o.censored):
-            smaller = self.model.below(params, o.params)
+            smaller = self.model.below(params, o.params) or _smaller_together(self.model, params, o.params)
             if not smaller:
                 return []
             below |= smaller
@@ -322,3 +325,28 @@ def learn(policy: Any, study: optuna.Study) -> None:
         learning.refresh(study)
     except Exception:
         _logger.exception("memprune: reading the study's records for the learned footprint failed")
+
+
+def _smaller_together(model: Model, params: Mapping[str, Any], theirs: Mapping[str, Any]) -> set[str]:
+    """The sizes in which ``params`` are smaller than ``theirs``, where the product of their sizes is smaller
+    (each a positive number whose name says it grows, or whose direction the fit holds; labels the fit holds
+    equal); empty otherwise. Looser than ``Model.below``, and no bound: it only chooses a trial to run unchecked,
+    under the monitor, when no trial that ran to the end came in under the line."""
+    if set(theirs) != set(params):
+        return set()
+    held, ratio, smaller = set(model.params("ram")), 1.0, set()
+    for name, mine in params.items():
+        other = theirs[name]
+        if name in model.settings.categorical or not (is_number(mine) and is_number(other)):
+            if name in held and mine != other:  # a label the fit holds
+                return set()
+            continue
+        if mine == other or not (name in held or grows(name)):
+            continue
+        if float(mine) <= 0 or float(other) <= 0:
+            return set()
+        rise = (float(mine) / float(other)) ** (1 if model.directions.get(name, 1) > 0 else -1)
+        ratio *= rise
+        if rise < 1:
+            smaller.add(name)
+    return smaller if ratio < 1 else set()

@@ -270,10 +270,37 @@ def test_where_no_trial_ran_to_the_end_under_the_line_the_smallest_runs_unchecke
     limits = {"ram": 558 * MiB}
     assert learning.ready and learning.model.center(gpt2(64, 3, 19))["ram"] > limits["ram"]
     assert learning.explore(gpt2(64, 3, 19), limits) == ["n_embd", "n_layer"]
-    with pytest.raises(NoFootprint, match="below every trial run to the end, none of which came in under the line"):
+    with pytest.raises(NoFootprint, match="than every trial run to the end .* none of which came in under the line"):
         learning.footprint(gpt2(64, 3, 19), None, limits)
-    assert learning.explore(gpt2(512, 1, 8), limits) == []  # wider than the trial run to the end: the bound decides
+    assert learning.explore(gpt2(1024, 4, 19), limits) == []  # wider than the trial run to the end: the bound decides
     assert learning.explore(gpt2(256, 4, 19), limits) == []  # that trial itself
+    # wider, but smaller in the product of the sizes (width x layers x batch 4,096 against 19,456)
+    assert learning.explore(gpt2(512, 1, 8), limits) == ["n_layer", "per_device_train_batch_size"]
+
+
+def test_where_the_one_trial_run_to_the_end_has_the_smallest_batch_and_depth_a_smaller_product_is_explored() -> None:
+    # The one trial run to the end (width 704, 1 layer, batch 8: the smallest batch and depth of the space) at
+    # 606 MiB, over the 558 MiB line; four stopped at 620. No later trial is covered by it in every size (each
+    # has a batch over 8 or more layers), and the last 15 of 20 were rejected with exit 1 (bench_clients,
+    # n_jobs=2), among them width 192, 1 layer, batch 10, a third of its width and not a third more batch.
+    from optuna_memprune.estimate.learn import Observation
+    from optuna_memprune.guard._learning import Learning
+
+    def gpt2(width: int, layers: int, batch: int) -> dict[str, float]:
+        return {"n_embd": width, "n_layer": layers, "learning_rate": 3e-5, "per_device_train_batch_size": batch}
+
+    stopped = [(576, 5, 50), (576, 6, 35), (448, 6, 94), (1024, 4, 34)]
+    rows = [Observation(gpt2(*p), {"ram": 620 * MiB}, censored=True) for p in stopped]
+    learning = Learning(omp.estimate.learned(), corrected=False)
+    learning.model = learning.settings.fit([*rows, Observation(gpt2(704, 1, 8), {"ram": 606 * MiB})])
+    limits = {"ram": 558 * MiB}
+    assert learning.ready and learning.model.bound(gpt2(192, 1, 10))["ram"] > limits["ram"]
+    assert learning.model.below(gpt2(192, 1, 10), gpt2(704, 1, 8)) is None  # not covered: batch 10 > 8
+    assert learning.explore(gpt2(192, 1, 10), limits) == ["n_embd"]
+    assert learning.explore(gpt2(256, 1, 12), limits) == ["n_embd"]
+    assert learning.explore(gpt2(832, 1, 10), limits) == []  # wider and more batch: the bound decides (rejected)
+    assert learning.explore(gpt2(64, 7, 89), limits) == []  # narrower, but the product is larger
+    assert learning.explore(gpt2(576, 6, 35), limits) == []  # as large as a stopped trial: over, never explored
 
 
 def test_a_clamp_search_that_passes_below_the_observed_range_still_clamps_or_rejects() -> None:
