@@ -108,8 +108,8 @@ class Learning:
                         "as large in every param that takes memory)",
                     )
                 raise NoFootprint(self.warmup_reason())
-            bound = model.bound(params)
-            unseen = self.explore(params, limits) if explore else []
+            bound = self._at_most_the_line(params, model.bound(params), limits)
+            unseen = self.explore(params, limits) if explore and _over(bound, limits) else []
             if unseen and self._runs_under(limits):
                 raise NoFootprint(
                     f"learned footprint exploring: {', '.join(unseen)} below every observed trial's, "
@@ -148,6 +148,23 @@ class Learning:
         if any(center.get(r, 0) > v for r, v in limits.items()):
             return [] if self._runs_under(limits) else self._below_every_run(params)
         return model.unseen(params)
+
+    def _at_most_the_line(
+        self, params: Mapping[str, Any], bound: dict[str, int], limits: Mapping[str, int]
+    ) -> dict[str, int]:
+        """``bound``, but at most the line (``limits``) in a resource where a trial that ran to the end and
+        came in under it covers ``params`` (``Model.below``): the reading's noise that ``Model.ceiling`` adds
+        to that trial's peak alone never rejects a smaller trial. One plain torch MLP run to the end at 397
+        MiB, under the 405 MiB line, capped the trials it covered at 405.57 MiB, and they were rejected."""
+        out = dict(bound)
+        for o in self.model.observations:
+            if o.censored or self.model.below(params, o.params) is None:
+                continue
+            for r, line in limits.items():
+                peak = o.peaks.get(r)
+                if peak is not None and peak <= line < out.get(r, 0):
+                    out[r] = line
+        return out
 
     def _runs_under(self, limits: Mapping[str, int]) -> bool:
         """Whether a trial that ran to the end came in under ``limits``."""
@@ -350,3 +367,7 @@ def _smaller_together(model: Model, params: Mapping[str, Any], theirs: Mapping[s
         if rise < 1:
             smaller.add(name)
     return smaller if ratio < 1 else set()
+
+
+def _over(figures: Mapping[str, int], limits: Mapping[str, int]) -> bool:
+    return any(figures.get(r, 0) > v for r, v in limits.items())
