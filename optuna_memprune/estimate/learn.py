@@ -45,24 +45,23 @@ from ..exceptions import EstimateError
 from ._features import Encoder, Role, grows, is_number, number, role
 from ._nnls import SCORED, fit_censored, loo, nnls, predict
 
-__all__ = ["Learned", "Model", "Observation", "Role", "grows", "is_number", "learned", "nnls", "role"]
+__all__ = ["Learned", "Model", "Observation", "Role", "grows", "learned", "nnls", "role"]
 RESOURCES = ("ram", "vram", "threads")
 MISS_RATE = 0.1  # the default share of trials whose peak may exceed the bound
-#: Trials observed before the bound is used, a stopped one included (at least 2); of them MIN_DONE ran to the
-#: end (counting only those, LightGBM warmed up for 9 and 11), MIN_DONE_WHOLE for whole processes' peaks
-#: (bench_clients' n_jobs=2 runs replayed: of 66 trials so predicted over the line, 44 were stopped or over it,
-#: 22 under it; increments with one had bounds 10x theirs, 479 MiB for 48).
+#: Trials observed before the bound is used, a stopped one included (at least 2); of them MIN_DONE ran to the end
+#: (counting only those, LightGBM warmed up for 9 and 11), MIN_DONE_WHOLE for whole processes' peaks (bench_clients'
+#: n_jobs=2 runs replayed: of 66 trials so predicted over the line, 44 were stopped or over it, 22 under it;
+#: increments with one had bounds 10x theirs, 479 MiB for 48).
 WARMUP, MIN_DONE, MIN_DONE_WHOLE = 4, 2, 1
 #: Trials observed before a param's direction may be turned to "memory falls as it grows": with fewer, a
 #: param that merely varies alongside one that takes memory (confounded) looks like it.
 MIN_TURN = 20
-#: The scale of a residual where the fit is at its base, as a share of the base: the run-to-run spread of a
-#: peak that does not grow with the params, twice the larger seen in the recorded trials
-#: (tests/estimate/_recorded.py): Keras trials at width 64-65 spread 0.1%, torch MLPs of width 80-126 and
-#: batch 512 or less 0.9% (309.9-312.8 MiB).
+#: The scale of a residual where the fit is at its base, as a share of the base: the run-to-run spread of a peak that
+#: does not grow with the params, twice the larger seen in the recorded trials (tests/estimate/_recorded.py): Keras
+#: trials at width 64-65 spread 0.1%, torch MLPs of width 80-126 and batch 512 or less 0.9% (309.9-312.8 MiB).
 NOISE = 0.02
-#: The prior of the scaled residuals' root mean square and its weight in trials: over all 39 recorded torch
-#: trials it is 0.23 (from 4 trials, in five orders, it ranged 0.23 to 16): one trial's worth of 0.2.
+#: The prior of the scaled residuals' root mean square and its weight in trials: over all 39 recorded torch trials it
+#: is 0.23 (from 4 trials, in five orders, it ranged 0.23 to 16): one trial's worth of 0.2.
 PRIOR_Z, PRIOR_TRIALS = 0.2, 1
 
 
@@ -250,19 +249,18 @@ class Model:
         return {r: self._value(r, params, predicted, upper=False) for r in RESOURCES}
 
     def bound(self, params: Mapping[str, Any], predicted: Mapping[str, float] | None = None) -> dict[str, int]:
-        """The upper bound of ``params``'s peak per resource, missed by about ``miss_rate`` of trials (0 for
-        a resource never observed). Never below what a censored trial whose params this assignment
-        dominates reached, nor above what a trial run to the end that covers it took (``ceiling``: memory is
-        monotone in each param)."""
+        """The upper bound of ``params``'s peak per resource, missed by about ``miss_rate`` of trials (0 for a resource
+        never observed). Never below what a censored trial whose params this assignment dominates reached, nor above
+        what a trial run to the end that covers it took (``ceiling``: memory is monotone in each param)."""
         floor, ceiling = self.floor(params), self.ceiling(params)
         out = {r: self._value(r, params, predicted, upper=True) for r in RESOURCES}
         return {r: max(min(v, ceiling.get(r, v)), floor.get(r, 0)) for r, v in out.items()}
 
     def floor(self, params: Mapping[str, Any]) -> dict[str, int]:
-        """What a censored trial whose params ``params`` dominate (each param that takes memory at least as
-        large in its memory direction, +1 until one is learned or declared; the same label for the rest; a
-        param of role ``none`` or ``other`` passed over unless declared in ``monotone``) reached, per
-        resource: the least this assignment needs."""
+        """What a censored trial whose params ``params`` dominate (each param that takes memory at least as large in its
+        memory direction, +1 until one is learned or declared; the same label for the rest; a param of role ``none``
+        or ``other`` passed over unless declared in ``monotone``) reached, per resource: the least this assignment
+        needs."""
         out: dict[str, int] = {}
         for o in self.observations:
             if o.censored and self._dominates(params, o.params):
@@ -286,25 +284,27 @@ class Model:
                     out[r] = min(out.get(r, cap), cap)
         return out
 
-    def below(self, params: Mapping[str, Any], theirs: Mapping[str, Any]) -> set[str] | None:
-        """The params in which ``params`` take less memory than ``theirs`` where ``theirs`` cover them (None: they
-        do not): the same names, each param the fit holds, declared monotone or whose name says it grows at least
-        as large in its memory direction, any other size or label equal, other rates and floats passed over."""
+    def below(self, params: Mapping[str, Any], theirs: Mapping[str, Any], *, together: bool = False) -> set[str] | None:
+        """The params in which ``params`` take less memory than ``theirs`` where ``theirs`` cover them (else None): the
+        same names, each param the fit holds, monotone or named as growing at least as large in its memory direction,
+        other sizes and labels equal, rates passed over; ``together``: instead, their (positive) product smaller."""
         if set(theirs) != set(params):
             return None
-        held, smaller = set(self.params("ram")), set()
+        held, smaller, ratio = set(self.params("ram")), set(), 1.0
         for name, mine in params.items():
             other, known = theirs[name], name in held or name in self.settings.monotone
             numbers = name not in self.settings.categorical and is_number(mine) and is_number(other)
             if numbers and (known or grows(name)):  # a direction the fit does not hold: the name's, +1
-                gap = (self.directions.get(name, 1) if known else 1) * (float(other) - float(mine))
-                if gap < 0:
+                sign = self.directions.get(name, 1) if known else 1
+                gap = sign * (float(other) - float(mine))
+                if together and min(float(mine), float(other)) <= 0 or gap < 0 and not together:
                     return None
                 if gap > 0:
                     smaller.add(name)
+                ratio *= (float(mine) / float(other)) ** sign if together else 1.0
             elif (known or self.roles.get(name) is Role.SIZE) and mine != other:  # no direction shown: equal
                 return None
-        return smaller
+        return smaller if ratio < 1 or not together else None
 
     def dominated_by(self, params: Mapping[str, Any]) -> int | None:
         """The number of a censored trial ``params`` dominate (see ``floor``), if any."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _internals, records
 from ..estimate.footprint import Component, Footprint, Kind
-from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation, grows, is_number
+from ..estimate.learn import NOISE, RESOURCES, Learned, Model, Observation
 from ..records import Decision
 from ..units import format_bytes
 from ._call import NoFootprint
@@ -100,7 +100,7 @@ class Learning:
         if raw is None:
             if not model.ready:
                 floor = model.floor(params)
-                if any(floor.get(r, 0) > v for r, v in limits.items()):
+                if _over(floor, limits):
                     number = model.dominated_by(params)
                     return _single(
                         floor,
@@ -140,12 +140,9 @@ class Learning:
         model = self.model
         if self.corrected or not model.ready:
             return []
-        bound, center, floor = model.bound(params), model.center(params), model.floor(params)
-        if not any(bound.get(r, 0) > v for r, v in limits.items()):
+        if not _over(model.bound(params), limits) or _over(model.floor(params), limits):
             return []
-        if any(floor.get(r, 0) > v for r, v in limits.items()):
-            return []
-        if any(center.get(r, 0) > v for r, v in limits.items()):
+        if _over(model.center(params), limits):
             return [] if self._runs_under(limits) else self._below_every_run(params)
         return model.unseen(params)
 
@@ -176,7 +173,7 @@ class Learning:
 
     def _below_every_run(self, params: Mapping[str, Any]) -> list[str]:
         """The params in which ``params`` take less memory than every trial that ran to the end, each of which
-        covers them (``Model.below``) or is larger in the product of their sizes (``_smaller_together``); none
+        covers them (``Model.below``) or is larger in the product of their sizes (``together=True``); none
         otherwise. Where no such trial came in under the line, the fit is their level and nothing more: one
         GPT-2 run to the end at 568 MiB (420 of them imports) put every assignment over the 558 MiB line, the
         last 15 trials were rejected and the program ended with "No feasible trials", while the smallest of
@@ -185,7 +182,7 @@ class Learning:
         covered, and the last 15 were rejected again, among them width 192, 1 layer, batch 10."""
         below: set[str] = set()
         for o in (o for o in self.model.observations if not o.censored):
-            smaller = self.model.below(params, o.params) or _smaller_together(self.model, params, o.params)
+            smaller = self.model.below(params, o.params) or self.model.below(params, o.params, together=True)
             if not smaller:
                 return []
             below |= smaller
@@ -342,31 +339,6 @@ def learn(policy: Any, study: optuna.Study) -> None:
         learning.refresh(study)
     except Exception:
         _logger.exception("memprune: reading the study's records for the learned footprint failed")
-
-
-def _smaller_together(model: Model, params: Mapping[str, Any], theirs: Mapping[str, Any]) -> set[str]:
-    """The sizes in which ``params`` are smaller than ``theirs``, where the product of their sizes is smaller
-    (each a positive number whose name says it grows, or whose direction the fit holds; labels the fit holds
-    equal); empty otherwise. Looser than ``Model.below``, and no bound: it only chooses a trial to run unchecked,
-    under the monitor, when no trial that ran to the end came in under the line."""
-    if set(theirs) != set(params):
-        return set()
-    held, ratio, smaller = set(model.params("ram")), 1.0, set()
-    for name, mine in params.items():
-        other = theirs[name]
-        if name in model.settings.categorical or not (is_number(mine) and is_number(other)):
-            if name in held and mine != other:  # a label the fit holds
-                return set()
-            continue
-        if mine == other or not (name in held or grows(name)):
-            continue
-        if float(mine) <= 0 or float(other) <= 0:
-            return set()
-        rise = (float(mine) / float(other)) ** (1 if model.directions.get(name, 1) > 0 else -1)
-        ratio *= rise
-        if rise < 1:
-            smaller.add(name)
-    return smaller if ratio < 1 else set()
 
 
 def _over(figures: Mapping[str, int], limits: Mapping[str, int]) -> bool:

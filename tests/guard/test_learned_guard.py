@@ -254,30 +254,37 @@ def test_a_trial_below_every_observed_one_whose_fit_is_under_the_line_runs_unche
     assert learning.footprint({"n": 50}, None, {"ram": 690 * MiB}).ram == 690 * MiB
 
 
+def _gpt2(width: int, layers: int, batch: int) -> dict[str, float]:
+    return {"n_embd": width, "n_layer": layers, "learning_rate": 3e-4, "per_device_train_batch_size": batch}
+
+
+def _gpt2_learning(stopped: list[tuple[int, ...]], run: tuple[int, ...], peak_mib: int):  # type: ignore[no-untyped-def]
+    """A learned guard's model of GPT-2 trials: ``stopped`` at 620 MiB, one ``run`` to the end at ``peak_mib``."""
+    from optuna_memprune.estimate.learn import Observation
+    from optuna_memprune.guard._learning import Learning
+
+    rows = [Observation(_gpt2(*p), {"ram": 620 * MiB}, censored=True) for p in stopped]
+    learning = Learning(omp.estimate.learned(), corrected=False)
+    learning.model = learning.settings.fit([*rows, Observation(_gpt2(*run), {"ram": peak_mib * MiB})])
+    return learning
+
+
 def test_where_no_trial_ran_to_the_end_under_the_line_the_smallest_runs_unchecked_to_be_observed() -> None:
     # One GPT-2 run to the end at 568 MiB (420 of them imports), over the 558 MiB line, and four stopped at
     # 620: the fit was that level everywhere, the last 15 trials were rejected and the program ended with "No
     # feasible trials" (bench_clients, n_jobs=2), while the smallest of them ran alone at 421-497 MiB.
-    from optuna_memprune.estimate.learn import Observation
     from optuna_memprune.guard._call import NoFootprint
-    from optuna_memprune.guard._learning import Learning
 
-    def gpt2(width: int, layers: int, batch: int) -> dict[str, float]:
-        return {"n_embd": width, "n_layer": layers, "learning_rate": 3e-4, "per_device_train_batch_size": batch}
-
-    stopped = [(448, 5, 57), (576, 6, 35), (1024, 4, 34), (640, 8, 10)]
-    rows = [Observation(gpt2(*p), {"ram": 620 * MiB}, censored=True) for p in stopped]
-    learning = Learning(omp.estimate.learned(), corrected=False)
-    learning.model = learning.settings.fit([*rows, Observation(gpt2(256, 4, 19), {"ram": 568 * MiB})])
+    learning = _gpt2_learning([(448, 5, 57), (576, 6, 35), (1024, 4, 34), (640, 8, 10)], (256, 4, 19), 568)
     limits = {"ram": 558 * MiB}
-    assert learning.ready and learning.model.center(gpt2(64, 3, 19))["ram"] > limits["ram"]
-    assert learning.explore(gpt2(64, 3, 19), limits) == ["n_embd", "n_layer"]
+    assert learning.ready and learning.model.center(_gpt2(64, 3, 19))["ram"] > limits["ram"]
+    assert learning.explore(_gpt2(64, 3, 19), limits) == ["n_embd", "n_layer"]
     with pytest.raises(NoFootprint, match="than every trial run to the end .* none of which came in under the line"):
-        learning.footprint(gpt2(64, 3, 19), None, limits)
-    assert learning.explore(gpt2(1024, 4, 19), limits) == []  # wider than the trial run to the end: the bound decides
-    assert learning.explore(gpt2(256, 4, 19), limits) == []  # that trial itself
+        learning.footprint(_gpt2(64, 3, 19), None, limits)
+    assert learning.explore(_gpt2(1024, 4, 19), limits) == []  # wider than the trial run to the end: the bound decides
+    assert learning.explore(_gpt2(256, 4, 19), limits) == []  # that trial itself
     # wider, but smaller in the product of the sizes (width x layers x batch 4,096 against 19,456)
-    assert learning.explore(gpt2(512, 1, 8), limits) == ["n_layer", "per_device_train_batch_size"]
+    assert learning.explore(_gpt2(512, 1, 8), limits) == ["n_layer", "per_device_train_batch_size"]
 
 
 def test_where_the_one_trial_run_to_the_end_has_the_smallest_batch_and_depth_a_smaller_product_is_explored() -> None:
@@ -285,24 +292,15 @@ def test_where_the_one_trial_run_to_the_end_has_the_smallest_batch_and_depth_a_s
     # 606 MiB, over the 558 MiB line; four stopped at 620. No later trial is covered by it in every size (each
     # has a batch over 8 or more layers), and the last 15 of 20 were rejected with exit 1 (bench_clients,
     # n_jobs=2), among them width 192, 1 layer, batch 10, a third of its width and not a third more batch.
-    from optuna_memprune.estimate.learn import Observation
-    from optuna_memprune.guard._learning import Learning
-
-    def gpt2(width: int, layers: int, batch: int) -> dict[str, float]:
-        return {"n_embd": width, "n_layer": layers, "learning_rate": 3e-5, "per_device_train_batch_size": batch}
-
-    stopped = [(576, 5, 50), (576, 6, 35), (448, 6, 94), (1024, 4, 34)]
-    rows = [Observation(gpt2(*p), {"ram": 620 * MiB}, censored=True) for p in stopped]
-    learning = Learning(omp.estimate.learned(), corrected=False)
-    learning.model = learning.settings.fit([*rows, Observation(gpt2(704, 1, 8), {"ram": 606 * MiB})])
+    learning = _gpt2_learning([(576, 5, 50), (576, 6, 35), (448, 6, 94), (1024, 4, 34)], (704, 1, 8), 606)
     limits = {"ram": 558 * MiB}
-    assert learning.ready and learning.model.bound(gpt2(192, 1, 10))["ram"] > limits["ram"]
-    assert learning.model.below(gpt2(192, 1, 10), gpt2(704, 1, 8)) is None  # not covered: batch 10 > 8
-    assert learning.explore(gpt2(192, 1, 10), limits) == ["n_embd"]
-    assert learning.explore(gpt2(256, 1, 12), limits) == ["n_embd"]
-    assert learning.explore(gpt2(832, 1, 10), limits) == []  # wider and more batch: the bound decides (rejected)
-    assert learning.explore(gpt2(64, 7, 89), limits) == []  # narrower, but the product is larger
-    assert learning.explore(gpt2(576, 6, 35), limits) == []  # as large as a stopped trial: over, never explored
+    assert learning.ready and learning.model.bound(_gpt2(192, 1, 10))["ram"] > limits["ram"]
+    assert learning.model.below(_gpt2(192, 1, 10), _gpt2(704, 1, 8)) is None  # not covered: batch 10 > 8
+    assert learning.explore(_gpt2(192, 1, 10), limits) == ["n_embd"]
+    assert learning.explore(_gpt2(256, 1, 12), limits) == ["n_embd"]
+    assert learning.explore(_gpt2(832, 1, 10), limits) == []  # wider and more batch: the bound decides (rejected)
+    assert learning.explore(_gpt2(64, 7, 89), limits) == []  # narrower, but the product is larger
+    assert learning.explore(_gpt2(576, 6, 35), limits) == []  # as large as a stopped trial: over, never explored
 
 
 def test_a_trial_covered_by_one_run_to_the_end_under_the_line_is_not_rejected_for_the_noise_on_its_peak() -> None:
