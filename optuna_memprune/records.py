@@ -169,9 +169,10 @@ class TrialRecord:
     CUDA cache emptied); the trial's own increment is ``peak_* - start_*``. ``None`` where the trial had its
     own process (the process-per-trial runner) or on records written before the field existed.
     ``leftover`` is what earlier trials left in the process (its level at the last start with no trial
-    running, above the first trial's start), per resource where it made the budget unreachable: the
-    trial's soft line and budget were raised by it, and the constraints count its peak less it. ``kept``, on
-    the first trial of a shared process, is what the process still held above that trial's start once it
+    running, above the first trial's start), per resource where it made the budget unreachable or the trial
+    would not have fit beside it: the trial was checked without it, its soft line and budget were raised by
+    it, and the constraints count its peak less it. ``kept``, on the first trial of a shared process, is
+    what the process still held above that trial's start once it
     ended and the guard gave back what it could: its one-time costs (imports, a worker pool, a cache, a CUDA
     context), which later trials find in the process; a learned footprint takes them off its increment. ``need`` is
     what admission compared with the soft line, where it compared more than the prediction (a learned

@@ -28,7 +28,7 @@ from ._core import check_guard, policy_of, trials_of, warnings_of
 from ._forecast_stop import trial_forecast
 from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cuda_peak
 from ._outcome import Outcome, trial_outcome
-from ._start import allowance, describe_allowance, reset_rss_peak, trim_heap
+from ._start import allowance, describe_allowance, describe_full, leftover, reset_rss_peak, trim_heap
 from ._trials import TrialGuardState
 from ._watch import Interrupt, Live, MemoryBudgetExceeded, watch_of
 
@@ -58,9 +58,9 @@ class GuardedObjective:
     cache emptied where CUDA is initialised; after a trial that left something), then the process's usage is
     read: the record's ``start_*``, so ``peak_* - start_*`` is the trial's own increment. A learned increment
     is admitted on that usage plus the increment; a footprint function's whole-process figure alone. A trial
-    is never stopped or rejected for what earlier trials left: where that makes the budget unreachable, the
-    trial is held to its budget on its own memory (its lines raised by what was left), the guard warns once
-    and the record says so (``guard/_start.py`` has the rules).
+    is never stopped or rejected for what earlier trials left: where that makes the budget unreachable, or
+    the trial would not fit beside it, the trial is held to its budget on its own memory (its lines raised
+    by what was left), the guard warns once and the record says so (``guard/_start.py`` has the rules).
 
     Notes:
         - The interrupt cannot land after the objective returned: it is cleared under a lock before the
@@ -241,6 +241,10 @@ def _read_start(guard: Guard, state: TrialGuardState) -> None:
         _logger.warning("Trial %d: reading the process's usage at the start failed: %s", state.number, exc)
         return
     state.start, state.allowance, state.first = start.level, allowance(policy, start), start.first
+    state.left = leftover(policy, start)
+    full = describe_full(policy, start)
+    if full is not None:
+        warnings_of(guard).once("full", full)
 
 
 def store_rejection(guard: Guard, trial: optuna.Trial, state: TrialGuardState, **record: Any) -> None:

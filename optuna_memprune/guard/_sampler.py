@@ -22,7 +22,7 @@ from ._call import NoFootprint
 from ._clamp import ClampSearch
 from ._core import check_guard, policy_of, trials_of, warnings_of
 from ._learning import learn
-from ._start import charged
+from ._start import charge, charged
 from ._trials import TrialGuardState
 from ._warn import FAILURES_BEFORE_WARNING
 
@@ -306,8 +306,7 @@ class GuardedSampler(BaseSampler):
         policy = policy_of(self._guard)
         state.assignment, state.space, state.locked = dict(assignment), dict(space), set(locked)
         state.clamped_from = {}
-        base = charged(policy, state)  # in a shared process: the usage a learned increment adds to
-        footprint = policy.predict(assignment, base=base)
+        base, footprint = charge(policy, state, assignment)  # in a shared process: the usage an increment adds to
         state.prediction = footprint
         state.need = policy.need(footprint, base)
         if not policy.excess(footprint, base):

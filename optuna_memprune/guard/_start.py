@@ -19,7 +19,8 @@ policy's budget and soft line:
   was left makes the budget unreachable (the start level plus the least a trial of this process needed to
   run to the end is over the soft line), the trial is held to its budget on its own memory instead: what
   was left is taken off what admission charges, and its soft line and budget are raised by it. The guard
-  says so once and the record says so.
+  says so once and the record says so. ``set_aside`` (through ``charge``) does the same for a checked trial
+  that would not fit beside what was left, where the budget is still reachable.
 
 Knows nothing of Optuna's trial machinery or the record's encoding.
 """
@@ -31,7 +32,7 @@ import gc
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import procfs
 from ..monitor import auto_gpu_reader, read_tree
@@ -39,6 +40,7 @@ from ..units import format_bytes
 from ._oom import cuda_reserved, empty_cuda_cache
 
 if TYPE_CHECKING:
+    from ..estimate.footprint import Footprint
     from ._policy import Policy
     from ._trials import TrialGuardState
 
@@ -220,22 +222,46 @@ class ProcessLevels:
                 self._dirty = True
 
 
+def leftover(policy: Policy, start: Start) -> dict[str, int]:
+    """What earlier trials left, per budgeted resource read at the start, where it is over ``LEFT_NOISE`` of
+    the budget (below it is noise)."""
+    return {
+        r: left
+        for r in policy.limits
+        if (left := start.left.get(r, 0)) > LEFT_NOISE * getattr(policy.budget, r) and start.level.get(r) is not None
+    }
+
+
 def allowance(policy: Policy, start: Start) -> dict[str, int]:
-    """What earlier trials left, per resource where it makes the budget unreachable: it is over
-    ``LEFT_NOISE`` of the budget, and the start level plus ``start.least`` is over the soft line above that
-    level (``Policy.line``: no trial that ran to the end here would fit beside it). Such a trial's soft line
-    and budget are raised by it and admission does not charge it (``charged``): the trial is held to its
-    budget on its own memory, never stopped or rejected for what it found. Empty where the budget is still
-    reachable."""
+    """What earlier trials left (``leftover``), per resource where it makes the budget unreachable: the start
+    level plus ``start.least`` is over the soft line above that level (``Policy.line``: no trial that ran to
+    the end here would fit beside it). Every trial starting there, one run unchecked included, has its soft
+    line and budget raised by it and is not charged it (``charged``): it is held to its budget on its own
+    memory, never stopped or rejected for what it found. Empty where the budget is still reachable; there
+    a checked trial that would not fit beside what was left gets the same (``set_aside``)."""
     out = {}
-    for r in policy.limits:
-        left, level = start.left.get(r, 0), start.level.get(r)
-        if level is None:
-            continue
+    for r, left in leftover(policy, start).items():
+        level = start.level[r] or 0  # read (``leftover``)
         line = policy.line({r: level})[r]  # the soft line above the usage a trial here would be charged
-        if left > LEFT_NOISE * getattr(policy.budget, r) and level + start.least.get(r, 0) > line:
+        if level + start.least.get(r, 0) > line:
             out[r] = left
     return out
+
+
+def set_aside(state: TrialGuardState) -> bool:
+    """Where a checked trial is over its soft line beside what earlier trials left (``state.left``) and has no
+    allowance yet: give it that allowance, so that it is checked without it and held to its budget on its own
+    memory, never rejected or clamped for what it found. Whether it did (the caller checks again). A trial
+    that fits beside what was left gets none: its process stays under the budget.
+
+    Before, only ``allowance`` took what was left off, where it made the budget unreachable for the least
+    trial run here: with 150 MiB left and 45 MiB of room, a trial predicted 60 MiB was rejected though it
+    fits without it (``tests/guard/test_increments.py``), against "a trial is never rejected for memory that
+    earlier trials left behind"."""
+    if not state.left or state.allowance:
+        return False
+    state.allowance, state.aside = dict(state.left), True
+    return True
 
 
 def charged(policy: Policy, state: TrialGuardState) -> dict[str, int] | None:
@@ -252,20 +278,62 @@ def charged(policy: Policy, state: TrialGuardState) -> dict[str, int] | None:
     }
 
 
+def charge(
+    policy: Policy, state: TrialGuardState, assignment: dict[str, Any]
+) -> tuple[dict[str, int] | None, Footprint]:
+    """What admission charges a checked trial besides its prediction (``charged``), and the prediction of
+    ``assignment`` above it; where the trial would not fit beside what earlier trials left, both without it
+    (``set_aside``)."""
+    base = charged(policy, state)
+    footprint = policy.predict(assignment, base=base)
+    if base is not None and policy.excess(footprint, base) and set_aside(state):
+        base = charged(policy, state)
+        footprint = policy.predict(assignment, base=base)
+    return base, footprint
+
+
+def describe_full(policy: Policy, start: Start) -> str | None:
+    """Where the process, before its first trial, leaves a trial no room beyond noise (``LEFT_NOISE`` of the
+    budget) under the soft line above it: the words of a warning. The budget counts all of a shared process,
+    and a budget set from a program's runs elsewhere (its imports, data, Optuna's RDB storage) may sit at what
+    the process holds: Lightning's process stood at 467.83 MiB of a 468 MiB budget, none of its 20 trials was
+    feasible (10 rejected, 5 stopped, 5 over the line), and the program ended on Optuna's "No feasible
+    trials" with nothing said of why."""
+    if not start.first:
+        return None
+    parts = []
+    for r, budget in policy.budget.resources.items():
+        level = start.level.get(r)
+        room = None if level is None else max(policy.line({r: level})[r] - level, 0)
+        if level is None or room is None or room > LEFT_NOISE * budget:
+            continue
+        show = str if r == "threads" else format_bytes
+        name = "threads" if r == "threads" else r.upper()
+        parts.append(f"{name} {show(level)} of its {show(budget)} budget ({show(room)} of room)")
+    if not parts:
+        return None
+    return (
+        "The process holds " + ", ".join(parts) + " before its first trial (what the program loaded before the "
+        "study: imports, data, the study's storage): trials that share the process have no room beside it, and "
+        "one that takes more is rejected or stopped. Raise the budget above what the process holds plus what "
+        "a trial needs."
+    )
+
+
 def describe_allowance(policy: Policy, state: TrialGuardState) -> str:
-    """The words (warning and record) on a trial whose lines ``allowance`` raised."""
+    """The words (warning and record) on a trial whose lines ``allowance`` or ``set_aside`` raised."""
     parts = []
     for r, left in state.allowance.items():
         show = str if r == "threads" else format_bytes
         level = (state.start or {}).get(r)
         at = str(level) if level is None else show(level)  # always read where something was left
         parts.append(
-            f"{'threads' if r == 'threads' else r.upper()} {show(left)} left by earlier trials (the "
-            f"process at {at} when it started, over the soft line with the least a trial "
-            f"here needed; budget {show(getattr(policy.budget, r))} + {show(left)})"
+            f"{'threads' if r == 'threads' else r.upper()} {show(left)} left by earlier trials (the process at "
+            f"{at} when it started; budget {show(getattr(policy.budget, r))} + {show(left)})"
         )
+    why = "it would not fit beside it" if state.aside else "it makes the budget unreachable"
     return (
-        "what earlier trials left makes the budget unreachable: " + ", ".join(parts) + "; this trial is "
+        f"what earlier trials left is not charged to this trial ({why}): " + ", ".join(parts) + "; the trial is "
         "held to the budget on its own memory (its soft line and budget raised by that much); one process "
         "per trial keeps the process itself under the budget"
     )

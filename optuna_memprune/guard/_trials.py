@@ -51,8 +51,10 @@ class TrialGuardState:
     # In a shared process (the in-process objective) only; ``None`` / empty where the trial has its own process:
     start: dict[str, int | None] | None = None  # the process's usage at the trial's start, after the give-back
     need: dict[str, int] = field(default_factory=dict)  # what admission compared with the soft line
+    left: dict[str, int] = field(default_factory=dict)  # what earlier trials left, over noise (``_start.leftover``)
     allowance: dict[str, int] = field(default_factory=dict)  # what earlier trials left, where it made the budget
-    # unreachable: the trial's lines raised by it
+    # unreachable or the trial would not fit beside it (``aside``): the trial's lines raised by it
+    aside: bool = False
     first: bool = False  # its start was the process's first level read (the baseline)
     kept: dict[str, int] = field(default_factory=dict)  # the first trial's one-time costs (``ProcessLevels.kept``)
 

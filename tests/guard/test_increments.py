@@ -167,6 +167,58 @@ def test_a_small_trial_after_one_that_crossed_the_budget_completes() -> None:
     assert len([w for w in caught if "left by earlier trials" in str(w.message)]) == 1
 
 
+def test_a_trial_that_fits_only_without_what_earlier_trials_left_is_admitted_not_rejected() -> None:
+    # What was left (150 MiB, between two trials) puts the process 45 MiB under the soft line: the budget is
+    # still reachable (the least trial here needed 20 MiB), but a 60 MiB trial does not fit beside it. It
+    # would fit without it, so it is not rejected for it: admitted, held to the budget on its own memory. A
+    # Lightning study in process (bench_clients) so had its last 9 trials rejected, each predicted 6-16 MiB
+    # with the process 0.09 MiB under the line.
+    budget = omp.Budget(ram=_rss() + 200 * MiB)
+    guard = MemoryGuard(None, budget, monitor_interval=0.05)
+
+    def objective(trial: optuna.Trial) -> float:
+        block = np.ones(trial.suggest_int("mb", 8, 150) * MiB, dtype=np.uint8)
+        time.sleep(0.2)
+        return float(block[::4096].sum())
+
+    def leave(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.number == 3:
+            _KEPT.append(np.ones(150 * MiB, dtype=np.uint8))
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    for mb in (20, 40, 60, 80, 60):
+        study.enqueue_trial({"mb": mb})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        study.optimize(guard.wrap_objective(objective), n_trials=5, callbacks=[leave])
+    records = [read_record(t.user_attrs) for t in study.trials]
+    assert [r.decision for r in records[:4]] == [Decision.UNCHECKED] * 4, [r.reason for r in records]
+    trial, record = study.trials[4], records[4]
+    assert trial.state is TrialState.COMPLETE and record.decision is Decision.ADMITTED, record.reason
+    assert 140 * MiB < record.leftover["ram"] < 170 * MiB
+    assert "not charged to this trial (it would not fit beside it)" in record.reason
+    assert record.peak_ram > budget.ram  # the process went over the budget, the trial's own memory did not
+    assert record.constraints()["memprune_ram"] <= 0
+    assert len([w for w in caught if "left by earlier trials" in str(w.message)]) == 1
+
+
+def test_a_process_that_holds_its_whole_budget_before_the_first_trial_is_told_so_once() -> None:
+    # A budget set from the program's runs elsewhere sat at what its process held before any trial: every
+    # trial was rejected or stopped and the program ended on "No feasible trials", nothing saying why.
+    budget = omp.Budget(ram=_rss() - 4 * MiB)  # no room beyond noise (1% of the budget) in a small process
+    guard = MemoryGuard(None, budget, monitor_interval=0.05)
+
+    def objective(trial: optuna.Trial) -> float:
+        return float(trial.suggest_int("mb", 8, 64))
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        study.optimize(guard.wrap_objective(objective), n_trials=2)
+    told = [str(w.message) for w in caught if "before its first trial" in str(w.message)]
+    assert len(told) == 1 and "of its " in told[0] and "Raise the budget" in told[0], told
+
+
 def test_a_process_holding_most_of_the_budget_before_any_trial_still_completes_the_trials_that_fit() -> None:
     # a program whose imports hold most of the budget (Lightning's held 452 MiB of 520): the soft line's
     # margin is on the room above the process's usage, so a trial adding 10-40 MiB of a 160 MiB room runs to
@@ -190,7 +242,10 @@ def test_a_process_holding_most_of_the_budget_before_any_trial_still_completes_t
     )
     for mb in (10, 40, 20, 30, 15, 25):
         study.enqueue_trial({"buffer_mb": mb})
-    study.optimize(guard.wrap_objective(objective), n_trials=6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        study.optimize(guard.wrap_objective(objective), n_trials=6)
+    assert not [w for w in caught if "before its first trial" in str(w.message)]  # 144 MiB of room: no word
     rows = [(t, read_record(t.user_attrs)) for t in study.trials]
     assert all(t.state is TrialState.COMPLETE for t, _ in rows), [(t.number, r.decision, r.reason) for t, r in rows]
     for t, r in rows[4:]:  # predicted: admitted on usage now + the bound, under the line above that usage
