@@ -222,6 +222,19 @@ def test_clients_line_aggregates_runs() -> None:
     assert not crashed.as_asked
 
 
+def test_a_budget_a_third_exceed_sits_in_the_widest_gap_not_in_a_bunch() -> None:
+    # 30 peaks: 18 bunched at an import level (448-455), then 481, 483, 495 ... The gap at exactly a third
+    # (481 -> 483) would put the budget within a reading's noise; 455 -> 481 (11 of 30 above) is the widest.
+    peaks = [448] * 4 + [449] * 6 + [450, 450, 451, 451, 452, 452, 453, 453, 455, 481, 483, 495, 516, 534]
+    peaks += [547, 564, 566, 676, 1241, 1851]
+    budget = bench.third([p * MiB for p in peaks])
+    assert budget == 468 * MiB and sum(p * MiB > budget for p in peaks) == 11
+    # two clusters: the budget between them, a third above
+    spread = [100 + i for i in range(20)] + [300 + i for i in range(10)]
+    assert bench.third([p * MiB for p in spread]) == (119 + 300) * MiB // 2
+    assert bench.third([MiB, 2 * MiB]) == 3 * MiB // 2  # no gap with 30-37% above: the one at a third
+
+
 @pytest.mark.slow
 def test_plain_torch_program_under_memprune_run_in_process_leaves_a_record_per_trial(tmp_path: Path) -> None:
     pytest.importorskip("torch")
