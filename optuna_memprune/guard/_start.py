@@ -296,7 +296,7 @@ def describe_full(policy: Policy, start: Start) -> str | None:
     """Where the process, before its first trial, leaves a trial no room beyond noise (``LEFT_NOISE`` of the
     budget) under the soft line above it: the words of a warning. The budget counts all of a shared process,
     and a budget set from a program's runs elsewhere (its imports, data, Optuna's RDB storage) may sit at what
-    the process holds: Lightning's process stood at 467.83 MiB of a 468 MiB budget, none of its 20 trials was
+    the process holds: Lightning's process stood at 467.90 MiB of a 468 MiB budget, none of its 20 trials was
     feasible (10 rejected, 5 stopped, 5 over the line), and the program ended on Optuna's "No feasible
     trials" with nothing said of why."""
     if not start.first:
@@ -304,8 +304,10 @@ def describe_full(policy: Policy, start: Start) -> str | None:
     parts = []
     for r, budget in policy.budget.resources.items():
         level = start.level.get(r)
-        room = None if level is None else max(policy.line({r: level})[r] - level, 0)
-        if level is None or room is None or room > LEFT_NOISE * budget:
+        if level is None:
+            continue
+        room = max(policy.line({r: level})[r] - level, 0)  # under the soft line drawn above the level
+        if room > LEFT_NOISE * budget:
             continue
         show = str if r == "threads" else format_bytes
         name = "threads" if r == "threads" else r.upper()
