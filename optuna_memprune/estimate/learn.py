@@ -45,7 +45,7 @@ from ..exceptions import EstimateError
 from ._features import Encoder, Role, grows, is_number, number, role
 from ._nnls import SCORED, fit_censored, loo, nnls, predict
 
-__all__ = ["Learned", "Model", "Observation", "Role", "grows", "learned", "nnls", "role"]
+__all__ = ["Learned", "Model", "Observation", "Role", "learned", "nnls", "role"]
 RESOURCES = ("ram", "vram", "threads")
 MISS_RATE = 0.1  # the default share of trials whose peak may exceed the bound
 #: Trials observed before the bound is used, a stopped one included (at least 2); of them MIN_DONE ran to the end
@@ -297,7 +297,7 @@ class Model:
             if numbers and (known or grows(name)):  # a direction the fit does not hold: the name's, +1
                 sign = self.directions.get(name, 1) if known else 1
                 gap = sign * (float(other) - float(mine))
-                if together and min(float(mine), float(other)) <= 0 or gap < 0 and not together:
+                if (together and min(float(mine), float(other)) <= 0) or (gap < 0 and not together):
                     return None
                 if gap > 0:
                     smaller.add(name)

@@ -306,7 +306,7 @@ def describe_full(policy: Policy, start: Start) -> str | None:
         level = start.level.get(r)
         if level is None:
             continue
-        room = max(policy.line({r: level})[r] - level, 0)  # under the soft line drawn above the level
+        room = policy.room({r: level})[r]  # under the soft line drawn above the level
         if room > LEFT_NOISE * budget:
             continue
         show = str if r == "threads" else format_bytes
