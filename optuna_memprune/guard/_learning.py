@@ -201,7 +201,8 @@ class Learning:
     ) -> dict[str, Any]:
         """What the record says of the learned prediction: mode, phase, trials, miss rate, the fit's own
         figures (``center``: the bound without its error term), the footprint function's (``raw``,
-        corrected mode; what the next fits learn from). Phase ``explore``: run unchecked by ``explore``."""
+        corrected mode; what the next fits learn from). Phase ``explore``: run unchecked by ``explore``.
+        In the warm-up, ``to_observe``: how many more trials must end before the bound is used."""
         model = self.model
         out: dict[str, Any] = {
             "mode": self.mode,
@@ -216,6 +217,8 @@ class Learning:
             "warmup": self.settings.warmup,
             "miss_rate": model.miss_rate,
         }
+        if not model.ready:  # trials still to be observed before the bound is used, to the end or not
+            out["to_observe"] = max(self.settings.warmup - len(model.observations), model.min_done - model.n, 1)
         quantile = model.quantile("ram")
         if quantile is not None and (model.ready or self.corrected):
             # the bound is the fit + quantile_ram x (the fit above base_ram + NOISE x (base_ram + level_ram))

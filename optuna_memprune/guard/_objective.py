@@ -28,7 +28,15 @@ from ._core import check_guard, policy_of, trials_of, warnings_of
 from ._forecast_stop import trial_forecast
 from ._oom import OutOfMemory, out_of_memory, release, reset_cuda_peak, with_cuda_peak
 from ._outcome import Outcome, trial_outcome
-from ._start import allowance, describe_allowance, describe_full, leftover, reset_rss_peak, trim_heap
+from ._start import (
+    allowance,
+    describe_allowance,
+    describe_full,
+    leftover,
+    reset_rss_peak,
+    set_aside,
+    trim_heap,
+)
 from ._trials import TrialGuardState
 from ._watch import Interrupt, Live, MemoryBudgetExceeded, watch_of
 
@@ -139,6 +147,8 @@ class GuardedObjective:
                 "process as a whole, and a breach stops every guarded trial running in it. Use "
                 "optuna_memprune.optimize(..., n_jobs=k) for one process per trial.",
             )
+        if state.decision is Decision.UNCHECKED:  # nothing shows it fits beside what earlier trials left
+            set_aside(state, "nothing predicted it to fit beside it: it runs unchecked")
         if state.allowance:
             words = describe_allowance(policy, state)
             state.reason = f"{state.reason}; {words}"

@@ -22,6 +22,7 @@ from ._call import NoFootprint
 from ._clamp import ClampSearch
 from ._core import check_guard, policy_of, trials_of, warnings_of
 from ._learning import learn
+from ._space import KnownSpace
 from ._start import charge, charged
 from ._trials import TrialGuardState
 from ._warn import FAILURES_BEFORE_WARNING
@@ -74,7 +75,7 @@ class GuardedSampler(BaseSampler):
     def _init_runtime_state(self) -> None:
         self._lock = threading.Lock()
         self._base_spaces: dict[int, dict[str, BaseDistribution]] = {}
-        self._known_space = _KnownSpace()
+        self._known_space = KnownSpace()
 
     def __getstate__(self) -> dict[str, Any]:
         # Plain pickle (rl-zoo3 pickles its study): the base sampler and the guard travel, locks and the
@@ -138,7 +139,7 @@ class GuardedSampler(BaseSampler):
             self._failed(state, exc, assignment)
         else:
             warnings_of(self._guard).failure(None)
-            if self.may_change(state):
+            if self.may_change(state, len(trials_of(self._guard).running())):
                 self._after_next_end(study, state)
         if state.decision is Decision.REJECTED and not state.enforced:
             warnings_of(self._guard).once(
@@ -149,11 +150,17 @@ class GuardedSampler(BaseSampler):
         return {n: state.assignment[n] for n in search_space if n in state.assignment}
 
     @staticmethod
-    def may_change(state: TrialGuardState) -> bool:
-        """Whether ``state``'s rejection rests on a learned bound, which a running trial's end may tighten
+    def may_change(state: TrialGuardState, running: int | None = None) -> bool:
+        """Whether ``state``'s decision may change once one of the ``running`` trials ends (``None``: any
+        number): it is then decided again (here for threads, else ``runner/``). A rejection on a learned bound
         (with n_jobs=2 the HF search's last 7 trials were rejected in 0.7 s while one ran whose end made the fit
-        hold three params): it is then decided again once one ends (here for threads, else ``runner/``)."""
-        return state.decision is Decision.REJECTED and (state.learned or {}).get("phase") == "bound"
+        hold three params); a trial to run unchecked in a learned warm-up that their ends complete (with n_jobs=2
+        the fifth trial, asked while the fourth ran, ran unchecked in every program of bench_clients)."""
+        learned = state.learned or {}
+        if state.decision is Decision.REJECTED:
+            return learned.get("phase") == "bound"
+        need = learned.get("to_observe", 0) if learned.get("mode") == "learned" else 0
+        return state.decision is Decision.UNCHECKED and 0 < need <= (need if running is None else running)
 
     def _after_next_end(self, study: Study, state: TrialGuardState) -> None:
         """Where this guard's objectives run in this process (threads), wait for one to end and be told, then
@@ -170,20 +177,22 @@ class GuardedSampler(BaseSampler):
             self.recheck(study, state)
 
     def recheck(self, study: Study, state: TrialGuardState) -> None:
-        """Decide a rejected trial's assignment again on the study's trials now (one that ended since may have
-        tightened a learned bound); a failure leaves the rejection as it was."""
-        if state.decision is not Decision.REJECTED:
+        """Decide a trial's assignment again on the study's trials now, where ``may_change`` says one that
+        ended since may change it; a failure leaves the first decision as it was."""
+        if not self.may_change(state):
             return
         before = dataclasses.replace(state, locked=set(state.locked))
         learn(policy_of(self._guard), study)
         try:
             self._check(state, dict(before.assignment), dict(before.space), set(before.locked))
+        except NoFootprint as still:  # still warming up: unchecked, saying so
+            self._failed(state, still, dict(before.assignment))
         except Exception:  # the first check's answer stands
             _logger.warning("Trial %d: checking it again failed", state.number, exc_info=True)
             for f in dataclasses.fields(state):
                 setattr(state, f.name, getattr(before, f.name))
             return
-        first = "" if state.decision is Decision.REJECTED else f" (first: {before.reason})"
+        first = "" if state.decision is before.decision else f" (first: {before.reason})"
         state.reason = f"{state.reason}; checked again once a running trial ended{first}"
 
     def sample_independent(
@@ -381,44 +390,6 @@ class GuardedSampler(BaseSampler):
 
 
 # -- the known search space -------------------------------------------------------------------------
-
-
-class _KnownSpace:
-    """The union of the distributions the study's trials suggested (a later trial's wins), kept
-    incrementally: finished trials are folded in once, running ones are looked at on every call."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        # per (storage, study): distributions of the finished trials folded in, how many leading trials
-        # (by number) are all finished and folded in, and which later finished trials are folded in too
-        self._studies: dict[tuple[int, int], tuple[dict[str, BaseDistribution], list[int], set[int]]] = {}
-
-    def __call__(
-        self, study: Study, trial: FrozenTrial, declared: dict[str, BaseDistribution] | None
-    ) -> dict[str, BaseDistribution]:
-        # The per-trial cached list the built-in samplers read too, so this costs no extra storage query.
-        trials = _internals.cached_trials(study)
-        with self._lock:
-            finished, prefix, folded = self._studies.setdefault(
-                (id(_internals.storage_of(study)), _internals.study_id(study)), ({}, [0], set())
-            )
-            running = []
-            for other in trials[prefix[0] :]:
-                if not other.state.is_finished():
-                    running.append(other)
-                elif _internals.trial_id(other) not in folded:
-                    folded.add(_internals.trial_id(other))
-                    finished.update(other.distributions)
-            while prefix[0] < len(trials) and trials[prefix[0]].state.is_finished():
-                folded.discard(_internals.trial_id(trials[prefix[0]]))
-                prefix[0] += 1
-            space = dict(finished)
-        for other in running:
-            if _internals.trial_id(other) != _internals.trial_id(trial):
-                space.update(other.distributions)
-        if declared:
-            space.update(declared)
-        return space
 
 
 def _first_seen(name: str) -> str:

@@ -19,8 +19,8 @@ policy's budget and soft line:
   was left makes the budget unreachable (the start level plus the least a trial of this process needed to
   run to the end is over the soft line), the trial is held to its budget on its own memory instead: what
   was left is taken off what admission charges, and its soft line and budget are raised by it. The guard
-  says so once and the record says so. ``set_aside`` (through ``charge``) does the same for a checked trial
-  that would not fit beside what was left, where the budget is still reachable.
+  says so once and the record says so. ``set_aside`` does the same, where the budget is still reachable, for
+  a checked trial that would not fit beside what was left (through ``charge``) and for a trial run unchecked.
 
 Knows nothing of Optuna's trial machinery or the record's encoding.
 """
@@ -248,11 +248,15 @@ def allowance(policy: Policy, start: Start) -> dict[str, int]:
     return out
 
 
-def set_aside(state: TrialGuardState) -> bool:
-    """Where a checked trial is over its soft line beside what earlier trials left (``state.left``) and has no
-    allowance yet: give it that allowance, so that it is checked without it and held to its budget on its own
-    memory, never rejected or clamped for what it found. Whether it did (the caller checks again). A trial
-    that fits beside what was left gets none: its process stays under the budget.
+def set_aside(state: TrialGuardState, why: str = "it would not fit beside it") -> bool:
+    """Where a trial has no allowance yet and earlier trials left something (``state.left``): give it that
+    allowance, so that it is checked without it and held to its budget on its own memory, never rejected,
+    clamped or stopped for what it found; ``why`` are the record's words. Whether it did (the caller checks
+    again). The guard does so for a checked trial over its soft line beside what was left (``charge``): one
+    that fits beside it gets none, so its process stays under the budget. And for a trial run unchecked
+    (``why`` says so), which nothing shows to fit beside it: held to the whole budget, HF's second GPT-2 of a
+    search started at 729 MiB, 297 MiB of them left by the first, and was stopped at 875 MiB of an 805 MiB
+    budget, 146 MiB into its own.
 
     Before, only ``allowance`` took what was left off, where it made the budget unreachable for the least
     trial run here: with 150 MiB left and 45 MiB of room, a trial predicted 60 MiB was rejected though it
@@ -260,7 +264,7 @@ def set_aside(state: TrialGuardState) -> bool:
     earlier trials left behind"."""
     if not state.left or state.allowance:
         return False
-    state.allowance, state.aside = dict(state.left), True
+    state.allowance, state.aside = dict(state.left), why
     return True
 
 
@@ -333,7 +337,7 @@ def describe_allowance(policy: Policy, state: TrialGuardState) -> str:
             f"{'threads' if r == 'threads' else r.upper()} {show(left)} left by earlier trials (the process at "
             f"{at} when it started; budget {show(getattr(policy.budget, r))} + {show(left)})"
         )
-    why = "it would not fit beside it" if state.aside else "it makes the budget unreachable"
+    why = state.aside or "it makes the budget unreachable"
     return (
         f"what earlier trials left is not charged to this trial ({why}): " + ", ".join(parts) + "; the trial is "
         "held to the budget on its own memory (its soft line and budget raised by that much); one process "

@@ -53,8 +53,8 @@ class TrialGuardState:
     need: dict[str, int] = field(default_factory=dict)  # what admission compared with the soft line
     left: dict[str, int] = field(default_factory=dict)  # what earlier trials left, over noise (``_start.leftover``)
     allowance: dict[str, int] = field(default_factory=dict)  # what earlier trials left, where it made the budget
-    # unreachable or the trial would not fit beside it (``aside``): the trial's lines raised by it
-    aside: bool = False
+    # unreachable, or ``aside`` (why it was set aside: ``_start.set_aside``): the trial's lines raised by it
+    aside: str = ""
     first: bool = False  # its start was the process's first level read (the baseline)
     kept: dict[str, int] = field(default_factory=dict)  # the first trial's one-time costs (``ProcessLevels.kept``)
 

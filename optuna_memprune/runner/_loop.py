@@ -158,7 +158,7 @@ class Runner(Driver):
         # among the trials the ask read (the per-trial list the check read too): a query of the running trials'
         # attrs of its own took 15 ms of CPU a trial in the fault drill
         self.dead_runners.end_trials(_internals.cached_trials(self.study))
-        if self.children and GuardedSampler.may_change(state):  # decided again once a running trial ends
+        if self.children and GuardedSampler.may_change(state, len(self.children)):  # decided again once one ends
             self.deferred = _Deferred(trial, state, hold, self.ended)
             return
         if state.decision is Decision.REJECTED:

@@ -222,7 +222,7 @@ class RayRunner(Driver):
         self.asked += 1
         state = self.teller.check(trial)
         self.dead_runners.end_trials(_internals.cached_trials(self.study))  # the trials the ask read
-        if self.in_flight and GuardedSampler.may_change(state):  # decided again once a running trial ends
+        if self.in_flight and GuardedSampler.may_change(state, len(self.in_flight)):  # decided again once one ends
             self.deferred = (trial, state, self.ended)
             return
         self._place(trial, state)

@@ -127,7 +127,8 @@ def test_a_trial_after_a_large_one_is_recorded_with_its_start_level_and_its_own_
     large, small = (read_record(t.user_attrs) for t in study.trials)
     assert all(t.state is TrialState.COMPLETE for t in study.trials)
     assert small.start_ram - large.start_ram >= 290 * MiB
-    assert small.leftover == {}  # the budget is still reachable: the small trial's lines are the budget's
+    # run unchecked (the warm-up): nothing predicted it to fit beside what was left, so its lines are raised by it
+    assert small.decision is Decision.UNCHECKED and small.leftover["ram"] >= 290 * MiB
     increment = small.peak_ram - small.start_ram
     assert 38 * MiB <= increment <= 48 * MiB, increment / MiB  # what it allocated, within a few MiB
     assert small.peak_ram > large.peak_ram - 20 * MiB  # the process's peak: the large trial's memory is in it
@@ -200,6 +201,37 @@ def test_a_trial_that_fits_only_without_what_earlier_trials_left_is_admitted_not
     assert record.peak_ram > budget.ram  # the process went over the budget, the trial's own memory did not
     assert record.constraints()["memprune_ram"] <= 0
     assert len([w for w in caught if "left by earlier trials" in str(w.message)]) == 1
+
+
+def test_a_trial_run_unchecked_is_held_to_the_budget_on_its_own_memory_not_beside_what_was_left() -> None:
+    # In the warm-up nothing predicts whether a trial fits beside what earlier trials left, so none is charged
+    # it: the second trial (120 MiB of its own, 120 MiB left before it, a 200 MiB budget over the process)
+    # completes, where the whole process's budget stopped it; one over the budget on its own is still stopped.
+    budget = omp.Budget(ram=_rss() + 200 * MiB)
+    guard = MemoryGuard(None, budget, monitor_interval=0.05)
+
+    def objective(trial: optuna.Trial) -> float:
+        block = np.ones(trial.suggest_int("mb", 8, 300) * MiB, dtype=np.uint8)
+        time.sleep(0.3)
+        return float(block[::4096].sum())
+
+    def leave(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.number == 0:
+            _KEPT.append(np.ones(120 * MiB, dtype=np.uint8))
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    for mb in (20, 120, 280):
+        study.enqueue_trial({"mb": mb})
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        study.optimize(guard.wrap_objective(objective), n_trials=3, callbacks=[leave])
+    first, second, third = study.trials
+    record = read_record(second.user_attrs)
+    assert second.state is TrialState.COMPLETE and record.decision is Decision.UNCHECKED, record.reason
+    assert 110 * MiB < record.leftover["ram"] < 140 * MiB
+    assert "not charged to this trial (nothing predicted it to fit beside it" in record.reason
+    assert record.peak_ram > budget.ram  # the process went over the budget, the trial's own memory did not
+    assert read_record(third.user_attrs).decision is Decision.STOPPED and third.state is TrialState.PRUNED
 
 
 def test_a_process_that_holds_its_whole_budget_before_the_first_trial_is_told_so_once() -> None:

@@ -169,11 +169,11 @@ def test_optimize_workers_share_the_learned_model_through_the_storage(tmp_path) 
 
 
 @pytest.mark.parametrize("stop", [False, True])
-def test_a_learned_rejection_while_a_trial_runs_waits_for_its_end_and_is_decided_again(tmp_path, stop) -> None:
-    # With n_jobs=2 a study's remaining trials were all rejected within 0.7 s on a bound of two trials while
-    # one ran whose end tightened it (bench_clients, hf_gpt2). Here two recorded trials (10 and 12 MiB, peaks
-    # near 1 GiB) and a quick real one make the bound at 40 MiB wide, over the line, while a 40 MiB trial runs
-    # 4 s in its warm-up; once it ends it covers the rejected one (memory is monotone), which then runs.
+def test_a_trial_asked_while_one_runs_whose_end_completes_the_warm_up_waits_for_it(tmp_path, stop) -> None:
+    # With n_jobs=2 the fifth trial was asked while the fourth ran, and ran unchecked, in every program of
+    # bench_clients. Here two recorded trials (10 and 12 MiB, peaks near 1 GiB) and warmup=3: a 40 MiB trial
+    # runs 4 s in the warm-up; the 8 MiB trial asked meanwhile waits for its end, which completes the warm-up,
+    # and is decided on the bound; the last 40 MiB trial, covered by the long one, is admitted under its peak.
     url = f"sqlite:///{tmp_path / 'study.db'}"
     guard = omp.MemoryGuard(None, omp.Budget(ram="1GiB"), learn=omp.estimate.learned(warmup=3))
     study = optuna.create_study(
@@ -190,17 +190,39 @@ def test_a_learned_rejection_while_a_trial_runs_waits_for_its_end_and_is_decided
         study.enqueue_trial(params)
     ledger = Ledger(HostBudget(ram="4GiB", headroom=0.0), url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", host="h")
     omp.optimize(study, objectives.alloc_held, guard=guard, n_trials=3, n_jobs=2, host=ledger, enforce="polling")
-    rows = _records(study)[2:]
-    long, _, last = (r for _, r in rows)
-    if stop:  # the long trial stopped the study as it ended: the waiting one is rejected as first checked
-        assert [t.state for t, _ in rows][2] is optuna.trial.TrialState.PRUNED and last.decision is Decision.REJECTED
-        assert last.reason.startswith("predicted over budget: RAM") and "checked again" not in last.reason
+    long, waited = (omp.read_record(t.user_attrs) for t in study.trials[2:4])
+    assert long.learned["phase"] == "warm-up" and waited.learned is not None
+    if stop:  # the long trial stopped the study as it ended: the waiting one runs as first checked
+        assert waited.decision is Decision.UNCHECKED and "checked again" not in waited.reason, waited.reason
+        assert study.trials[3].state is optuna.trial.TrialState.COMPLETE
+        assert study.trials[4].state is optuna.trial.TrialState.WAITING  # never asked after study.stop()
         return
-    assert [t.state for t, _ in rows] == [optuna.trial.TrialState.COMPLETE] * 3, [(t.state, r.reason) for t, r in rows]
-    assert long.learned["phase"] == "warm-up" and last.learned["phase"] == "bound", (long.learned, last.learned)
-    assert last.decision is Decision.ADMITTED, last.reason
-    assert "checked again once a running trial ended (first: predicted over budget: RAM" in last.reason, last.reason
+    assert waited.learned["phase"] == "bound", waited.reason
+    assert "checked again once a running trial ended (first: learned footprint warming up" in waited.reason
+    last_trial = study.trials[4]
+    last = omp.read_record(last_trial.user_attrs)
+    assert last_trial.state is optuna.trial.TrialState.COMPLETE and last.decision is Decision.ADMITTED, last.reason
     assert last.learned["bound"]["ram"] < long.peak_ram + 32 * MiB  # capped by the long trial's peak
+
+
+def test_may_change_names_what_a_running_trials_end_can_change() -> None:
+    from optuna_memprune.guard import GuardedSampler
+    from optuna_memprune.guard.backend import TrialGuardState
+
+    def state(decision: Decision, **learned: object) -> TrialGuardState:
+        out = TrialGuardState(0, 0)
+        out.decision, out.learned = decision, {"mode": "learned", **learned}
+        return out
+
+    assert GuardedSampler.may_change(state(Decision.REJECTED, phase="bound"))
+    assert not GuardedSampler.may_change(state(Decision.REJECTED, phase="warm-up"))  # on a stopped trial's peak
+    warming = state(Decision.UNCHECKED, phase="warm-up", to_observe=2)
+    assert GuardedSampler.may_change(warming) and GuardedSampler.may_change(warming, 2)
+    assert not GuardedSampler.may_change(warming, 1)  # one end does not complete the warm-up: it runs now
+    assert not GuardedSampler.may_change(state(Decision.UNCHECKED, phase="explore"), 3)
+    corrected = state(Decision.UNCHECKED, phase="warm-up", to_observe=1)
+    corrected.learned = {**(corrected.learned or {}), "mode": "corrected"}
+    assert not GuardedSampler.may_change(corrected, 1)
 
 
 def test_in_process_threads_a_learned_rejection_waits_for_a_running_trial_to_end() -> None:

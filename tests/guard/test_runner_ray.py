@@ -127,9 +127,12 @@ def test_trials_run_as_ray_tasks_and_one_over_its_budget_is_stopped_with_the_rea
     assert _record(local.trials[0]).margin == record.margin and local.trials[0].state is TrialState.COMPLETE
 
 
-def test_a_learned_rejection_while_a_task_runs_is_decided_again_once_it_ends(cluster: object, tmp_path: Path) -> None:
-    # as the local runner does (tests/guard/test_learned_guard.py): two recorded trials over the line and a
-    # quick real one make the bound at 40 MiB wide while a 40 MiB trial runs 4 s; its end covers the third
+def test_a_trial_asked_while_a_task_runs_whose_end_completes_the_warm_up_waits_for_it(
+    cluster: object, tmp_path: Path
+) -> None:
+    # as the local runner does (tests/guard/test_learned_guard.py): two recorded trials over the line, warmup=3;
+    # a 40 MiB trial runs 4 s in the warm-up, the trial asked meanwhile waits for its end and is decided on the
+    # bound, and the last 40 MiB trial, covered by the long one, is admitted
     from optuna_memprune.records import Decision, TrialRecord
 
     import _learned_objectives as learned
@@ -144,14 +147,14 @@ def test_a_learned_rejection_while_a_task_runs_is_decided_again_once_it_ends(clu
                 params={"mb": size}, distributions={"mb": mb}, value=0.0, user_attrs=record.attrs()
             )
         )
-    for params in ({"mb": 8, "seed": 0}, {"mb": 40, "seed": 1}, {"mb": 40, "seed": 2}):
+    for params in ({"mb": 40, "seed": 1}, {"mb": 8, "seed": 0}, {"mb": 40, "seed": 2}):
         study.enqueue_trial(params)
     omp.optimize(study, learned.alloc_held, guard=guard, n_trials=3, n_jobs=2, backend="ray")
-    rows = [(t, _record(t)) for t in study.trials[2:]]
-    assert [t.state for t, _ in rows] == [TrialState.COMPLETE] * 3, [(t.state, r.reason) for t, r in rows]
-    last = rows[2][1]
-    assert last.decision is Decision.ADMITTED and last.learned["phase"] == "bound", last.reason
-    assert "checked again once a running trial ended (first: predicted over budget: RAM" in last.reason, last.reason
+    long, waited, last = (_record(t) for t in study.trials[2:])
+    assert long.learned["phase"] == "warm-up" and waited.learned["phase"] == "bound", waited.reason
+    assert "checked again once a running trial ended (first: learned footprint warming up" in waited.reason
+    assert study.trials[4].state is TrialState.COMPLETE and last.decision is Decision.ADMITTED, last.reason
+    assert last.learned["phase"] == "bound"
 
 
 def test_a_trial_no_node_can_ever_hold_is_rejected_with_the_reason_before_it_is_submitted(
