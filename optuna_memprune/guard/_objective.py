@@ -149,6 +149,8 @@ class GuardedObjective:
             )
         if state.decision is Decision.UNCHECKED:  # nothing shows it fits beside what earlier trials left
             set_aside(state, "nothing predicted it to fit beside it: it runs unchecked")
+        elif not policy.increments:  # a footprint function's figure is a fresh process's, without it
+            set_aside(state, "its footprint is a fresh process's")
         if state.allowance:
             words = describe_allowance(policy, state)
             state.reason = f"{state.reason}; {words}"
@@ -203,7 +205,7 @@ class GuardedObjective:
                 if state.allowance and end.reason is not None and end.reason != state.reason:
                     end = end._replace(reason=f"{end.reason} (its lines raised by what earlier trials left)")
                 peaks = with_cuda_peak(live.peaks())
-                if returned and state.first and state.start is not None and not state.concurrent and policy.increments:
+                if returned and state.first and state.start is not None and not state.concurrent:
                     try:  # its one-time costs: not learned as increments
                         state.kept = watch.levels.kept(state.start)
                     except Exception:  # the record is written without them

@@ -135,9 +135,10 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 class Start(NamedTuple):
     """A trial's start in a shared process: ``level`` (RSS, GPU memory summed over GPUs where read,
     threads; bytes and a count, ``None`` where not read), ``left`` (per resource, how far the process stood
-    above the first trial's start the last time no trial ran in it: what earlier trials left behind; 0 when
-    nothing), ``least`` (per resource, the smallest increment of a trial of this process that ran to the
-    end; 0 before one did) and ``first`` (this level is the process's first: its baseline)."""
+    above the first trial's start, less the one-time costs that trial kept, the last time no trial ran in
+    it: what earlier trials left behind; 0 when nothing), ``least`` (per resource, the smallest increment of
+    a trial of this process that ran to the end; 0 before one did) and ``first`` (this level is the
+    process's first: its baseline)."""
 
     level: dict[str, int | None]
     left: dict[str, int]
@@ -166,6 +167,7 @@ class ProcessLevels:
         self._base: dict[str, int | None] | None = None
         self._idle: dict[str, int | None] | None = None
         self._least: dict[str, int] = {}
+        self._kept: dict[str, int] = {}  # the first trial's one-time costs (``kept``): never counted as left
 
     def start(self, alone: bool, threads: int = 0) -> Start:
         """Give back what can be given back, read the process and say what earlier trials left; ``threads``
@@ -181,32 +183,38 @@ class ProcessLevels:
                 self._base = dict(level)
             if alone or self._idle is None:
                 self._idle = dict(level) if alone else dict(self._base)
-            base, idle, least = self._base, self._idle, dict(self._least)
+            base, idle, least, kept = self._base, self._idle, dict(self._least), dict(self._kept)
         left: dict[str, int] = {}
         for r in LEVELS:
             at_idle, at_base = idle[r], base[r]
             if at_idle is not None and at_base is not None:
-                left[r] = max(0, at_idle - at_base)
+                left[r] = max(0, at_idle - at_base - kept.get(r, 0))
         return Start(level, left, least, first)
 
     def kept(self, start: dict[str, int | None]) -> dict[str, int]:
         """What the process's first trial, which started at ``start``, keeps now that it ended: its one-time
         costs (libraries it imported, a worker pool or a cache it started, a CUDA context), which later trials
         find in the process and do not pay again. Where it holds more than ``GIVE_BACK_ABOVE`` over ``start``
-        (or torch holds cached CUDA blocks), gives back first and reads RAM and GPU memory; ``{}`` where it
-        holds less. For a trial that returned: the objective's frames are gone, its garbage is collected here
-        (a stopped one's may still be held by the exception on its way). Where it was a leak instead, the
-        next trials show it in their own increments."""
+        (or torch holds cached CUDA blocks), gives back first and reads RAM and GPU memory; none where it
+        holds less; and the threads it started and left running. For a trial that returned: the objective's
+        frames are gone, its garbage is collected here (a stopped one's may still be held by the exception on
+        its way). Where it was a leak instead, the next trials show it in their own increments. What it keeps
+        is no part of what later starts say earlier trials left (``Start.left``): a fresh process pays it too."""
         now, ram = _level(), start.get("ram")  # its child processes too (a pool's workers)
+        threads, at_start = now["threads"], start.get("threads")  # a thread pool it started
+        out = {} if threads is None or at_start is None or threads <= at_start else {"threads": threads - at_start}
         if now["ram"] is None or ram is None or (now["ram"] - ram <= GIVE_BACK_ABOVE and not cuda_reserved()):
-            return {}
+            with self._lock:
+                self._kept = dict(out)
+            return out
         give_back()  # the next start gives back again: what the caller still holds is freed only after it
         now = _level()
-        out = {}
         for r in ("ram", "vram"):
             at_end, at_start = now[r], start.get(r)
             if at_end is not None and at_start is not None and at_end > at_start:
                 out[r] = at_end - at_start
+        with self._lock:
+            self._kept = dict(out)
         return out
 
     def ended(self, start: dict[str, int | None] | None, own: dict[str, int] | None = None) -> None:
