@@ -163,7 +163,7 @@ class GuardedObjective:
         live = Live(guard, state, threading.get_ident(), forecast)
         own: dict[str, int] | None = None  # the trial's increments, where it ran to the end alone
         watch = watch_of(guard)
-        stopped = soft_pruned = returned = False
+        stopped = soft_pruned = returned = pruned_here = False
         oom: OutOfMemory | None = None
         try:
             try:
@@ -182,7 +182,7 @@ class GuardedObjective:
             interrupt.__traceback__ = None
             raise MemoryBudgetExceeded(f"memprune {reason}", state.hard_reading) from None
         except optuna.TrialPruned as pruned:
-            soft_pruned = state.soft_answered
+            soft_pruned, pruned_here = state.soft_answered, True
             raise pruned.with_traceback(None) from None  # as above; Optuna logs a pruned trial's message only
         except Exception as exc:
             oom = out_of_memory(exc)
@@ -205,7 +205,9 @@ class GuardedObjective:
                 if state.allowance and end.reason is not None and end.reason != state.reason:
                     end = end._replace(reason=f"{end.reason} (its lines raised by what earlier trials left)")
                 peaks = with_cuda_peak(live.peaks())
-                if returned and state.first and state.start is not None and not state.concurrent:
+                # its one-time costs, where its frames are gone: it returned or was pruned (the demo's first
+                # trial, soft-pruned, left 88 MiB of them counted as left by earlier trials)
+                if (returned or pruned_here) and state.first and state.start is not None and not state.concurrent:
                     try:  # its one-time costs: not learned as increments
                         state.kept = watch.levels.kept(state.start)
                     except Exception:  # the record is written without them

@@ -264,6 +264,27 @@ def test_a_footprint_functions_trial_is_held_to_the_budget_on_its_own_memory_in_
     assert record.peak_ram > budget.ram  # the process went over the budget, the trial's own memory did not
 
 
+def test_a_first_trial_pruned_by_the_study_keeps_its_one_time_costs_apart_too() -> None:
+    # The demo's first trial is soft-pruned; what it kept (88 MiB: torch's first training step) was counted as
+    # left by earlier trials, and every later trial was held to the budget plus that much.
+    guard = MemoryGuard(None, omp.Budget(ram=_rss() + 1024 * MiB))
+
+    def objective(trial: optuna.Trial) -> float:
+        mb = trial.suggest_int("mb", 8, 300)
+        if trial.number == 0:
+            _KEPT.append(np.ones(100 * MiB, dtype=np.uint8))  # a cache the first trial starts
+            raise optuna.TrialPruned("pruned by the study's pruner")
+        return float(np.ones(mb * MiB, dtype=np.uint8)[::4096].sum())
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study.enqueue_trial({"mb": 10})
+    study.enqueue_trial({"mb": 10})
+    study.optimize(guard.wrap_objective(objective), n_trials=2)
+    first, second = (read_record(t.user_attrs) for t in study.trials)
+    assert study.trials[0].state is TrialState.PRUNED and first.kept["ram"] >= 90 * MiB
+    assert second.leftover == {} and "left by earlier trials" not in second.reason, second.reason
+
+
 def test_a_process_that_holds_its_whole_budget_before_the_first_trial_is_told_so_once() -> None:
     # A budget set from the program's runs elsewhere sat at what its process held before any trial: every
     # trial was rejected or stopped and the program ended on "No feasible trials", nothing saying why.
