@@ -261,10 +261,10 @@ def set_aside(state: TrialGuardState, why: str = "it would not fit beside it") -
     allowance, so that it is checked without it and held to its budget on its own memory, never rejected,
     clamped or stopped for what it found; ``why`` are the record's words. Whether it did (the caller checks
     again). The guard does so for a checked trial over its soft line beside what was left (``charge``): one
-    that fits beside it gets none, so its process stays under the budget. And for a trial run unchecked
-    (``why`` says so), which nothing shows to fit beside it: held to the whole budget, HF's second GPT-2 of a
+    that fits beside it gets none, so its process stays under the budget. It does so for a trial run
+    unchecked, which nothing shows to fit beside it (held to the whole budget instead, HF's second GPT-2 of a
     search started at 729 MiB, 297 MiB of them left by the first, and was stopped at 875 MiB of an 805 MiB
-    budget, 146 MiB into its own.
+    budget, 146 MiB into its own), and for one a footprint function predicts, as a fresh process.
 
     Before, only ``allowance`` took what was left off, where it made the budget unreachable for the least
     trial run here: with 150 MiB left and 45 MiB of room, a trial predicted 60 MiB was rejected though it

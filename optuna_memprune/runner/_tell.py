@@ -103,8 +103,9 @@ class Teller:
         return frozen
 
     def check_again(self, state: TrialGuardState) -> None:
-        """Decide a rejected trial again on the study's trials now (``GuardedSampler.recheck``): both runners
-        do so, for a rejection that may change (``GuardedSampler.may_change``), once a running trial ended."""
+        """Decide a trial again on the study's trials now (``GuardedSampler.recheck``): both runners do so,
+        for a decision that may change (``GuardedSampler.may_change``: a rejection on a learned bound, a trial
+        to run unchecked in the warm-up), once a running trial ended."""
         sampler = self.study.sampler
         if isinstance(sampler, GuardedSampler):
             sampler.recheck(self.study, state)

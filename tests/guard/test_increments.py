@@ -168,6 +168,30 @@ def test_a_small_trial_after_one_that_crossed_the_budget_completes() -> None:
     assert len([w for w in caught if "left by earlier trials" in str(w.message)]) == 1
 
 
+def _alloc_study(
+    guard: MemoryGuard, sizes: tuple[int, ...], *, left_mb: int, after: int, seconds: float = 0.3, high: int = 300
+) -> tuple[optuna.Study, list[warnings.WarningMessage]]:
+    """A study whose trials write ``mb`` MiB (enqueued: ``sizes``) and hold it ``seconds``; once trial ``after``
+    ended, ``left_mb`` MiB are kept at module level (what it left behind). The study and the warnings."""
+
+    def objective(trial: optuna.Trial) -> float:
+        block = np.ones(trial.suggest_int("mb", 8, high) * MiB, dtype=np.uint8)
+        time.sleep(seconds)
+        return float(block[::4096].sum())
+
+    def leave(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.number == after:
+            _KEPT.append(np.ones(left_mb * MiB, dtype=np.uint8))
+
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    for mb in sizes:
+        study.enqueue_trial({"mb": mb})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        study.optimize(guard.wrap_objective(objective), n_trials=len(sizes), callbacks=[leave])
+    return study, caught
+
+
 def test_a_trial_that_fits_only_without_what_earlier_trials_left_is_admitted_not_rejected() -> None:
     # What was left (150 MiB, between two trials) puts the process 45 MiB under the soft line: the budget is
     # still reachable (the least trial here needed 20 MiB), but a 60 MiB trial does not fit beside it. It
@@ -176,22 +200,7 @@ def test_a_trial_that_fits_only_without_what_earlier_trials_left_is_admitted_not
     # with the process 0.09 MiB under the line.
     budget = omp.Budget(ram=_rss() + 200 * MiB)
     guard = MemoryGuard(None, budget, monitor_interval=0.05)
-
-    def objective(trial: optuna.Trial) -> float:
-        block = np.ones(trial.suggest_int("mb", 8, 150) * MiB, dtype=np.uint8)
-        time.sleep(0.2)
-        return float(block[::4096].sum())
-
-    def leave(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if trial.number == 3:
-            _KEPT.append(np.ones(150 * MiB, dtype=np.uint8))
-
-    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
-    for mb in (20, 40, 60, 80, 60):
-        study.enqueue_trial({"mb": mb})
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        study.optimize(guard.wrap_objective(objective), n_trials=5, callbacks=[leave])
+    study, caught = _alloc_study(guard, (20, 40, 60, 80, 60), left_mb=150, after=3, seconds=0.2, high=150)
     records = [read_record(t.user_attrs) for t in study.trials]
     assert [r.decision for r in records[:4]] == [Decision.UNCHECKED] * 4, [r.reason for r in records]
     trial, record = study.trials[4], records[4]
@@ -209,22 +218,7 @@ def test_a_trial_run_unchecked_is_held_to_the_budget_on_its_own_memory_not_besid
     # completes, where the whole process's budget stopped it; one over the budget on its own is still stopped.
     budget = omp.Budget(ram=_rss() + 200 * MiB)
     guard = MemoryGuard(None, budget, monitor_interval=0.05)
-
-    def objective(trial: optuna.Trial) -> float:
-        block = np.ones(trial.suggest_int("mb", 8, 300) * MiB, dtype=np.uint8)
-        time.sleep(0.3)
-        return float(block[::4096].sum())
-
-    def leave(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if trial.number == 0:
-            _KEPT.append(np.ones(120 * MiB, dtype=np.uint8))
-
-    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
-    for mb in (20, 120, 280):
-        study.enqueue_trial({"mb": mb})
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        study.optimize(guard.wrap_objective(objective), n_trials=3, callbacks=[leave])
+    study, _ = _alloc_study(guard, (20, 120, 280), left_mb=120, after=0)
     first, second, third = study.trials
     record = read_record(second.user_attrs)
     assert second.state is TrialState.COMPLETE and record.decision is Decision.UNCHECKED, record.reason
@@ -240,22 +234,7 @@ def test_a_footprint_functions_trial_is_held_to_the_budget_on_its_own_memory_in_
     base = _rss()
     budget = omp.Budget(ram=base + 200 * MiB)
     guard = MemoryGuard(lambda p: omp.Footprint.of(ram=base + p["mb"] * MiB), budget, monitor_interval=0.05)
-
-    def objective(trial: optuna.Trial) -> float:
-        block = np.ones(trial.suggest_int("mb", 8, 300) * MiB, dtype=np.uint8)
-        time.sleep(0.3)
-        return float(block[::4096].sum())
-
-    def leave(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if trial.number == 0:
-            _KEPT.append(np.ones(150 * MiB, dtype=np.uint8))
-
-    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
-    for mb in (10, 60):
-        study.enqueue_trial({"mb": mb})
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        study.optimize(guard.wrap_objective(objective), n_trials=2, callbacks=[leave])
+    study, _ = _alloc_study(guard, (10, 60), left_mb=150, after=0)
     trial = study.trials[1]
     record = read_record(trial.user_attrs)
     assert trial.state is TrialState.COMPLETE and record.decision is Decision.ADMITTED, record.reason
