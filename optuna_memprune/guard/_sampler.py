@@ -154,8 +154,9 @@ class GuardedSampler(BaseSampler):
         """Whether ``state``'s decision may change once one of the ``running`` trials ends (``None``: any
         number): it is then decided again (here for threads, else ``runner/``). A rejection on a learned bound
         (with n_jobs=2 the HF search's last 7 trials were rejected in 0.7 s while one ran whose end made the fit
-        hold three params); a trial to run unchecked in a learned warm-up that their ends complete (with n_jobs=2
-        the fifth trial, asked while the fourth ran, ran unchecked in every program of bench_clients)."""
+        hold three params); in the runners, a trial to run unchecked in a learned warm-up that their ends
+        complete (with n_jobs=2 the fifth trial, asked while the fourth ran, ran unchecked in every program of
+        bench_clients; among threads a warm-up's trial runs as it was asked)."""
         learned = state.learned or {}
         if state.decision is Decision.REJECTED:
             return learned.get("phase") == "bound"
