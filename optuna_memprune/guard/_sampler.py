@@ -161,7 +161,7 @@ class GuardedSampler(BaseSampler):
         if state.decision is Decision.REJECTED:
             return learned.get("phase") == "bound"
         need = learned.get("to_observe", 0) if learned.get("mode") == "learned" else 0
-        return state.decision is Decision.UNCHECKED and 0 < need <= (need if running is None else running)
+        return state.decision is Decision.UNCHECKED and need > 0 and (running is None or need <= running)
 
     def _after_next_end(self, study: Study, state: TrialGuardState) -> None:
         """Where this guard's objectives run in this process (threads), wait for one to end and be told, then

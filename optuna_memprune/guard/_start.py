@@ -203,16 +203,13 @@ class ProcessLevels:
         now, ram = _level(), start.get("ram")  # its child processes too (a pool's workers)
         threads, at_start = now["threads"], start.get("threads")  # a thread pool it started
         out = {} if threads is None or at_start is None or threads <= at_start else {"threads": threads - at_start}
-        if now["ram"] is None or ram is None or (now["ram"] - ram <= GIVE_BACK_ABOVE and not cuda_reserved()):
-            with self._lock:
-                self._kept = dict(out)
-            return out
-        give_back()  # the next start gives back again: what the caller still holds is freed only after it
-        now = _level()
-        for r in ("ram", "vram"):
-            at_end, at_start = now[r], start.get(r)
-            if at_end is not None and at_start is not None and at_end > at_start:
-                out[r] = at_end - at_start
+        if now["ram"] is not None and ram is not None and (now["ram"] - ram > GIVE_BACK_ABOVE or cuda_reserved()):
+            give_back()  # the next start gives back again: what the caller still holds is freed only after it
+            now = _level()
+            for r in ("ram", "vram"):
+                at_end, at_start = now[r], start.get(r)
+                if at_end is not None and at_start is not None and at_end > at_start:
+                    out[r] = at_end - at_start
         with self._lock:
             self._kept = dict(out)
         return out
