@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -118,6 +119,22 @@ def test_rejected_and_clamped_trials_store_what_ran(tmp_path: Path) -> None:
                 assert record.clamped_from["mb"] > 280
         assert ("rejected" in decisions) == (policy == "reject")
         assert ("clamped" in decisions) == (policy == "clamp")
+
+
+def test_a_study_made_with_a_plain_sampler_is_checked_and_keeps_its_sampler(tmp_path: Path) -> None:
+    # as a newcomer writes it: create_study() with its default sampler, the guard passed to optimize only
+    space = {"mb": optuna.distributions.IntDistribution(8, 512)}
+    guard = omp.MemoryGuard(objectives.footprint, omp.Budget(ram="600MiB"), search_space=space)
+    sampler = optuna.samplers.RandomSampler(seed=3)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", sampler=sampler)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not guard.wrap_sampler" warning
+        omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=6,
+                     host=_ledger(tmp_path))  # fmt: skip
+    decisions = {_record(t).decision.value for t in study.trials}
+    assert "unchecked" not in decisions and decisions <= {"admitted", "clamped", "rejected"}, decisions
+    assert all(t.params["mb"] <= 280 for t in study.trials if t.state is TrialState.COMPLETE)
+    assert study.sampler is sampler  # put back: the study is as it was made
 
 
 def test_a_child_killed_from_outside_ends_fail_with_the_reason(tmp_path: Path, monkeypatch) -> None:
