@@ -27,8 +27,8 @@ with ``q`` Student's t quantile at ``1 - miss_rate`` of the scaled residuals' ro
 with ``PRIOR_TRIALS`` trials of the prior ``PRIOR_Z``: wide while few trials are known, tighter with each.
 A censored trial whose peak is over its leave-one-out fit counts with that residual (it missed by more).
 
-The solver is a numpy active-set NNLS (Lawson and Hanson; ``_nnls.py``, with the censored fit and the
-leave-one-out predictions): scipy's gives the same answer, but the core install is Optuna, psutil and numpy.
+The solver (``_nnls.py``, with the censored fit and its leave-one-out predictions) is SciPy's NNLS where the
+program imported it, else a numpy active set (Lawson and Hanson; the core install has no SciPy): one answer.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class Model:
         if self.corrected and not self.ready:  # the function's own figures: each residual is out of sample
             preds = predict(x, fit.weights)[-SCORED:]
         else:
-            preds = loo(x, y, censored) if len(y) > 1 else np.full(len(y), np.nan)
+            preds = loo(x, y, censored, fit.weights) if len(y) > 1 else np.full(len(y), np.nan)
         z = [
             (yy - p) / max(_scale(resource, p, fit.base, fit.level), 1.0)  # at least a byte, a thread
             for yy, p, c in zip(y[-len(preds) :], preds, censored[-len(preds) :], strict=False)
@@ -400,7 +400,7 @@ def _evidence(
 
     def score(e: Encoder) -> tuple[float, float, np.ndarray, dict[str, float]]:
         x = e.matrix(rows)
-        preds = loo(x, y, censored)
+        preds = loo(x, y, censored, fitted := fit_censored(x, y, censored))  # each fit left one out starts from it
         done = ~censored[-len(preds) :] & np.isfinite(preds)
         yd = y[-len(preds) :][done]
         resid = yd - preds[done]
@@ -408,7 +408,7 @@ def _evidence(
         # a trial's own increment may be 0 (its process held what it needed): errors relative to at least 1%
         # of the largest peak, never a division by 0 (inf or nan, which no comparison below can rank)
         err = float(np.mean(np.abs(resid) / np.maximum(yd, 0.01 * float(y.max())))) if len(resid) else math.inf
-        return err, noise, x, e.effects(x, fit_censored(x, y, censored))
+        return err, noise, x, e.effects(x, fitted)
 
     err, noise, x, effects = score(enc)
     for name in candidates:
