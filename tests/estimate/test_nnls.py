@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-
 from collections.abc import Callable
 from typing import Any
 

@@ -128,7 +128,7 @@ def test_a_study_made_with_a_plain_sampler_is_checked_and_keeps_its_sampler(tmp_
     sampler = optuna.samplers.RandomSampler(seed=3)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", sampler=sampler)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no "not guard.wrap_sampler" warning
+        warnings.filterwarnings("error", message="study.sampler is not guard.wrap_sampler")
         omp.optimize(study, functools.partial(objectives.hold, seconds=0.0), guard=guard, n_trials=6,
                      host=_ledger(tmp_path))  # fmt: skip
     decisions = {_record(t).decision.value for t in study.trials}
