@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200, start: np.ndarray 
     compiled = _compiled()
     if compiled is not None:
         try:
-            return compiled(a, b)
+            return np.asarray(compiled(a, b)[0], dtype=float)
         except (RuntimeError, ValueError):  # its iteration limit, a value it refuses: the numpy search answers
             pass
     # each column scaled to unit norm: the stopping test compares gradients, which in bytes per unit of a param
@@ -71,14 +72,10 @@ def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200, start: np.ndarray 
     return w / scale
 
 
-def _compiled() -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
-    """SciPy's NNLS where ``scipy.optimize`` is already imported (LightGBM, scikit-learn and XGBoost import it),
-    else None."""
-    optimize = sys.modules.get("scipy.optimize")
-    solver = getattr(optimize, "nnls", None)
-    if solver is None:
-        return None
-    return lambda a, b: np.asarray(solver(a, b)[0], dtype=float)
+def _compiled() -> Callable[..., Any] | None:
+    """SciPy's ``nnls`` where ``scipy.optimize`` is already imported (LightGBM, scikit-learn and XGBoost import
+    it), else None."""
+    return getattr(sys.modules.get("scipy.optimize"), "nnls", None)
 
 
 def solve(x: np.ndarray, y: np.ndarray, boost: np.ndarray | None = None, start: np.ndarray | None = None) -> np.ndarray:

@@ -62,16 +62,22 @@ class Driver:
         self.fatal: BaseException | None = None
 
     def run(self, on_tick: Callable[[], None] | None) -> None:
-        """Run trials until ``n_trials``, the timeout or ``study.stop()``; ``on_tick()`` at every turn."""
+        """Run trials until ``n_trials``, the timeout or ``study.stop()``; ``on_tick()`` at every turn. A sampler
+        no guard wraps is wrapped by this driver's guard meanwhile (one another guard wraps is left: its trials
+        run unchecked by this one, said once), and put back after."""
         study = self.study
         if _internals.in_optimize_loop(study):
             raise RuntimeError("Nested invocation of optimize() (or Study.optimize) isn't allowed.")
         _internals.set_in_optimize_loop(study, True)  # study.stop() works in a callback
         _internals.clear_stop(study)
         previous = end_like_ctrl_c()
+        sampler = study.sampler
+        if not isinstance(sampler, GuardedSampler):  # a plain sampler's trials are checked too, for this call
+            study.sampler = GuardedSampler(sampler, self.guard)
         try:
             self._loop(on_tick)
         finally:
+            study.sampler = sampler
             _internals.set_in_optimize_loop(study, False)
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)

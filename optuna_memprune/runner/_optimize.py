@@ -6,19 +6,18 @@ progress bar, the fork server); the loop itself is ``_loop``'s, the trial's proc
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial
 
 from .. import _internals
-from ..guard import GuardedSampler, MemoryGuard
+from ..guard import MemoryGuard
 from ..guard.backend import policy_of, warnings_of
 from ..units import check_int, check_number
 from ._cgroup import Enforcer
@@ -169,87 +168,71 @@ def optimize(
     if not all(isinstance(c, type) and issubclass(c, BaseException) for c in catch):
         raise TypeError(f"catch must be exception types, but got {catch!r}.")
     callbacks = _check_callbacks(callbacks)
-    with _sampler_wrapped(study, guard):
-        if _check_backend(backend, ray_address, ray_retries, host=host, on_host_full=on_host_full, enforce=enforce):
-            from ._ray import run_on_ray
+    if _check_backend(backend, ray_address, ray_retries, host=host, on_host_full=on_host_full, enforce=enforce):
+        from ._ray import run_on_ray
 
-            show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
-            run_on_ray(
-                study,
-                objective,
-                guard,
-                n_trials=n_trials,
-                timeout=timeout,
-                n_jobs=n_jobs,
-                catch=catch,
-                callbacks=callbacks,
-                show=show,
-                address=ray_address,
-                retries=ray_retries,
-            )
-            return
-        n_jobs = (os.cpu_count() or 1) if n_jobs == -1 else n_jobs
-        enforcement = Enforcer(enforce, guard.budget, policy_of(guard).soft)
-        from ..ledger import HostBudget, Ledger
-
-        if host is None:
-            host = HostBudget()
-        if isinstance(host, HostBudget):
-            ledger = Ledger(host)
-        elif isinstance(host, Ledger):
-            ledger = host
-        else:
-            raise TypeError(f"host must be a HostBudget, a Ledger or None, but got {type(host).__name__}.")
-        try:
-            over_host = check_budget_fits(guard.budget, ledger)
-        except ValueError:
-            if host is not ledger:
-                ledger.close()
-            raise
-        if over_host:
-            warnings_of(guard).once("budget-over-host", over_host)
-        from ..ledger import describe
-
-        _logger.info(
-            "Host %s: trials may reserve %s; %s.", ledger.host, describe(ledger.capacity), enforcement.describe()
-        )
-        runner = Runner(
+        show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
+        run_on_ray(
             study,
             objective,
             guard,
-            ledger,
             n_trials=n_trials,
             timeout=timeout,
-            n_workers=n_jobs,
+            n_jobs=n_jobs,
             catch=catch,
             callbacks=callbacks,
-            on_host_full=on_host_full,
-            enforcement=enforcement,
+            show=show,
+            address=ray_address,
+            retries=ray_retries,
         )
-        show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
-        try:
-            if show:
-                with Progress(runner.status, n_trials) as bar:
-                    runner.run(bar.update)
-            else:
-                runner.run(None)
-        finally:
-            if host is not ledger:
-                ledger.close()
-            stop_fork_server()
+        return
+    n_jobs = (os.cpu_count() or 1) if n_jobs == -1 else n_jobs
+    enforcement = Enforcer(enforce, guard.budget, policy_of(guard).soft)
+    from ..ledger import HostBudget, Ledger
 
-
-@contextlib.contextmanager
-def _sampler_wrapped(study: optuna.Study, guard: MemoryGuard) -> Iterator[None]:
-    """``study.sampler`` wrapped by ``guard`` for the call where no guard wraps it (one wrapped by another
-    guard is left: its trials run unchecked by this one, said once), put back after it."""
-    sampler = study.sampler
-    if not isinstance(sampler, GuardedSampler):
-        study.sampler = guard.wrap_sampler(sampler)
+    if host is None:
+        host = HostBudget()
+    if isinstance(host, HostBudget):
+        ledger = Ledger(host)
+    elif isinstance(host, Ledger):
+        ledger = host
+    else:
+        raise TypeError(f"host must be a HostBudget, a Ledger or None, but got {type(host).__name__}.")
     try:
-        yield
+        over_host = check_budget_fits(guard.budget, ledger)
+    except ValueError:
+        if host is not ledger:
+            ledger.close()
+        raise
+    if over_host:
+        warnings_of(guard).once("budget-over-host", over_host)
+    from ..ledger import describe
+
+    _logger.info("Host %s: trials may reserve %s; %s.", ledger.host, describe(ledger.capacity), enforcement.describe())
+    runner = Runner(
+        study,
+        objective,
+        guard,
+        ledger,
+        n_trials=n_trials,
+        timeout=timeout,
+        n_workers=n_jobs,
+        catch=catch,
+        callbacks=callbacks,
+        on_host_full=on_host_full,
+        enforcement=enforcement,
+    )
+    show = sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
+    try:
+        if show:
+            with Progress(runner.status, n_trials) as bar:
+                runner.run(bar.update)
+        else:
+            runner.run(None)
     finally:
-        study.sampler = sampler
+        if host is not ledger:
+            ledger.close()
+        stop_fork_server()
 
 
 def _check_backend(backend: Any, address: Any, retries: Any, *, host: Any, on_host_full: str, enforce: Any) -> bool:
