@@ -7,6 +7,7 @@ directions read from the data. Knows nothing of fitting, bounds, Optuna or recor
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -76,6 +77,7 @@ def role(name: str, values: Iterable[Any] = ()) -> Role:
     return Role.OTHER
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the name, asked per trial run and param by every bound
 def grows(name: str) -> bool:
     """Whether the name alone says memory grows with the param: a size word, no word of no memory, no
     ``min`` (``min_child_samples``, ``min_samples_leaf``: larger is fewer, smaller nodes).

@@ -2,9 +2,10 @@
 an upper bound at a stated miss rate.
 
 Owns the model (a non-negative least-squares fit over features that grow with each param, so the fit is
-monotone in every param), which params enter it (the evidence rule below), censored observations ("at
-least this much") and the one error model. Knows nothing of Optuna, storages or records: it is given
-plain observations. The features and the names that say which params take memory: ``_features.py``.
+monotone in every param), censored observations ("at least this much") and the one error model. Knows
+nothing of Optuna, storages or records: it is given plain observations. The features and the names that
+say which params take memory: ``_features.py``; which params enter the fit (the evidence rule below):
+``_evidence.py``.
 
 The model, per resource: ``peak ~ w0 + sum_j w_j * u_j(x) [+ sum_{j<=k} w_jk * u_j * u_k]`` with every
 ``w >= 0`` and every ``u_j`` growing in the direction that takes memory (``x`` scaled to its observed range;
@@ -42,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..exceptions import EstimateError
+from ._evidence import MIN_TURN, directed, evidence
 from ._features import Encoder, Role, grows, is_number, number, role
 from ._nnls import SCORED, fit_censored, loo, nnls, predict
 
@@ -53,9 +55,6 @@ MISS_RATE = 0.1  # the default share of trials whose peak may exceed the bound
 #: n_jobs=2 runs replayed: of 66 trials so predicted over the line, 44 were stopped or over it, 22 under it;
 #: increments with one had bounds 10x theirs, 479 MiB for 48).
 WARMUP, MIN_DONE, MIN_DONE_WHOLE = 4, 2, 1
-#: Trials observed before a param's direction may be turned to "memory falls as it grows": with fewer, a
-#: param that merely varies alongside one that takes memory (confounded) looks like it.
-MIN_TURN = 20
 #: The scale of a residual where the fit is at its base, as a share of the base: the run-to-run spread of a peak that
 #: does not grow with the params, twice the larger seen in the recorded trials (tests/estimate/_recorded.py): Keras
 #: trials at width 64-65 spread 0.1%, torch MLPs of width 80-126 and batch 512 or less 0.9% (309.9-312.8 MiB).
@@ -190,6 +189,7 @@ class Model:
         ram = self._fits.get("ram")
         self.directions = {**({} if ram is None or corrected else ram.encoder.directions), **settings.monotone}
         self.roles = {} if ram is None else dict(ram.encoder.roles)
+        self._kinds: dict[str, tuple[bool, int, bool]] = {}
 
     @property
     def miss_rate(self) -> float:
@@ -216,11 +216,11 @@ class Model:
         ]
         best: tuple[float, Encoder, np.ndarray] | None = None
         for products in (False, True) if full.numeric else (False,):
-            enc = _directed(full.only(prior, products), self.settings, rows, y, censored)
+            enc = directed(full.only(prior, products), self.settings.monotone, rows, y, censored)
             # any other param only from MIN_TURN trials on: with fewer, one that varies alongside a size by chance
             # (a learning rate drawn high where the width was) lowers the error as well as the size does
             late = [n for n in full.params if n not in prior] if len(rows) >= MIN_TURN else []
-            enc, err, x = _evidence(enc, full, late, rows, y, censored)
+            enc, err, x = evidence(enc, full, late, rows, y, censored)
             if best is None or err < best[0]:
                 best = (err, enc, x)
         assert best is not None
@@ -288,23 +288,31 @@ class Model:
         """The params in which ``params`` take less memory than ``theirs`` where ``theirs`` cover them (else None): the
         same names, each param the fit holds, monotone or named as growing at least as large in its memory direction,
         other sizes and labels equal, rates passed over; ``together``: instead, their (positive) product smaller."""
-        if set(theirs) != set(params):
+        if theirs.keys() != params.keys():
             return None
-        held, smaller, ratio = set(self.params("ram")), set(), 1.0
+        smaller, ratio = set(), 1.0
         for name, mine in params.items():
-            other, known = theirs[name], name in held or name in self.settings.monotone
-            numbers = name not in self.settings.categorical and is_number(mine) and is_number(other)
-            if numbers and (known or grows(name)):  # a direction the fit does not hold: the name's, +1
-                sign = self.directions.get(name, 1) if known else 1
+            other, (directed, sign, equal) = theirs[name], self._kind(name)
+            if directed and is_number(mine) and is_number(other):  # a direction the fit does not hold: the name's
                 gap = sign * (float(other) - float(mine))
                 if (together and min(float(mine), float(other)) <= 0) or (gap < 0 and not together):
                     return None
                 if gap > 0:
                     smaller.add(name)
                 ratio *= (float(mine) / float(other)) ** sign if together else 1.0
-            elif (known or self.roles.get(name) is Role.SIZE) and mine != other:  # no direction shown: equal
+            elif equal and mine != other:  # no direction shown: equal
                 return None
         return smaller if ratio < 1 or not together else None
+
+    def _kind(self, name: str) -> tuple[bool, int, bool]:
+        """``below``'s view of a param (asked per trial run to the end, per bound): whether it has a direction (held
+        by the fit, declared or named as growing; not declared categorical), which, and whether else equal."""
+        if name not in self._kinds:
+            known = name in self.params("ram") or name in self.settings.monotone
+            directed = name not in self.settings.categorical and (known or grows(name))
+            sign = self.directions.get(name, 1) if known else 1
+            self._kinds[name] = (directed, sign, known or self.roles.get(name) is Role.SIZE)
+        return self._kinds[name]
 
     def dominated_by(self, params: Mapping[str, Any]) -> int | None:
         """The number of a censored trial ``params`` dominate (see ``floor``), if any."""
@@ -386,65 +394,3 @@ def _t_quantile(p: float, df: float) -> float:
         + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
         + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * df**4)
     )
-
-
-# -- choosing the params ------------------------------------------------------------------------------
-
-
-def _evidence(
-    enc: Encoder, full: Encoder, candidates: list[str], rows: list[Observation], y: np.ndarray, censored: np.ndarray
-) -> tuple[Encoder, float, np.ndarray]:
-    """``enc`` with each candidate added where it lowers the leave-one-out error and moves the fit beyond
-    its noise, then each param whose effect is within the noise removed, weakest first. Returns the
-    encoder, its leave-one-out error (mean relative) and its matrix."""
-
-    def score(e: Encoder) -> tuple[float, float, np.ndarray, dict[str, float]]:
-        x = e.matrix(rows)
-        preds = loo(x, y, censored, fitted := fit_censored(x, y, censored))  # each fit left one out starts from it
-        done = ~censored[-len(preds) :] & np.isfinite(preds)
-        yd = y[-len(preds) :][done]
-        resid = yd - preds[done]
-        noise = float(np.sqrt(np.mean(resid**2))) if len(resid) else 0.0
-        # a trial's own increment may be 0 (its process held what it needed): errors relative to at least 1%
-        # of the largest peak, never a division by 0 (inf or nan, which no comparison below can rank)
-        err = float(np.mean(np.abs(resid) / np.maximum(yd, 0.01 * float(y.max())))) if len(resid) else math.inf
-        return err, noise, x, e.effects(x, fitted)
-
-    err, noise, x, effects = score(enc)
-    for name in candidates:
-        other = enc.plus(full, name)
-        e2, n2, x2, eff2 = score(other)
-        if e2 < err and eff2.get(name, 0.0) > n2:
-            enc, err, noise, x, effects = other, e2, n2, x2, eff2
-    while effects:
-        weakest = min(effects, key=effects.__getitem__)
-        if effects[weakest] > noise:
-            break
-        other = enc.only([n for n in enc.params if n != weakest])
-        e2, n2, x2, eff2 = score(other)
-        if e2 > err and effects[weakest] > 0:  # within the noise, but the trials are predicted better with it
-            break
-        enc, err, noise, x, effects = other, e2, n2, x2, eff2
-    return enc, err, x
-
-
-def _directed(enc: Encoder, settings: Learned, rows: list[Observation], y: np.ndarray, censored: np.ndarray) -> Encoder:
-    """``enc`` with each undeclared param's direction flipped where that fits the trials clearly better
-    (a marginal rank correlation is confounded by the other params: a param that lowers memory can look
-    neutral); only from ``MIN_TURN`` trials on."""
-    if len(rows) < MIN_TURN:
-        return enc
-
-    def error(e: Encoder) -> float:
-        x = e.matrix(rows)
-        done = ~censored
-        floor = np.maximum(y[done], 0.01 * float(y.max()))  # an increment may be 0: as in ``_evidence``
-        return float(np.mean(np.abs(predict(x, fit_censored(x, y, censored))[done] - y[done]) / floor))
-
-    best = error(enc)
-    for name in [n for n in enc.numeric if n not in settings.monotone]:
-        other = enc.flipped(name)
-        err = error(other)
-        if err < 0.8 * best:  # a clear improvement only: one noisy peak must not turn a param around
-            enc, best = other, err
-    return enc

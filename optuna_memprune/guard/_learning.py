@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
 _logger = logging.getLogger("optuna_memprune.guard")
 #: A trial that ended this way reached at least its peaks: its peaks are lower bounds (censored).
 _CENSORED = (Decision.STOPPED, Decision.OUT_OF_MEMORY, Decision.SOFT_PRUNED, Decision.FORECAST_STOPPED)
+#: Refits wait once this many trials are fitted and the model is ready, until they take at most ``FIT_SHARE`` of
+#: the time since the last one, unless a new trial was stopped or came in over its bound. A fit's leave-one-out
+#: solves grow with the trials squared: Optuna's quadratic example (1.6 ms trials) refitted after each took 21
+#: ms a trial at 200 trials; with fewer trials each one moves the fit, and a fit takes a few milliseconds.
+ALWAYS_REFIT, FIT_SHARE = 20, 0.05
 
 
 class Learning:
@@ -46,6 +52,8 @@ class Learning:
         self._lock = threading.Lock()
         self._seen: dict[int, Observation | None] = {}  # finished trial id -> observation (None: not one)
         self.model: Model = self.settings.fit([], corrected=self.corrected)
+        self._unfitted = 0  # observations read since the last fit
+        self._fitted_at, self._fit_seconds = 0.0, 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"settings": self.settings, "corrected": self.corrected}
@@ -66,24 +74,45 @@ class Learning:
 
     def refresh(self, study: optuna.Study) -> Model:
         """Read the study's finished trials not read yet (a finished record never changes) and refit when
-        any of them is an observation. Safe to call from several threads."""
+        any of them is an observation and a refit is due (``_due``). Safe to call from several threads."""
         from optuna.trial import TrialState
 
         with self._lock:
-            new = False
+            new: list[Observation] = []
             for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
                 key = _internals.trial_id(t)
                 if key in self._seen:
                     continue
                 obs = observation(t.number, t.state, t.params, t.user_attrs, corrected=self.corrected)
                 self._seen[key] = obs
-                new = new or obs is not None
-            if new:
+                if obs is not None:
+                    new.append(obs)
+            self._unfitted += len(new)
+            if self._unfitted and self._due(new):
+                began = time.monotonic()
                 self.model = self.settings.fit(
                     sorted((o for o in self._seen.values() if o is not None), key=lambda o: o.number or 0),
                     corrected=self.corrected,
                 )
+                self._fitted_at = time.monotonic()
+                self._fit_seconds, self._unfitted = self._fitted_at - began, 0
             return self.model
+
+    def _due(self, new: list[Observation]) -> bool:
+        """Whether to refit now: with fewer than ``ALWAYS_REFIT`` trials fitted or before the warm-up's end,
+        always; later when a new trial was stopped (a lower bound) or came in over its bound, or when the last
+        fit's time is at most ``FIT_SHARE`` of the time since it."""
+        model = self.model
+        if not model.ready or len(model.observations) < ALWAYS_REFIT or any(o.censored for o in new):
+            return True
+        if time.monotonic() - self._fitted_at >= self._fit_seconds / FIT_SHARE:
+            return True
+        for o in new:
+            figures = None if o.predicted is None else {r: v for r, v in o.predicted.items() if v is not None}
+            bound = model.bound(o.params, figures)
+            if any((v := o.peaks.get(r)) is not None and v > bound[r] for r in RESOURCES):
+                return True
+        return False
 
     # -- the footprint --------------------------------------------------------------------------------
 

@@ -137,9 +137,10 @@ class GuardedObjective:
     def _run(self, trial: optuna.Trial, state: TrialGuardState) -> Any:
         guard = self._guard
         policy, trials = policy_of(guard), trials_of(guard)
+        reset = False
         if trials.enter_run(state) == 1:
             reset_cuda_peak()  # where the objective runs torch on CUDA: its peak is this trial's
-            reset_rss_peak()  # the process's peak RSS too (Live reads it from here on)
+            reset = reset_rss_peak()  # the process's peak RSS too (Live reads it from here on)
         else:
             warnings_of(guard).once(
                 "n_jobs",
@@ -160,7 +161,7 @@ class GuardedObjective:
         forecast = trial_forecast(guard, trial.storage, state)
         if forecast is not None:
             forecast.limit += state.allowance.get("ram", 0)
-        live = Live(guard, state, threading.get_ident(), forecast)
+        live = Live(guard, state, threading.get_ident(), forecast, reset=reset)
         own: dict[str, int] | None = None  # the trial's increments, where it ran to the end alone
         watch = watch_of(guard)
         stopped = soft_pruned = returned = pruned_here = False

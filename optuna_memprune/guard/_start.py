@@ -87,15 +87,17 @@ def _malloc_trim() -> Callable[[int], int] | None:
 _MALLOC_TRIM = _malloc_trim()
 
 
-def reset_rss_peak() -> None:
+def reset_rss_peak() -> bool:
     """Reset this process's peak RSS (VmHWM, ``getrusage``'s ``ru_maxrss``) to its RSS now, where Linux
     allows it (``procfs.reset_peak``): the peak a trial alone in the process reads at its end is then its
     own, even for a trial shorter than one monitor reading that stays under an earlier trial's peak (such
-    trials had no peak, so no observation, and a learned guard's warm-up waited on them). A no-op elsewhere."""
+    trials had no peak, so no observation, and a learned guard's warm-up waited on them). Whether it was
+    reset (a no-op elsewhere)."""
     try:
         procfs.reset_peak()
     except OSError:
-        pass
+        return False
+    return True
 
 
 def rss() -> int | None:

@@ -59,7 +59,13 @@ class Live:
     """The monitor's side of one trial: its readings, soft and hard crossings, the one interrupt."""
 
     def __init__(
-        self, guard: Guard, state: TrialGuardState, thread_id: int, forecast: StepForecast | None = None
+        self,
+        guard: Guard,
+        state: TrialGuardState,
+        thread_id: int,
+        forecast: StepForecast | None = None,
+        *,
+        reset: bool = False,
     ) -> None:
         self._policy = policy_of(guard)
         self.forecast = forecast
@@ -71,6 +77,7 @@ class Live:
         self._deferred = False  # an interrupt due while the trial's thread imported a module
         self._start = time.monotonic()
         self._hwm0 = peak_rss()  # this process's peak RSS so far: a rise above it happened in the trial
+        self._reset = reset  # that peak was reset to the RSS now for this trial: from here on it is the trial's
         self._base = charged(self._policy, state)  # the soft line's margin is on the room above it
         self._peak: Reading | None = None
         self._points: list[tuple[float, int, int, int | None]] = []
@@ -131,13 +138,17 @@ class Live:
         """The trial's highest ``ram``, ``vram`` and ``threads`` (``None``: no reading in the trial).
 
         ``ram`` is also raised to this process's peak RSS (VmHWM, from ``getrusage``) when that rose during
-        the trial: it catches a spike between two readings, even in a trial shorter than one interval.
+        the trial: it catches a spike between two readings, even in a trial shorter than one interval. Where
+        that peak was reset for this trial (``reset``), it is the trial's peak even when it did not rise: a
+        trial shorter than one reading that took no memory is observed at its start's RSS (the quadratic
+        examples' 2 ms trials had no reading, so none was observed, and a learned guard's warm-up never
+        ended: all 323 ran unchecked).
         """
         with self._lock:
             peak = self._peak
         hwm = peak_rss()
         ram = None if peak is None else peak.rss
-        if hwm > self._hwm0:
+        if hwm > self._hwm0 or self._reset:
             ram = hwm if ram is None else max(ram, hwm)
         return {
             "ram": ram,

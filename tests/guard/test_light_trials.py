@@ -1,0 +1,97 @@
+"""Studies of many light trials in process (Optuna's quadratic examples, a pruning demo on iris): each trial is
+observed even when it is shorter than one monitor reading and takes no memory, and the learned model is not
+refitted after every one of them once it knows enough trials."""
+
+from __future__ import annotations
+
+import numpy as np
+import optuna
+import psutil
+import pytest
+
+import optuna_memprune as omp
+from optuna_memprune.estimate.learn import learned
+from optuna_memprune.guard._learning import ALWAYS_REFIT, Learning
+from optuna_memprune.records import Decision
+
+MiB = 2**20
+_EXTRA: list[int] = []  # MiB a trial takes beyond its ``mb`` (none the params show)
+_FAIL: list[bool] = []
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def quadratic(trial: optuna.Trial) -> float:
+    x = trial.suggest_float("x", -100, 100)
+    y = trial.suggest_categorical("y", [-1, 0, 1])
+    return x**2 + y
+
+
+def block(trial: optuna.Trial) -> float:
+    mb = trial.suggest_int("mb", 8, 64)
+    held = np.ones((mb + sum(_EXTRA)) * MiB, dtype=np.uint8)
+    if _FAIL:
+        raise ValueError("the trial failed after it allocated")
+    return float(held[::4096].sum())
+
+
+def test_trials_shorter_than_a_reading_that_take_no_memory_are_observed_and_admitted() -> None:
+    # Optuna's quadratic example, in process: each trial takes about a millisecond and no memory. With no
+    # monitor reading in it and the process's peak not risen, no trial was observed: all 323 trials of a
+    # one-second run stayed unchecked in the warm-up. The peak, reset for each trial, is its peak.
+    guard = omp.MemoryGuard(None, omp.Budget(ram=_rss() + 1024 * MiB), monitor_interval=0.5)
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    study.optimize(guard.wrap_objective(quadratic), n_trials=8)
+    rows = [omp.read_record(t.user_attrs) for t in study.trials]
+    assert all(r is not None and r.peak_ram is not None and r.start_ram is not None for r in rows), rows
+    assert all(abs(r.peak_ram - r.start_ram) < 16 * MiB for r in rows), [(r.peak_ram, r.start_ram) for r in rows]
+    assert [r.decision for r in rows[4:]] == [Decision.ADMITTED] * 4, [(r.decision, r.reason) for r in rows]
+    assert all(r.learned["n"] >= 4 for r in rows[4:])
+
+
+def test_a_model_that_knows_enough_trials_is_refitted_for_news_or_when_its_time_share_allows() -> None:
+    guard = omp.MemoryGuard(None, omp.Budget(ram=_rss() + 1500 * MiB), monitor_interval=0.05)
+    study = optuna.create_study(sampler=guard.wrap_sampler(optuna.samplers.RandomSampler(seed=0)))
+    for mb in range(8, 8 + 2 * (ALWAYS_REFIT + 2), 2):
+        study.enqueue_trial({"mb": mb})
+    study.optimize(guard.wrap_objective(block), n_trials=ALWAYS_REFIT + 2)
+
+    learning = Learning(learned(), corrected=False)
+    fits: list[int] = []
+    fit = learning.settings.fit
+    learning.settings.fit = lambda observations, **kw: fits.append(len(observations)) or fit(observations, **kw)  # type: ignore[method-assign]
+
+    def one(mb: int) -> None:
+        study.enqueue_trial({"mb": mb})
+        study.optimize(guard.wrap_objective(block), n_trials=1, catch=(ValueError,))
+        learning.refresh(study)
+
+    learning.refresh(study)
+    assert fits == [ALWAYS_REFIT + 2] and learning.model.ready
+    learning._fit_seconds = 3600.0  # as if the last fit took an hour: only news refits before its share is due
+    one(30)  # inside what the model knows and under its bound: nothing new enough to refit for
+    assert fits == [ALWAYS_REFIT + 2] and len(learning.model.observations) == ALWAYS_REFIT + 2
+    _EXTRA.append(300)
+    try:
+        one(30)  # 330 MiB where the bound of 30 is about 30: a miss, refitted at once with both trials
+    finally:
+        _EXTRA.clear()
+    assert fits[1:] == [ALWAYS_REFIT + 4], fits
+    learning._fit_seconds = 3600.0
+    _FAIL.append(True)
+    try:
+        one(20)  # failed after it allocated: what it reached is a lower bound, refitted at once
+    finally:
+        _FAIL.clear()
+    assert fits[2:] == [ALWAYS_REFIT + 5], fits
+    assert learning.model.observations[-1].censored
+    learning._fit_seconds = 0.0  # a fit that took no time is always due
+    one(26)
+    assert fits[3:] == [ALWAYS_REFIT + 6], fits
