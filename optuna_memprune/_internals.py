@@ -60,7 +60,7 @@ def storage_for_child(storage: BaseStorage) -> BaseStorage:
     from optuna.storages import RDBStorage
     from optuna.storages._cached_storage import _CachedStorage
 
-    backend = storage._backend if type(storage) is _CachedStorage else storage
+    backend = storage._backend if isinstance(storage, _CachedStorage) else storage
     if type(backend) is not RDBStorage or backend.skip_compatibility_check:
         return storage
     checked = object.__new__(RDBStorage)
@@ -68,10 +68,18 @@ def storage_for_child(storage: BaseStorage) -> BaseStorage:
     checked.skip_compatibility_check = True
     if backend is storage:
         return checked
-    cached = object.__new__(_CachedStorage)
+    cached = object.__new__(type(storage))  # its class kept: ``cached_storage_class``'s subclass in run/
     cached.__dict__.update(storage.__dict__)
-    cached._backend = checked
+    cached.__dict__["_backend"] = checked
     return cached
+
+
+def cached_storage_class() -> type[BaseStorage]:
+    """The class ``optuna.storages.get_storage(url)`` returns for a database URL (``_CachedStorage``, over
+    an ``RDBStorage``): ``run/_attrs.py`` subclasses it to store a program's attrs as JSON."""
+    from optuna.storages._cached_storage import _CachedStorage
+
+    return _CachedStorage
 
 
 def trial_id(trial: optuna.Trial | FrozenTrial | Any) -> int:

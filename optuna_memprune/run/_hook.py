@@ -148,8 +148,9 @@ class _Injected:
             with self.lock:
                 if self.storage is None:
                     from ..storages import open_storage
+                    from ._attrs import json_attrs
 
-                    self.storage = open_storage(url)
+                    self.storage = json_attrs(open_storage(url))
         except Exception as exc:  # noqa: BLE001 - the program runs on, with its study in memory
             print(
                 f"memprune: --storage {shown(url)} cannot be opened ({type(exc).__name__}: {exc}); the study "

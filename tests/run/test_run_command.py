@@ -206,6 +206,21 @@ def test_storage_keeps_the_records_of_a_study_the_program_makes_in_memory(script
     ), lines
 
 
+def test_a_study_put_on_the_storage_keeps_the_numpy_attrs_an_in_memory_one_held(tmp_path: Path) -> None:
+    # Optuna's terminator example reports cross_val_score's numpy array: an in-memory study holds it, a
+    # database keeps JSON. On the study --storage made, its first trial failed and the program ended.
+    url, marks = f"sqlite:///{tmp_path / 'kept.db'}", tmp_path / "marks"
+    proc = run(
+        "--ram", "2GiB", "--storage", url, "--", sys.executable, "unguarded_jobs.py", str(marks), "0", "attrs",
+        env={"MEMPRUNE_CACHE_DIR": str(tmp_path / "cache")},
+    )  # fmt: skip
+    _ran_once(proc, marks, 0)  # n_jobs=2: each trial in a process of its own, the storage pickled to it
+    (name,) = optuna.get_all_study_names(url)
+    for t in optuna.load_study(study_name=name, storage=url).trials:
+        assert t.user_attrs["rows_seen"] == [0, t.params["rows"], 2 * t.params["rows"]], t.user_attrs
+        assert [0.5, 0.25, 0.75] in t.system_attrs.values(), t.system_attrs
+
+
 def test_data_the_objective_holds_crosses_once_per_trial_by_a_file_removed_at_the_end(tmp_path: Path) -> None:
     """A script's 200 MiB array that its objective reads goes with the objective by value: each trial's process
     reads it from one file instead of getting a copy of its bytes through the fork server's pipe beside the
