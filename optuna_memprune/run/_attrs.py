@@ -29,9 +29,9 @@ def stored(value: Any, key: str) -> Any:
         json.dumps(plain)
     except (TypeError, ValueError) as exc:
         raise TypeError(
-            f"attr {key!r} holds a value of type {type(value).__name__!r}, which the study's storage (put there by memprune run "
-            f"--storage, where the program made it in memory) cannot store as JSON ({exc}); run without --storage "
-            "to keep the study in memory"
+            f"attr {key!r} holds a value of type {type(value).__name__!r}, which the study's storage (put there "
+            f"by memprune run --storage, where the program made it in memory) cannot store as JSON ({exc}); run "
+            "without --storage to keep the study in memory"
         ) from None
     return plain
 
