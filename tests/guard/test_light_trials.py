@@ -16,7 +16,7 @@ from optuna_memprune.records import Decision
 
 MiB = 2**20
 _EXTRA: list[int] = []  # MiB a trial takes beyond its ``mb`` (none the params show)
-_FAIL: list[bool] = []
+_FAIL: list[str] = []  # "before" or "after" it allocated
 
 
 @pytest.fixture(autouse=True)
@@ -36,8 +36,10 @@ def quadratic(trial: optuna.Trial) -> float:
 
 def block(trial: optuna.Trial) -> float:
     mb = trial.suggest_int("mb", 8, 64)
+    if _FAIL == ["before"]:
+        raise ValueError("the trial failed before it allocated")
     held = np.ones((mb + sum(_EXTRA)) * MiB, dtype=np.uint8)
-    if _FAIL:
+    if _FAIL == ["after"]:
         raise ValueError("the trial failed after it allocated")
     return float(held[::4096].sum())
 
@@ -85,13 +87,18 @@ def test_a_model_that_knows_enough_trials_is_refitted_for_news_or_when_its_time_
         _EXTRA.clear()
     assert fits[1:] == [ALWAYS_REFIT + 4], fits
     learning._fit_seconds = 3600.0
-    _FAIL.append(True)
+    _FAIL.append("before")
     try:
-        one(20)  # failed after it allocated: what it reached is a lower bound, refitted at once
+        one(30)  # failed before it allocated: a lower bound, but far under the fit of its params (it moves nothing)
+        assert fits[2:] == [] and not learning.model.observations[-1].censored, fits
+        _FAIL[0] = "after"
+        _EXTRA.append(200)
+        one(20)  # failed after it took 220 MiB, over the fit of 20: a lower bound that moves it, refitted at once
     finally:
         _FAIL.clear()
-    assert fits[2:] == [ALWAYS_REFIT + 5], fits
-    assert learning.model.observations[-1].censored
+        _EXTRA.clear()
+    assert fits[2:] == [ALWAYS_REFIT + 6], fits
+    assert [o.censored for o in learning.model.observations[-2:]] == [True, True]
     learning._fit_seconds = 0.0  # a fit that took no time is always due
     one(26)
-    assert fits[3:] == [ALWAYS_REFIT + 6], fits
+    assert fits[3:] == [ALWAYS_REFIT + 7], fits
