@@ -164,8 +164,9 @@ def descendants(root: int) -> list[int]:
 
 
 def reset_peak() -> None:
-    """Reset this process's VmHWM (and so ``getrusage``'s ``ru_maxrss``) to its present RSS (``clear_refs``
-    5, Linux >= 4.0; a kept descriptor); OSError where not."""
+    """Reset this process's VmHWM to its present RSS (``clear_refs`` 5, Linux >= 4.0; a kept descriptor);
+    OSError where not. ``getrusage``'s ``ru_maxrss`` follows it only down to what the process held before its
+    ``exec``."""
     fd = _kept("clear_refs", os.O_WRONLY)
     try:
         os.write(fd, b"5")

@@ -84,10 +84,10 @@ class GuardedObjective:
           resource that ran out, whatever ``catch`` says; its frames' locals are dropped and, where it runs
           torch on CUDA, torch's cache is emptied. With torch on CUDA, ``torch.cuda.max_memory_reserved()``
           (reset at the trial's start) counts in the trial's VRAM peak.
-        - A trial alone in the process resets the process's peak RSS (VmHWM, ``getrusage``'s ``ru_maxrss``,
-          where Linux allows) at its start, so that the peak read at its end is its own, even in a trial
-          shorter than one reading that stays under an earlier trial's peak; a program that reads its own
-          ``ru_maxrss`` sees the last trial's peak.
+        - A trial alone in the process resets the process's peak RSS (VmHWM, where Linux allows) at its
+          start, so that the peak read at its end is its own, even in a trial shorter than one reading that
+          stays under an earlier trial's peak; a program that reads its own VmHWM (or ``ru_maxrss``, where
+          its ``exec`` left that lower) sees the last trial's peak.
 
     Examples:
         >>> import optuna, optuna_memprune as omp

@@ -88,7 +88,7 @@ _MALLOC_TRIM = _malloc_trim()
 
 
 def reset_rss_peak() -> bool:
-    """Reset this process's peak RSS (VmHWM, ``getrusage``'s ``ru_maxrss``) to its RSS now, where Linux
+    """Reset this process's peak RSS (VmHWM, which ``peak_rss`` reads) to its RSS now, where Linux
     allows it (``procfs.reset_peak``): the peak a trial alone in the process reads at its end is then its
     own, even for a trial shorter than one monitor reading that stays under an earlier trial's peak (such
     trials had no peak, so no observation, and a learned guard's warm-up waited on them). Whether it was

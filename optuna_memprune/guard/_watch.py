@@ -137,7 +137,7 @@ class Live:
     def peaks(self) -> dict[str, int | None]:
         """The trial's highest ``ram``, ``vram`` and ``threads`` (``None``: no reading in the trial).
 
-        ``ram`` is also raised to this process's peak RSS (VmHWM, from ``getrusage``) when that rose during
+        ``ram`` is also raised to this process's peak RSS (VmHWM, ``peak_rss``) when that rose during
         the trial: it catches a spike between two readings, even in a trial shorter than one interval. Where
         that peak was reset for this trial (``reset``), it is the trial's peak even when it did not rise: a
         trial shorter than one reading that took no memory is observed at its start's RSS (the quadratic

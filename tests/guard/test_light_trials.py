@@ -4,6 +4,9 @@ refitted after every one of them once it knows enough trials."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import optuna
 import psutil
@@ -56,6 +59,20 @@ def test_trials_shorter_than_a_reading_that_take_no_memory_are_observed_and_admi
     assert all(abs(r.peak_ram - r.start_ram) < 16 * MiB for r in rows), [(r.peak_ram, r.start_ram) for r in rows]
     assert [r.decision for r in rows[4:]] == [Decision.ADMITTED] * 4, [(r.decision, r.reason) for r in rows]
     assert all(r.learned["n"] >= 4 for r in rows[4:])
+
+
+def test_a_process_started_by_a_larger_one_reads_its_own_peak_after_the_reset() -> None:
+    # getrusage's ru_maxrss never falls below what a process held before its exec: the size of the process
+    # that started it. A program memprune run started from a 558 MiB test process read 558 MiB for every trial.
+    held = np.ones(400 * MiB, dtype=np.uint8)  # this process, the parent, at 400 MiB more
+    code = (
+        "from optuna_memprune.guard._start import reset_rss_peak; from optuna_memprune.guard._peak_rss import "
+        "peak_rss; import psutil; assert reset_rss_peak(); print(peak_rss(), psutil.Process().memory_info().rss)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    peak, rss = map(int, out.stdout.split())
+    assert rss - MiB <= peak < rss + 16 * MiB < _rss() - 300 * MiB, (peak / MiB, rss / MiB, _rss() / MiB)
+    del held
 
 
 def test_a_model_that_knows_enough_trials_is_refitted_for_news_or_when_its_time_share_allows() -> None:
