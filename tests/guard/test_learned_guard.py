@@ -90,7 +90,9 @@ def test_in_process_trials_run_unchecked_through_the_warmup_then_are_checked_by_
         if r.decision is not Decision.REJECTED:  # admitted and clamped trials fit: the bound held
             assert r.peak_ram <= budget.ram and compared <= line, (t.number, r)
             own = r.peak_ram - r.start_ram  # the trial's own increment: what the learned fit predicts here
-            errors.append((own - r.pred_ram) / own)
+            # relative to 1 MiB at least: a trial can take nothing new where it reuses what an earlier one freed
+            # (its peak, the process's VmHWM reset at its start, is then its start's RSS)
+            errors.append((own - r.pred_ram) / max(own, MiB))
         else:
             assert compared > line and r.constraints()["memprune_ram"] > 0  # the constraint uses it
     errors.sort()
