@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 
 import optuna_memprune as omp
 from optuna_memprune.guard import Decision, MemoryBudgetExceeded, MemoryGuard, read_record
+from optuna_memprune.guard._start import give_back
 from optuna_memprune.guard._watch import Interrupt, Live
 from optuna_memprune.guard.backend import trials_of
 
@@ -26,6 +27,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _rss() -> int:
+    # The guard gives back what the process freed before a trial's first reading; a budget set above an RSS
+    # that still counts freed heap (earlier tests in this worker) would be one the trials never reach.
+    give_back()
     return psutil.Process().memory_info().rss
 
 
