@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 if os.environ.get("MEMPRUNE_BENCH_ATARI"):
@@ -154,7 +156,12 @@ def run_deque(cfg: dict) -> None:
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     start = time.perf_counter()
+    logs = None
+    if "SB3_LOGDIR" not in os.environ:  # else SB3's learn() leaves a folder SB3-<date> in the temporary directory
+        logs = os.environ["SB3_LOGDIR"] = tempfile.mkdtemp(prefix="bench-sb3-")
     {"sb3": run_sb3, "torch": run_torch, "deque": run_deque}[cfg["kind"]](cfg)
+    if logs:
+        shutil.rmtree(logs, ignore_errors=True)
     tree = cfg.get("_tree") or _tree_status()
     print("RESULT " + json.dumps({"tree": tree, "seconds": time.perf_counter() - start}), flush=True)
     os._exit(0)  # done (SubprocVecEnv's workers closed): skip the teardown, 1.4 s of CPU after torch training

@@ -31,7 +31,11 @@ fit or bound against the process's peak (the line before the last gives them on 
 the warm-up that ended over the budget, false rejections (rejected assignments, at most 5 per run sampled,
 rerun alone and unguarded in a fresh process through the program's own code, ``_clients/_replay.py``, whose
 peak stays under the soft line), clamps that moved only memoryless params (by name: learning rates,
-dropout, seeds, ...), lost trials and the wasted compute (seconds of trials that ended over the budget).
+dropout, seeds, ...), lost trials and the wasted compute: guarded, the seconds of trials that ended over the
+budget; unguarded, those of the trials the kill ended (the other one running with ``n_jobs=2`` included) and
+of each restarted program up to its first trial (its imports, data and study load, redone because the kill
+ended the program; a guarded run is never restarted). The line before the last splits the unguarded
+seconds and gives the ratio on the killed trials alone.
 Last line::
 
     CLIENTS programs=<k> runs=<r> trials_as_asked=<r>/<r> warmup_max=<n> fit_median_err=<x>%
@@ -68,6 +72,7 @@ cgroups (else the polling fallback). The programs' output goes to one log file p
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import json
 import math
@@ -162,6 +167,7 @@ class Run:
     lost: int = 0
     wasted: float = 0.0
     wasted_unguarded: float = 0.0
+    restarts_unguarded: float = 0.0  # seconds each restarted program took to its first trial (setup redone)
     wall: float = 0.0
     wall_unguarded: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -272,13 +278,19 @@ class Totals:
         bound = [e for r in runs for e in r.bound_over]
         launched, over = sum(r.launched_after for r in runs), sum(r.over_after for r in runs)
         replayed, false = sum(r.replayed for r in runs), sum(r.false_rejects for r in runs)
-        wasted_u = sum(r.wasted_unguarded for r in runs)
+        wasted_trials = sum(r.wasted_unguarded for r in runs)
+        restarts = sum(r.restarts_unguarded for r in runs)
+        wasted_u = wasted_trials + restarts
 
         def pct(values: list[float]) -> str:
             return f"{100 * statistics.median(values):.1f}%" if values else "-"
 
-        ratio = f"{sum(r.wasted for r in runs) / wasted_u:.2f}" if wasted_u > 0 else "-"
+        wasted = sum(r.wasted for r in runs)
+        ratio = f"{wasted / wasted_u:.2f}" if wasted_u > 0 else "-"
         return (
+            f"CLIENTS_WASTE guarded={wasted:.1f}s unguarded={wasted_u:.1f}s (killed trials {wasted_trials:.1f}s, "
+            f"restarts {restarts:.1f}s) trials_only_ratio="
+            f"{f'{wasted / wasted_trials:.2f}' if wasted_trials > 0 else '-'}\n"
             f"CLIENTS_OWN fit_median_err={pct([e for r in runs for e in r.fit_errors_own])} "
             f"bound_median_over={pct([e for r in runs for e in r.bound_over_own])} (on each trial's own "
             f"increment in a shared process)\n"
@@ -305,7 +317,8 @@ def row(run: Run) -> str:
         f"{run.rejected} rejected, memoryless clamps {run.memoryless_clamps}, lost {run.lost}, wasted "
         f"{run.wasted:.1f} s, {run.wall:.0f} s | unguarded {run.unguarded_trials} trials, "
         f"{run.unguarded_killed} killed at the limit, {run.unguarded_failed} FAIL otherwise, "
-        f"{run.unguarded_restarts} restarts, wasted {run.wasted_unguarded:.1f} s, {run.wall_unguarded:.0f} s"
+        f"{run.unguarded_restarts} restarts ({run.restarts_unguarded:.1f} s to their first trials), wasted "
+        f"{run.wasted_unguarded:.1f} s in killed trials, {run.wall_unguarded:.0f} s"
         + "".join(f"; {n}" for n in run.notes)
     )
 
@@ -471,10 +484,13 @@ def unguarded(run: Run, args: argparse.Namespace, where: Path, place: "cgroups.P
     url = fresh(where, f"{run.program}-{run.n_jobs}-unguarded.db")
     log = Path(args.logs) / f"{run.program}-{run.n_jobs}-unguarded.log"
     killed: set[int] = set()
+    restarted: list[datetime.datetime] = []  # when each restart began
     for attempt in range(args.trials):
         made = len(load_trials(url)) if optuna.get_all_study_names(url) else 0
         if made >= args.trials:
             break
+        if attempt:
+            restarted.append(datetime.datetime.now())  # Optuna's datetime_start is local time too
         limit = Limit(place, run.budget)
         env = program_env(run.program, args.trials - made, run.n_jobs, args.seed + attempt, url)
         try:
@@ -498,6 +514,11 @@ def unguarded(run: Run, args: argparse.Namespace, where: Path, place: "cgroups.P
     run.unguarded_killed = len(killed)
     run.unguarded_failed = sum(t.state == optuna.trial.TrialState.FAIL and t.number not in killed for t in trials)
     run.wasted_unguarded = sum(_seconds(t) for t in trials if t.number in killed)
+    starts = sorted(t.datetime_start for t in trials if t.datetime_start is not None)
+    for i, began in enumerate(restarted):  # to its first trial: imports, data, the study's load, redone
+        ends = [*restarted[i + 1 :], datetime.datetime.now()]
+        first = next((s for s in starts if s >= began), None)
+        run.restarts_unguarded += ((first if first and first < ends[0] else ends[0]) - began).total_seconds()
 
 
 def replay(

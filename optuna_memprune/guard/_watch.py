@@ -55,6 +55,13 @@ class Interrupt(MemoryBudgetExceeded):
     """Raised asynchronously in the trial's thread (by class, without arguments); re-raised as its base."""
 
 
+#: A trial that raised the process's peak RSS by at most this, within one reading, has its freed heap kept
+#: (``Live.grew``): the peak reset at each trial's start made every page a rise, and ``malloc_trim`` ran
+#: after 182 of 300 trivial trials (0.08 ms each, a fifth of the guard's time per trial in
+#: ``scripts/bench_overhead.py``) for a few KiB. What it leaves is read in the next start level, no trial's own.
+TRIM_ABOVE = 2**20
+
+
 class Live:
     """The monitor's side of one trial: its readings, soft and hard crossings, the one interrupt."""
 
@@ -129,10 +136,10 @@ class Live:
                 set_async_exc(self._thread_id, None)
 
     def grew(self) -> bool:
-        """Whether the trial ran for at least one reading or raised the process's peak RSS: only then may
-        it have left freed heap behind worth trimming."""
+        """Whether the trial ran for at least one reading or raised the process's peak RSS by more than
+        ``TRIM_ABOVE``: only then may it have left freed heap behind worth trimming."""
         with self._lock:
-            return self._peak is not None or peak_rss() > self._hwm0
+            return self._peak is not None or peak_rss() > self._hwm0 + TRIM_ABOVE
 
     def peaks(self) -> dict[str, int | None]:
         """The trial's highest ``ram``, ``vram`` and ``threads`` (``None``: no reading in the trial).
