@@ -85,6 +85,7 @@ class Live:
         self._start = time.monotonic()
         self._hwm0 = peak_rss()  # this process's peak RSS so far: a rise above it happened in the trial
         self._reset = reset  # that peak was reset to the RSS now for this trial: from here on it is the trial's
+        self._hwm_end: int | None = None  # the peak ``peaks`` read at the end: ``grew`` uses it
         self._base = charged(self._policy, state)  # the soft line's margin is on the room above it
         self._peak: Reading | None = None
         self._points: list[tuple[float, int, int, int | None]] = []
@@ -139,7 +140,8 @@ class Live:
         """Whether the trial ran for at least one reading or raised the process's peak RSS by more than
         ``TRIM_ABOVE``: only then may it have left freed heap behind worth trimming."""
         with self._lock:
-            return self._peak is not None or peak_rss() > self._hwm0 + TRIM_ABOVE
+            hwm = self._hwm_end if self._hwm_end is not None else peak_rss()
+            return self._peak is not None or hwm > self._hwm0 + TRIM_ABOVE
 
     def peaks(self) -> dict[str, int | None]:
         """The trial's highest ``ram``, ``vram`` and ``threads`` (``None``: no reading in the trial).
@@ -153,7 +155,7 @@ class Live:
         """
         with self._lock:
             peak = self._peak
-        hwm = peak_rss()
+        hwm = self._hwm_end = peak_rss()
         ram = None if peak is None else peak.rss
         if hwm > self._hwm0 or self._reset:
             ram = hwm if ram is None else max(ram, hwm)
