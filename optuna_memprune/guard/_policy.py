@@ -73,6 +73,9 @@ class Policy:
 
     def _init_cache(self) -> None:
         self._footprints = FootprintCache(self._footprint, self._footprint_timeout)
+        # the budget and soft fraction never change: their per-resource forms, asked several times a trial
+        self._resources = self._budget.resources
+        self._limits = {r: int(self._soft * v) for r, v in self._resources.items()}
 
     def __getstate__(self) -> dict[str, Any]:
         keep = (
@@ -164,7 +167,7 @@ class Policy:
         predicted. Without a base: ``limits``. (Lightning's imports held 452 MiB of a 520 MiB budget:
         90% of the budget left 16 MiB to trials needing up to 60, and soft-pruned each; bench_clients.)"""
         base, f = base or {}, self._soft if fraction is None else fraction
-        return {r: soft_line(v, f, base.get(r, 0)) for r, v in self._budget.resources.items()}
+        return {r: soft_line(v, f, base.get(r, 0)) for r, v in self._resources.items()}
 
     @property
     def increments(self) -> bool:
@@ -229,14 +232,14 @@ class Policy:
         A trial predicted above it would be pruned at its first ``should_prune()``, so the pre-launch
         check, clamping and the constraints all use this line rather than the budget itself.
         """
-        return {r: int(self._soft * v) for r, v in self._budget.resources.items()}
+        return dict(self._limits)
 
     def need(self, footprint: Footprint, base: Mapping[str, int] | None) -> dict[str, int]:
         """What admission compares with the soft line per budgeted resource: the prediction plus ``base``
         (``guard/_start.py``'s ``charged``); empty without a ``base``, where that is the prediction alone."""
         if not base:
             return {}
-        return {r: int(getattr(footprint, r)) + base.get(r, 0) for r in self._budget.resources}
+        return {r: int(getattr(footprint, r)) + base.get(r, 0) for r in self._resources}
 
     def excess(self, footprint: Footprint, base: Mapping[str, int] | None = None) -> dict[str, int]:
         """Budgeted resources the footprint (plus ``base``: the usage a learned increment adds to, in a
@@ -266,7 +269,7 @@ class Policy:
     def describe_figures(self, footprint: Footprint) -> str:
         """``now RAM 1.7 GiB, threads 4``: the footprint's budgeted figures."""
         parts = []
-        for r in self._budget.resources:
+        for r in self._resources:
             value = getattr(footprint, r)
             parts.append(f"threads {value}" if r == "threads" else f"{r.upper()} {format_bytes(value)}")
         return "now " + ", ".join(parts)
