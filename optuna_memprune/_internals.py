@@ -1,4 +1,4 @@
-"""The audited module: every read of Optuna's and multiprocessing's private names in the package.
+"""The audited module: every read of the private names of Optuna, multiprocessing and CPython's ``signal``.
 
 Owns the workarounds for what their public APIs do not offer, each with the reason it is needed; knows
 nothing of footprints, budgets or records. tests/test_layers.py allows private names here and nowhere else.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import signal
 import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -353,3 +354,10 @@ def main_module_left_out() -> Iterator[None]:
         yield
     finally:
         _LEFT_OUT.active = was
+
+
+def c_signal() -> Any:
+    """CPython's C signal module (``_signal``, ``signal``'s own import), whose functions ``signal`` wraps in
+    enum conversions: 4 of the 10 us a timed footprint call spent setting its SIGALRM timer. Called with plain
+    signal numbers, they return raw handlers (``0`` for ``SIG_DFL``). ``signal`` itself where it has none."""
+    return getattr(signal, "_signal", signal)

@@ -21,11 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import procfs
+from .. import _internals, procfs
 
-# ``signal``'s functions are the C module's ``_signal`` wrapped in enum conversions: 4 of the 10 us a timed
-# footprint call costs in the main thread. The timer uses the C functions with the plain signal number.
-_raw_signal: Any = getattr(signal, "_signal", signal)
+# the timer's set-up calls the C signal functions with the plain number (``_internals.c_signal``)
+_raw_signal = _internals.c_signal()
 _SIGALRM = int(getattr(signal, "SIGALRM", 0))
 
 #: The limit of the first call that answers when ``footprint_timeout`` is lower: a cold start imports torch
