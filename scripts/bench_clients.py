@@ -514,11 +514,22 @@ def unguarded(run: Run, args: argparse.Namespace, where: Path, place: "cgroups.P
     run.unguarded_killed = len(killed)
     run.unguarded_failed = sum(t.state == optuna.trial.TrialState.FAIL and t.number not in killed for t in trials)
     run.wasted_unguarded = sum(_seconds(t) for t in trials if t.number in killed)
-    starts = sorted(t.datetime_start for t in trials if t.datetime_start is not None)
-    for i, began in enumerate(restarted):  # to its first trial: imports, data, the study's load, redone
-        ends = [*restarted[i + 1 :], datetime.datetime.now()]
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    run.restarts_unguarded = restart_seconds(restarted, starts, datetime.datetime.now())
+
+
+def restart_seconds(
+    restarted: list[datetime.datetime], starts: list[datetime.datetime], end: datetime.datetime
+) -> float:
+    """Seconds from each restart (``restarted``) to the first trial start after it (its imports, data and
+    study load, redone because a kill ended the program); a restart that started no trial before the next
+    restart (or ``end``) counts whole."""
+    starts, total = sorted(starts), 0.0
+    for i, began in enumerate(restarted):
+        until = restarted[i + 1] if i + 1 < len(restarted) else end
         first = next((s for s in starts if s >= began), None)
-        run.restarts_unguarded += ((first if first and first < ends[0] else ends[0]) - began).total_seconds()
+        total += ((first if first is not None and first < until else until) - began).total_seconds()
+    return total
 
 
 def replay(

@@ -209,17 +209,31 @@ def test_clients_line_aggregates_runs() -> None:
         memoryless_clamps=1,
         wasted=1.0,
         wasted_unguarded=5.0,
+        restarts_unguarded=12.0,  # its restarted programs' seconds to their first trials
     )
     totals = bench.Totals({"a", "b"}, [a, b])
-    own, line = totals.line().splitlines()
+    waste, own, line = totals.line().splitlines()
+    # guarded 2 s against 8 s of killed trials and 12 s of restarts: 0.10 in all, 0.25 on the trials alone
+    assert waste == (
+        "CLIENTS_WASTE guarded=2.0s unguarded=20.0s (killed trials 8.0s, restarts 12.0s) trials_only_ratio=0.25"
+    )
     assert own.startswith("CLIENTS_OWN fit_median_err=- bound_median_over=- ")
     assert line == (
         "CLIENTS programs=2 runs=2 trials_as_asked=1/2 warmup_max=4 fit_median_err=20.0% "
         "bound_median_over=40.0% over_budget_after_warmup=5.0% false_rejects=50.0% "
-        "memoryless_clamps=1 lost=2 wasted_compute_ratio=0.25"
+        "memoryless_clamps=1 lost=2 wasted_compute_ratio=0.10"
     )
     crashed = bench.Run("c", 1, MiB, asked=3, trials=3, exit_code=1, unguarded_exit=0)
     assert not crashed.as_asked
+
+
+def test_restarts_count_to_their_first_trial_or_whole_when_they_made_none() -> None:
+    t0 = dt.datetime(2026, 11, 29, 12, 0, 0)
+    at = [t0 + dt.timedelta(seconds=s) for s in (0, 2, 10, 14, 30)]  # trial starts
+    restarted = [t0 + dt.timedelta(seconds=s) for s in (7, 20, 25)]
+    # 7 -> 10: 3 s; 20 -> none before the next restart at 25: 5 s whole; 25 -> 30: 5 s
+    assert bench.restart_seconds(restarted, at, t0 + dt.timedelta(seconds=40)) == 13.0
+    assert bench.restart_seconds([], at, t0) == 0.0
 
 
 def test_a_budget_a_third_exceed_sits_in_the_widest_gap_not_in_a_bunch() -> None:
