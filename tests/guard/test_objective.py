@@ -191,7 +191,8 @@ def test_n_jobs_warns_once_and_budgets_the_process_as_a_whole() -> None:
 
 def test_the_record_is_complete_on_every_trial_and_bytes_are_ints(tmp_path) -> None:
     budget = omp.Budget(ram=_rss() + 512 * MiB, threads=256)
-    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=_rss() + p["n"] * MiB, threads=4), budget)
+    rss = psutil.Process().memory_info().rss
+    guard = MemoryGuard(lambda p: omp.Footprint.of(ram=rss + p["n"] * MiB, threads=4), budget)
     storage = f"sqlite:///{tmp_path / 'record.db'}"
     study = optuna.create_study(storage=storage, sampler=guard.wrap_sampler(optuna.samplers.RandomSampler()))
 
@@ -224,7 +225,11 @@ def test_the_record_is_complete_on_every_trial_and_bytes_are_ints(tmp_path) -> N
                 "soft",
             )
         }  # no GPU: peak_vram unknown, budget_vram unlimited, left out
-        assert keys == required
+        # where there is any: kept_* (what the process's first trial kept after it: glibc may keep a freed
+        # block mapped, in a worker whose earlier tests raised its mmap threshold) and leftover_ram (what
+        # earlier trials left, over 1% of the budget)
+        optional = {"memprune:kept_ram", "memprune:kept_threads", "memprune:leftover_ram"}
+        assert required <= keys <= required | optional, keys - required
         for k in (
             "pred_ram",
             "peak_ram",
