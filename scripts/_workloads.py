@@ -159,9 +159,11 @@ def main() -> None:
     logs = None
     if "SB3_LOGDIR" not in os.environ:  # else SB3's learn() leaves a folder SB3-<date> in the temporary directory
         logs = os.environ["SB3_LOGDIR"] = tempfile.mkdtemp(prefix="bench-sb3-")
-    {"sb3": run_sb3, "torch": run_torch, "deque": run_deque}[cfg["kind"]](cfg)
-    if logs:
-        shutil.rmtree(logs, ignore_errors=True)
+    try:
+        {"sb3": run_sb3, "torch": run_torch, "deque": run_deque}[cfg["kind"]](cfg)
+    finally:  # a workload that raised too
+        if logs:
+            shutil.rmtree(logs, ignore_errors=True)
     tree = cfg.get("_tree") or _tree_status()
     print("RESULT " + json.dumps({"tree": tree, "seconds": time.perf_counter() - start}), flush=True)
     os._exit(0)  # done (SubprocVecEnv's workers closed): skip the teardown, 1.4 s of CPU after torch training

@@ -17,6 +17,7 @@ import numpy as np
 import optuna
 import psutil
 import pytest
+from _levels import start_rss as _rss
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 
@@ -40,13 +41,6 @@ def _release_kept():
     yield
     _KEPT.clear()
     give_back()
-
-
-def _rss() -> int:
-    """The RSS as a guard's first trial finds it: that start gives back (collects garbage, trims the heap)
-    first; a budget set from the RSS before it, in a long test run, stood higher than the test meant."""
-    give_back()
-    return psutil.Process().memory_info().rss
 
 
 def _garbage(mb: int) -> None:

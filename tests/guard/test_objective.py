@@ -13,24 +13,17 @@ import numpy as np
 import optuna
 import psutil
 import pytest
+from _levels import start_rss as _rss
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 import optuna_memprune as omp
 from optuna_memprune.guard import Decision, MemoryBudgetExceeded, MemoryGuard, read_record
-from optuna_memprune.guard._start import give_back
 from optuna_memprune.guard._watch import Interrupt, Live
 from optuna_memprune.guard.backend import trials_of
 
 MiB = 2**20
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def _rss() -> int:
-    # The guard gives back what the process freed before a trial's first reading; a budget set above an RSS
-    # that still counts freed heap (earlier tests in this worker) would be one the trials never reach.
-    give_back()
-    return psutil.Process().memory_info().rss
 
 
 def test_a_live_breach_ends_the_trial_pruned_with_the_reading_and_the_next_trial_runs(tmp_path) -> None:
