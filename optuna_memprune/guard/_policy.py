@@ -75,7 +75,7 @@ class Policy:
         self._footprints = FootprintCache(self._footprint, self._footprint_timeout)
         # the budget and soft fraction never change: their per-resource forms, asked several times a trial
         self._resources = self._budget.resources
-        self._limits = {r: int(self._soft * v) for r, v in self._resources.items()}
+        self._limits = self.line()
 
     def __getstate__(self) -> dict[str, Any]:
         keep = (
